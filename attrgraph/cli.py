@@ -1,0 +1,29 @@
+"""The `attrgraph` command line. Each subcommand lives beside the code it drives and
+registers itself in `SUBCOMMANDS` (name -> module path exposing `add_parser(sub)` and `run(args)`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+SUBCOMMANDS = {
+    "predict": "attrgraph.predict",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="attrgraph", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}
+    for name, module in modules.items():
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    return modules[args.command].run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
