@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attrgraph", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}
-    for name, module in modules.items():
+    for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
     return modules[args.command].run(args) or 0

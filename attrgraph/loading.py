@@ -94,7 +94,9 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
 
     for required in ("config.json", "model.safetensors"):
         if not (folder / required).exists():
-            raise ModelNotFoundError(f"{folder} has no {required}; a model folder needs config.json and model.safetensors.")
+            raise ModelNotFoundError(
+                f"{folder} has no {required}; a model folder needs config.json and model.safetensors."
+            )
     verify_manifest(folder)
     kwargs = json.loads((folder / "config.json").read_text())
     kwargs.update(device=str(device), dtype=dtype, init_weights=False)

@@ -14,7 +14,9 @@ def top_predictions(model, prompt: str, k: int = 5) -> list[tuple[str, float]]:
     if tokens.shape[1] <= 1:
         raise PromptError("prompt has 0 tokens; pass at least one word.")
     if tokens.shape[1] > model.cfg.n_ctx:
-        raise PromptError(f"prompt has {tokens.shape[1]} tokens but the model's n_ctx is {model.cfg.n_ctx}; shorten it.")
+        raise PromptError(
+            f"prompt has {tokens.shape[1]} tokens but the model's n_ctx is {model.cfg.n_ctx}; shorten it."
+        )
     probs = model(tokens)[0, -1].softmax(-1)
     top = probs.topk(k)
     return [(model.tokenizer.decode([i]), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
