@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -102,7 +103,10 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
     kwargs.update(device=str(device), dtype=dtype, init_weights=False)
     cfg = HookedTransformerConfig(**kwargs)
     tokenizer = load_tokenizer(folder / "tokenizer") if (folder / "tokenizer").is_dir() else None
-    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    with warnings.catch_warnings():
+        # TransformerLens 3 steers new users to TransformerBridge; HookedTransformer is our backend.
+        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
     try:
         state = load_file(folder / "model.safetensors")
     except (SafetensorError, OSError, ValueError) as e:
@@ -120,6 +124,5 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
         raise CorruptWeightsError(
             f"{folder / 'model.safetensors'} does not fit its config: missing {missing[:3]}, unexpected {unexpected[:3]}."
         )
-    model.to(dtype)
     model.eval()
     return model
