@@ -1,0 +1,238 @@
+"""Faithfulness against circuit size for EAP, PEAP, Edge Pruning and HAP on IOI and greater-than.
+
+Run: `python -m benchmarks.circuits [--model default] [--n 64] [--steps 150]`.
+Writes benchmarks/results/circuits_{task}.json, circuits_{task}.md, circuits_{task}.png and
+circuits_summary.md (runtimes). Discovery uses `--n` pairs, evaluation `--n` fresh ones.
+
+Methods:
+  eap        non-positional EAP scores, greedy construction (Hanna et al.)
+  peap       positional scores (greater-than: per position; IOI: the built-in IOI schema), greedy
+  peap-auto  IOI only: positional scores over the automatic saliency-guided schema
+  ep         Edge Pruning at target sparsities matching a few edge counts
+  hap        EAP keeps 30% of edges, EP (initialised from the scores) decides
+EP and HAP run at most `--steps` steps and stop early once their circuit has been stable for
+15 steps after the warm-up (the same rule for both). Edge counts of positional circuits count each (edge, position) once; the tables also give,
+for every circuit, the number of position-expanded edges (a non-positional edge counts once
+per position, plus every cross-position q/k/v edge of a head it feeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from attrgraph.circuits import (
+    PruneConfig,
+    eap,
+    evaluate,
+    example_scores,
+    greedy,
+    hap,
+    ioi_schema,
+    peap,
+    propose_schema,
+    prune_edges,
+    task_data,
+)
+from attrgraph.circuits.schema import align_schema, salient_token_set
+from attrgraph.loading import load_model
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = (5, 10, 20, 40, 80, 160, 320)
+EP_SIZES = (15, 40)
+PATIENCE = 15  # EP and HAP stop once their circuit is unchanged for this many steps after warm-up
+
+
+def expanded_edges(circuit, n_pos: int) -> int:
+    """Edges counted per position (module docstring)."""
+    if circuit.layout.positional:
+        return circuit.n_edges
+    g = circuit.layout.graph
+    per_head_qkv = n_pos * (n_pos + 1) // 2
+    fed = circuit.resid[:, : g.down_logits].any(0)  # head inputs that receive some edge
+    n_attn = sum(
+        int(fed[g.down_head(layer, s, h)])
+        for layer in range(g.n_layers)
+        for s in range(3)
+        for h in range(g.n_heads)
+    )
+    return circuit.n_edges * n_pos + n_attn * per_head_qkv
+
+
+def row(method, circuit, f, seconds, n_pos, steps=None):
+    print(
+        f"  {method:9s} {circuit.n_edges:5d} edges  F_S {f.soft:.3f}  norm {f.normalized:.3f}  F_H {f.hard:.3f}",
+        flush=True,
+    )
+    return {
+        "steps": steps,
+        "method": method,
+        "edges": circuit.n_edges,
+        "edges_expanded": expanded_edges(circuit, n_pos),
+        "soft": f.soft,
+        "normalized": f.normalized,
+        "hard": f.hard,
+        "kl": f.kl,
+        "metric": f.metric_circuit,
+        "seconds": seconds,
+    }
+
+
+def run_task(model, task: str, n: int, steps: int) -> dict:
+    train_p, test_p, train, test = task_data(model, task, n, seed=0)
+    n_pos = int(train_p.last.max()) + 1
+    rows, runtime = [], {}
+
+    t = time.perf_counter()
+    s_eap = eap(model, train_p)
+    runtime["eap"] = time.perf_counter() - t
+    for k in SIZES:
+        c = greedy(s_eap, k)
+        rows.append(row("eap", c, evaluate(model, test_p, c), runtime["eap"], n_pos))
+
+    t = time.perf_counter()
+    ex = example_scores(model, train_p, cross_position=True)
+    schema, schema_test = (ioi_schema(train), ioi_schema(test)) if task == "ioi" else (None, None)
+    s_peap = peap(model, train_p, schema=schema, example=ex)
+    runtime["peap"] = time.perf_counter() - t
+    for k in SIZES:
+        c = greedy(s_peap, k)
+        rows.append(row("peap", c, evaluate(model, test_p, c, schema=schema_test), runtime["peap"], n_pos))
+    if task == "ioi":
+        # the automatic schema is proposed on the discovery set; the evaluation set gets the same
+        # rule with the discovery set's salient tokens, aligned onto the circuit's spans
+        words = [[model.tokenizer.bos_token, *e.tokens[: e.graded[0]]] for e in train]
+        auto = propose_schema(train_p, ex, tokens=words)
+        s_auto = peap(model, train_p, schema=auto, example=ex)
+        salient = salient_token_set(train_p, ex, words)
+        test_words = [[model.tokenizer.bos_token, *e.tokens[: e.graded[0]]] for e in test]
+        auto_test = align_schema(propose_schema(test_p, None, test_words, salient_tokens=salient), auto.spans)
+        for k in SIZES:
+            c = greedy(s_auto, k)
+            rows.append(
+                row("peap-auto", c, evaluate(model, test_p, c, schema=auto_test), runtime["peap"], n_pos)
+            )
+        runtime["peap-auto spans"] = list(auto.spans)
+
+    n_edges = s_eap.layout.n_edges
+    for k in EP_SIZES:
+        sparsity = 1 - k / n_edges
+        cfg = PruneConfig(sparsity=sparsity, steps=steps, batch_size=16, patience=PATIENCE)
+        r = prune_edges(model, train_p, cfg)
+        rows.append(row("ep", r.circuit, evaluate(model, test_p, r.circuit), r.seconds, n_pos, len(r.kl)))
+        t = time.perf_counter()
+        r = hap(model, train_p, cfg, keep_frac=0.3)  # includes its own EAP pass
+        rows.append(
+            row(
+                "hap",
+                r.circuit,
+                evaluate(model, test_p, r.circuit),
+                time.perf_counter() - t,
+                n_pos,
+                len(r.kl),
+            )
+        )
+    full = evaluate(model, test_p, greedy(s_eap, n_edges))
+    return {
+        "task": task,
+        "n": n,
+        "steps": steps,
+        "n_edges": n_edges,
+        "n_pos": n_pos,
+        "rows": rows,
+        "runtime": runtime,
+        "model_metric": full.metric_model,
+        "corrupt_metric": full.metric_corrupt,
+    }
+
+
+def write_task(result: dict) -> None:
+    task = result["task"]
+    (RESULTS / f"circuits_{task}.json").write_text(json.dumps(result, indent=1))
+    lines = [
+        f"# Circuits on {task} (n={result['n']} discovery + {result['n']} evaluation pairs)",
+        "",
+        f"Full model M = {result['model_metric']:.4f}, corrupted M = {result['corrupt_metric']:.4f}; "
+        f"{result['n_edges']} non-positional edges, prompts of {result['n_pos']} positions.",
+        "",
+        "| method | edges | edges (position-expanded) | F_S | normalized | F_H | KL | seconds | steps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['method']} | {r['edges']} | {r['edges_expanded']} | {r['soft']:.3f} | {r['normalized']:.3f} "
+            f"| {r['hard']:.3f} | {r['kl']:.4f} | {r['seconds']:.1f} | {r['steps'] or ''} |"
+        )
+    (RESULTS / f"circuits_{task}.md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in (
+        (axes[0], "edges", "edges"),
+        (axes[1], "edges_expanded", "edges (position-expanded)"),
+    ):
+        for method in dict.fromkeys(r["method"] for r in result["rows"]):
+            pts = sorted((r[key], r["normalized"]) for r in result["rows"] if r["method"] == method)
+            ax.plot(*zip(*pts), marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("normalized faithfulness")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(task)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"circuits_{task}.png", dpi=120)
+    plt.close(fig)
+
+
+def write_summary(results: list[dict]) -> None:
+    lines = [
+        "# Circuit discovery runtimes (seconds, this machine)",
+        "",
+        "| task | EAP | PEAP | EP (mean per sparsity) | HAP (mean, incl. EAP) | HAP / EP |",
+        "|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        ep = [r["seconds"] for r in res["rows"] if r["method"] == "ep"]
+        hp = [r["seconds"] for r in res["rows"] if r["method"] == "hap"]
+        e, h = sum(ep) / len(ep), sum(hp) / len(hp)
+        lines.append(
+            f"| {res['task']} | {res['runtime']['eap']:.2f} | {res['runtime']['peap']:.2f} | {e:.1f} | {h:.1f} | {h / e:.2f} |"
+        )
+    (RESULTS / "circuits_summary.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="default")
+    p.add_argument("--n", type=int, default=48)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--tasks", default="ioi,greater-than")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model = load_model(args.model)
+    results = []
+    for task in args.tasks.split(","):
+        t = time.perf_counter()
+        res = run_task(model, task, args.n, args.steps)
+        write_task(res)
+        results.append(res)
+        print(f"{task}: done in {time.perf_counter() - t:.0f}s", flush=True)
+    write_summary(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
