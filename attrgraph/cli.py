@@ -10,6 +10,11 @@ import sys
 
 SUBCOMMANDS = {
     "predict": "attrgraph.predict",
+    "circuit": "attrgraph.circuits.cli",
+    "build": "attrgraph.build",
+    "show": "attrgraph.show",
+    "validate": "attrgraph.validate",
+    "train-transcoders": "transcoders.train",
 }
 
 
@@ -22,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    return modules[args.command].run(args) or 0
+    from attrgraph.errors import AttrgraphError
+    from transcoders.errors import TranscoderError
+
+    try:
+        return modules[args.command].run(args) or 0
+    except (AttrgraphError, TranscoderError) as e:
+        # a user's mistake: its one sentence, not a traceback
+        print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

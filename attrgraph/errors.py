@@ -19,3 +19,23 @@ class CorruptWeightsError(AttrgraphError):
 
 class PromptError(AttrgraphError, ValueError):
     """A prompt that is empty, too long, or otherwise unusable."""
+
+
+class GraphError(AttrgraphError, ValueError):
+    """A graph whose arrays break the documented layout (shapes, node order)."""
+
+
+class GraphFileError(AttrgraphError, OSError):
+    """A graph file that is missing, not HDF5, truncated, or lacks the graph asked for."""
+
+
+class SchemaVersionError(GraphFileError):
+    """A graph file written with a storage schema this version cannot read."""
+
+
+class UnsupportedModelError(AttrgraphError, ValueError):
+    """A model or transcoder set the exact replacement model cannot represent (e.g. a logit soft-cap)."""
+
+
+class TargetError(AttrgraphError, ValueError):
+    """An attribution target that names an unknown token, hook or position."""

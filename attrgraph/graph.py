@@ -1,0 +1,209 @@
+"""`Graph`: an attribution graph as plain arrays (seed: circuit-tracing appendix, "Attribution Graph Computation").
+
+1. Nodes are embeddings (one per position), errors (one per layer and position), active
+   transcoder features (one per layer, position and feature with activation > 0) and logits
+   (one per selected output token).
+2. `adjacency[t, s]` is the direct linear effect of source `s` on target `t` in the frozen local
+   replacement model: rows are targets, columns are sources (scipy CSR).
+3. The node order is the constant `NODE_ORDER`: every kind is contiguous and kinds follow
+   each other in that order. Within a kind: embeddings by position; errors by (layer, position);
+   features by (layer, position, feature); logits by descending probability. Embeddings and
+   errors have no inputs and features only read from lower layers, so every edge goes from a
+   lower index to a higher one: the adjacency is strictly lower-triangular, which is what lets
+   `prune.compute_influence` use one triangular solve.
+
+Layer convention: embeddings sit at layer -1, logits at layer `n_layers`; `feature` is -1 for
+every non-feature node; `token` is the input token of an embedding node, the output token of a
+logit node and -1 otherwise. `activation` is the feature activation, the demeaned logit for a
+logit node, and the L2 norm of the output vector for embedding and error nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import scipy.sparse as sp
+
+from attrgraph.errors import GraphError
+
+NODE_ORDER: tuple[str, ...] = ("embedding", "error", "feature", "logit")
+"""Kinds in the order their nodes appear in `Graph.nodes` and the adjacency (see module docstring)."""
+
+NODE_FIELDS: dict[str, type] = {
+    "kind": np.str_,
+    "layer": np.int32,
+    "position": np.int32,
+    "feature": np.int64,
+    "activation": np.float32,
+    "token": np.int64,
+    "influence": np.float32,
+}
+
+
+@dataclass
+class Nodes:
+    """The node table: equal-length arrays, one entry per node, in `NODE_ORDER`."""
+
+    kind: np.ndarray
+    """"embedding", "error", "feature" or "logit"."""
+    layer: np.ndarray
+    """Layer; -1 for embeddings, `n_layers` for logits."""
+    position: np.ndarray
+    """Token position in the prompt."""
+    feature: np.ndarray
+    """Feature index within its layer; -1 for non-feature nodes."""
+    activation: np.ndarray
+    """Feature activation; demeaned logit for logits; output-vector norm for embeddings and errors."""
+    token: np.ndarray
+    """Input token (embedding), output token (logit), else -1."""
+    influence: np.ndarray = None  # type: ignore[assignment]
+    """Logit influence (prune.compute_influence); NaN until computed."""
+
+    def __post_init__(self):
+        n = len(self.kind)
+        if self.influence is None:
+            self.influence = np.full(n, np.nan, np.float32)
+        for f in fields(self):
+            value = np.asarray(getattr(self, f.name))
+            if f.name == "kind":
+                value = value.astype(np.str_)
+            else:
+                value = value.astype(NODE_FIELDS[f.name], copy=False)
+            if value.shape != (n,):
+                raise GraphError(
+                    f"node field {f.name} has shape {value.shape}, expected ({n},); give every field one entry per node."
+                )
+            setattr(self, f.name, value)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def select(self, index: np.ndarray) -> Nodes:
+        """The nodes at `index` (boolean mask or integer indices), order kept."""
+        return Nodes(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def mask(self, kind: str) -> np.ndarray:
+        """Boolean mask of the nodes of one kind."""
+        return self.kind == kind
+
+    @staticmethod
+    def concat(parts: list[Nodes]) -> Nodes:
+        return Nodes(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Nodes)})
+
+
+@dataclass
+class Graph:
+    """An attribution graph: node table, signed adjacency (rows = targets), prompt and logits."""
+
+    nodes: Nodes
+    """Node table in `NODE_ORDER`."""
+    adjacency: sp.csr_array
+    """[n_nodes, n_nodes] direct effects, rows = targets, columns = sources."""
+    prompt_ids: np.ndarray
+    """[n_pos] token ids of the prompt as the model saw it (BOS included when prepended)."""
+    prompt_tokens: list[str]
+    """[n_pos] token strings of the prompt."""
+    logit_tokens: np.ndarray
+    """[n_logits] ids of the logit nodes' tokens, most probable first."""
+    logit_probs: np.ndarray
+    """[n_logits] their probabilities under the model."""
+    logit_strings: list[str] = field(default_factory=list)
+    """[n_logits] their strings."""
+    meta: dict = field(default_factory=dict)
+    """Plain attributes: model and transcoder identity, options, thresholds, version, time."""
+
+    def __post_init__(self):
+        if not sp.issparse(self.adjacency):
+            self.adjacency = sp.csr_array(np.asarray(self.adjacency))
+        self.adjacency = sp.csr_array(self.adjacency)
+        self.prompt_ids = np.asarray(self.prompt_ids, np.int64)
+        self.logit_tokens = np.asarray(self.logit_tokens, np.int64)
+        self.logit_probs = np.asarray(self.logit_probs, np.float32)
+        self.prompt_tokens = [str(t) for t in self.prompt_tokens]
+        self.logit_strings = [str(t) for t in self.logit_strings] or [str(t) for t in self.logit_tokens]
+        self.validate()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_edges(self) -> int:
+        """Number of nonzero edges."""
+        return int(self.adjacency.count_nonzero())
+
+    @property
+    def n_features(self) -> int:
+        return int(self.nodes.mask("feature").sum())
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.prompt_ids)
+
+    def logit_weights(self) -> np.ndarray:
+        """[n_nodes] the logit probability on logit nodes, 0 elsewhere (pruning's weighting)."""
+        w = np.zeros(self.n_nodes, np.float64)
+        w[self.nodes.mask("logit")] = self.logit_probs
+        return w
+
+    def dense(self) -> np.ndarray:
+        """The adjacency as a dense array."""
+        return self.adjacency.toarray()
+
+    def label(self, i: int) -> str:
+        """A short human-readable name of node `i`."""
+        n = self.nodes
+        kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
+        if kind == "embedding":
+            return f"emb@{pos} {self.prompt_tokens[pos]!r}"
+        if kind == "error":
+            return f"err L{layer}@{pos}"
+        if kind == "feature":
+            return f"L{layer}/F{int(n.feature[i])}@{pos}"
+        k = int(np.flatnonzero(n.mask("logit")).tolist().index(i))
+        return f"logit {self.logit_strings[k]!r}"
+
+    def subgraph(self, keep: np.ndarray, adjacency: sp.csr_array | None = None) -> Graph:
+        """The graph on the nodes `keep` (boolean mask), optionally with a replacement adjacency
+        already restricted to them; logit arrays follow the kept logit nodes."""
+        keep = np.asarray(keep, bool)
+        idx = np.flatnonzero(keep)
+        adj = self.adjacency[idx][:, idx] if adjacency is None else adjacency
+        logit_keep = keep[self.nodes.mask("logit")]
+        return replace(
+            self,
+            nodes=self.nodes.select(idx),
+            adjacency=sp.csr_array(adj),
+            logit_tokens=self.logit_tokens[logit_keep],
+            logit_probs=self.logit_probs[logit_keep],
+            logit_strings=[s for s, k in zip(self.logit_strings, logit_keep) if k],
+            meta=dict(self.meta),
+        )
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise `GraphError` when shapes or the node order break the documented layout."""
+        n = self.n_nodes
+        if self.adjacency.shape != (n, n):
+            raise GraphError(
+                f"adjacency has shape {self.adjacency.shape} but there are {n} nodes; it must be square, one row and column per node."
+            )
+        rank = {k: i for i, k in enumerate(NODE_ORDER)}
+        unknown = set(np.unique(self.nodes.kind)) - set(rank)
+        if unknown:
+            raise GraphError(f"unknown node kinds {sorted(unknown)}; use only {NODE_ORDER}.")
+        order = np.array([rank[k] for k in self.nodes.kind], np.int64)
+        if np.any(np.diff(order) < 0):
+            raise GraphError(f"nodes are not grouped in NODE_ORDER {NODE_ORDER}; sort them by kind first.")
+        n_logit = int(self.nodes.mask("logit").sum())
+        if not (len(self.logit_tokens) == len(self.logit_probs) == len(self.logit_strings) == n_logit):
+            raise GraphError(
+                f"{n_logit} logit nodes but {len(self.logit_tokens)} logit tokens, {len(self.logit_probs)} "
+                f"probabilities and {len(self.logit_strings)} strings; give one of each per logit node."
+            )
+        if len(self.prompt_tokens) != len(self.prompt_ids):
+            raise GraphError(
+                f"{len(self.prompt_ids)} prompt ids but {len(self.prompt_tokens)} prompt strings; give one string per id."
+            )

@@ -1,0 +1,301 @@
+"""The local replacement model (seed: circuit-tracing appendix, "Attribution Graph Computation").
+
+1. `run`: one forward of the underlying TransformerLens model on the prompt records every
+   attention pattern (`attn.hook_pattern`), every normalization scale (`ln*.hook_scale`,
+   LayerNorm or RMSNorm), the transcoders' read values `x[l]` and write targets `y[l]` (the MLP
+   inputs and outputs, `transcoders.sites`), the logits and the embeddings.
+2. Transcoder features `a = act(x @ W_enc + b_enc)`; the error `e[l] = y[l] - tc(x)[l]` (tc output
+   including `b_dec` and the skip) is held constant. With `exclude_bos` (circuit-tracer's
+   convention) position 0 has no features and no error: its MLP output is a constant.
+3. The frozen replacement forward (`forward`) runs the model with patterns and scales replaced by
+   the recorded values and every MLP output replaced by
+       `w[l, p] = decode(a)[l, p] + e[l, p] + x[l, p] @ W_skip[l]`          (p included)
+       `w[l, 0] = y[l, 0] - x_rec[l, 0] @ W_skip[l] + x[l, 0] @ W_skip[l]`    (p = 0 excluded)
+   where `x` is the live read value: the MLP's own nonlinearity gets no gradient (stop-gradient
+   on MLP outputs) and only the transcoder's linear skip carries one. With everything at its
+   recorded value this reproduces the model's logits; as a function of the sources
+   {embeddings, activations `a`, errors `e`} it is linear (affine), which is what makes the
+   attribution graph exact.
+4. Attention soft-capping sits inside the frozen pattern, so it is covered; Gemma-2's `ln1_post`
+   and `ln2_post` are norms with frozen scales. A final logit soft-cap is not linear:
+   `cfg.output_logits_soft_cap` must be 0 (set it to 0 on the model, as circuit-tracer requires).
+5. Embedding nodes: by default the token and positional embeddings of a position are folded into
+   one node (`embedding="token+position"`); `embedding="token"` makes the node `W_E[token]` only
+   and leaves the positional embedding in the bias, which is circuit-tracer's convention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from attrgraph.errors import UnsupportedModelError
+from transcoders import sites
+from transcoders.errors import TranscoderMismatchError
+
+EMBEDDING_MODES = ("token+position", "token")
+
+
+class ReplacementState(NamedTuple):
+    """What one forward of the underlying model records (`ReplacementModel.run`)."""
+
+    tokens: Int[Tensor, " n_pos"]
+    """The prompt ids as the model saw them."""
+    logits: Float[Tensor, "n_pos d_vocab"]
+    """The model's logits."""
+    frozen: dict[str, Tensor]
+    """Recorded attention patterns and normalization scales, by hook name (batch 1)."""
+    x_in: Float[Tensor, "n_layers n_pos d_model"]
+    """Transcoder read values (MLP inputs)."""
+    y_out: Float[Tensor, "n_layers n_pos d_model"]
+    """Write targets (MLP outputs at the write site)."""
+    pre_acts: Float[Tensor, "n_layers n_pos d_sae"]
+    """Encoder pre-activations `x @ W_enc + b_enc`."""
+    acts: Float[Tensor, "n_layers n_pos d_sae"]
+    """Feature activations, zero at excluded positions."""
+    errors: Float[Tensor, "n_layers n_pos d_model"]
+    """`y - tc(x)`, zero at excluded positions."""
+    skip: Float[Tensor, "n_layers n_pos d_model"]
+    """The skip term `x @ W_skip` at the recorded read values (zeros without a skip)."""
+    embed: Float[Tensor, "n_pos d_model"]
+    """Output vector of each embedding node (see `embedding` mode)."""
+    n_excluded: int
+    """Leading positions without feature or error nodes (1 with exclude_bos, else 0)."""
+    embedding: str
+    """"token+position" or "token"."""
+
+
+class _FrozenMLP(nn.Module):
+    """Stands in for `blocks[l].mlp` during a frozen forward: records its input, returns the
+    replacement output at the raw write site (or zeros when the write hook is `hook_mlp_out`)."""
+
+    def __init__(self, run: _FrozenRun, layer: int):
+        super().__init__()
+        self.run, self.layer = run, layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.run.read_is_mlp_input:
+            self.run.reads[self.layer] = x
+        if self.run.raw_write[self.layer]:
+            return self.run.write_value(self.layer)
+        return torch.zeros_like(x)
+
+
+class _FrozenRun:
+    """Bookkeeping of one frozen forward: constants, live reads, gradient probes."""
+
+    def __init__(self, rm: ReplacementModel, constant: Tensor, batch: int, probes: bool):
+        L = rm.cfg.n_layers
+        self.rm = rm
+        self.constant = constant  # [L, P, d] (or [B, L, P, d])
+        self.batch = batch
+        self.read_is_mlp_input = rm.tc.cfg.input_hook == sites.MLP_INPUT
+        self.raw_write = [sites.raw_output_needed(rm.model, rm.tc.cfg, l) for l in range(L)]
+        self.reads: list[Tensor | None] = [None] * L
+        self.captured: dict[str, Tensor] = {}
+        P, D = constant.shape[-2], constant.shape[-1]
+        dtype = constant.dtype
+        make = (
+            (lambda: torch.zeros(batch, P, D, dtype=dtype, device=constant.device, requires_grad=True))
+            if probes
+            else (lambda: None)
+        )
+        self.embed_probe = make()
+        self.write_probes = [make() for _ in range(L)]
+
+    def write_value(self, layer: int) -> Tensor:
+        c = self.constant[..., layer, :, :]
+        out = c.expand(self.batch, *c.shape[-2:])
+        if self.rm.tc.W_skip is not None:
+            x = self.reads[layer]
+            out = out + x @ self.rm.tc.W_skip[layer].detach().to(x.dtype)
+        if self.write_probes[layer] is not None:
+            out = out + self.write_probes[layer]
+        return out
+
+
+class ReplacementModel:
+    """A HookedTransformer with a transcoder set (PLT with or without skip, or CLT) replacing its MLPs."""
+
+    def __init__(self, model, transcoders):
+        sites.check_fits(model, transcoders)
+        if transcoders.cfg.kind == "sae":
+            raise TranscoderMismatchError(
+                "attribution needs transcoders that replace the MLP (kind 'plt' or 'clt'), got an SAE; "
+                "load a transcoder set instead."
+            )
+        if transcoders.cfg.output_hook != sites.MLP_OUTPUT:
+            raise TranscoderMismatchError(
+                f"the transcoders write {transcoders.cfg.output_hook!r}; the replacement model needs them "
+                f"to write the MLP output {sites.MLP_OUTPUT!r}."
+            )
+        cap = getattr(model.cfg, "output_logits_soft_cap", 0.0) or 0.0
+        if cap > 0:
+            raise UnsupportedModelError(
+                f"the model soft-caps its logits at {cap}, which is not linear; set "
+                "model.cfg.output_logits_soft_cap = 0 before attributing (as circuit-tracer does)."
+            )
+        self.model = model
+        self.tc = transcoders
+        self.cfg = model.cfg
+        self.frozen_hooks = [n for n in model.hook_dict if n.endswith(("hook_pattern", "hook_scale"))]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.cfg.dtype
+
+    # ------------------------------------------------------------------ step 1-2
+    @torch.no_grad()
+    def run(
+        self, tokens: Int[Tensor, " n_pos"], exclude_bos: bool = True, embedding: str = "token+position"
+    ) -> ReplacementState:
+        """One forward of the underlying model; records everything the frozen model needs."""
+        if embedding not in EMBEDDING_MODES:
+            raise ValueError(f"embedding is {embedding!r}; pass one of {EMBEDDING_MODES}.")
+        cfg = self.tc.cfg
+        names = (
+            set(self.frozen_hooks)
+            | set(sites.cache_hooks(self.model, cfg))
+            | {"hook_embed", "hook_pos_embed"}
+        )
+        tokens = tokens.to(self.cfg.device)
+        logits, cache = self.model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
+        L = cfg.n_layers
+        x_in = torch.stack([sites.read_value(self.model, cache, l, cfg.input_hook)[0] for l in range(L)])
+        y_out = torch.stack([sites.write_target(self.model, cache, l, cfg)[0] for l in range(L)])
+        tc_dtype = self.tc.dtype
+        xt = x_in.transpose(0, 1).to(tc_dtype)  # [P, L, d]
+        out = self.tc(xt)
+        n_excluded = 1 if exclude_bos else 0
+        acts = out.acts.clone()
+        acts[:n_excluded] = 0
+        errors = (y_out.transpose(0, 1) - out.out.to(y_out.dtype)).clone()
+        errors[:n_excluded] = 0
+        skip = (
+            self.tc.skip(xt).to(y_out.dtype)
+            if self.tc.W_skip is not None
+            else torch.zeros_like(xt, dtype=y_out.dtype)
+        )
+        embed = cache["hook_embed"][0]
+        if embedding == "token+position" and "hook_pos_embed" in cache:
+            embed = embed + cache["hook_pos_embed"][0]
+        return ReplacementState(
+            tokens=tokens,
+            logits=logits[0],
+            frozen={n: cache[n] for n in self.frozen_hooks if n in cache},
+            x_in=x_in,
+            y_out=y_out,
+            pre_acts=out.pre_acts.transpose(0, 1).to(y_out.dtype),
+            acts=acts.transpose(0, 1).to(y_out.dtype),
+            errors=errors.transpose(0, 1),
+            skip=skip.transpose(0, 1),
+            embed=embed,
+            n_excluded=n_excluded,
+            embedding=embedding,
+        )
+
+    # ------------------------------------------------------------------ step 3
+    def constant(
+        self,
+        state: ReplacementState,
+        acts: Float[Tensor, "n_layers n_pos d_sae"] | None = None,
+        errors: Float[Tensor, "n_layers n_pos d_model"] | None = None,
+    ) -> Float[Tensor, "n_layers n_pos d_model"]:
+        """The source-dependent part of every MLP output, `decode(a) + e` (the skip is added live)."""
+        acts = state.acts if acts is None else acts
+        errors = state.errors if errors is None else errors
+        with torch.no_grad():
+            dec = self.tc.decode(acts.transpose(0, 1).to(self.tc.dtype)).transpose(0, 1).to(errors.dtype)
+            c = dec + errors
+            n = state.n_excluded
+            if n:
+                c = torch.cat([(state.y_out - state.skip)[:, :n], c[:, n:]], dim=1)
+        return c
+
+    @contextmanager
+    def frozen(
+        self,
+        state: ReplacementState,
+        constant: Tensor,
+        batch: int = 1,
+        probes: bool = False,
+        embed: Tensor | None = None,
+        capture: tuple[str, ...] = (),
+    ) -> Iterator[_FrozenRun]:
+        """Install the frozen replacement for one forward (`model(tokens)` inside the block).
+
+        `embed` replaces the embedding nodes' output vectors; `capture` lists extra hook names
+        whose values are kept in `run.captured`; `probes` adds zero leaves whose gradients are the
+        gradients at the embedding and at every write site."""
+        run = _FrozenRun(self, constant, batch, probes)
+        model, cfg = self.model, self.tc.cfg
+        hooks = []
+        for name in self.frozen_hooks:
+            value = state.frozen[name]
+            hooks.append((name, lambda x, hook, v=value: v.expand(x.shape)))
+
+        def embed_hook(x, hook):
+            if embed is not None:
+                x = embed.to(x.dtype).expand(x.shape)
+            return x if run.embed_probe is None else x + run.embed_probe
+
+        hooks.append(("hook_embed", embed_hook))
+        if embed is not None and state.embedding == "token+position" and "hook_pos_embed" in model.hook_dict:
+            hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
+        if not run.read_is_mlp_input:
+            for l in range(cfg.n_layers):
+
+                def read_hook(x, hook, l=l):
+                    run.reads[l] = x
+                    return x
+
+                hooks.append((cfg.hook_in(l), read_hook))
+        for l in range(cfg.n_layers):
+            if not run.raw_write[l]:
+                hooks.append((cfg.hook_out(l), lambda x, hook, l=l: run.write_value(l)))
+        for name in capture:
+
+            def capture_hook(x, hook, name=name):
+                run.captured[name] = x
+                return x
+
+            hooks.append((name, capture_hook))
+        originals = [block.mlp for block in model.blocks]
+        try:
+            for l, block in enumerate(model.blocks):
+                block.mlp = _FrozenMLP(run, l)
+            with model.hooks(fwd_hooks=hooks):
+                yield run
+        finally:
+            for block, mlp in zip(model.blocks, originals):
+                block.mlp = mlp
+
+    def forward(
+        self,
+        state: ReplacementState,
+        acts: Float[Tensor, "n_layers n_pos d_sae"] | None = None,
+        errors: Float[Tensor, "n_layers n_pos d_model"] | None = None,
+        embed: Float[Tensor, "n_pos d_model"] | None = None,
+    ) -> FrozenOutput:
+        """The frozen replacement model on given sources (default: the recorded ones)."""
+        with torch.no_grad(), self.frozen(state, self.constant(state, acts, errors), embed=embed) as run:
+            logits = self.model(state.tokens[None])[0]
+            x = torch.stack([r[0] for r in run.reads])
+            pre_acts = self.tc.encode(x.transpose(0, 1).to(self.tc.dtype)).transpose(0, 1).to(logits.dtype)
+        return FrozenOutput(logits=logits, pre_acts=pre_acts, x_in=x)
+
+
+class FrozenOutput(NamedTuple):
+    """What the frozen replacement forward returns."""
+
+    logits: Float[Tensor, "n_pos d_vocab"]
+    """Logits of the frozen replacement model."""
+    pre_acts: Float[Tensor, "n_layers n_pos d_sae"]
+    """Encoder pre-activations at the live read values."""
+    x_in: Float[Tensor, "n_layers n_pos d_model"]
+    """The live read values."""

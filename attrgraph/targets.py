@@ -1,0 +1,142 @@
+"""Attribution targets that are not features: logits, logit differences, any direction anywhere.
+
+Seed: circuit-tracing appendix, "Attribution Graph Computation" and "Graph Pruning".
+
+1. Logit targets: the input vector of the node for token `tok` is the gradient of
+   `logit_tok - mean(logits)` at the last position, i.e. `e_tok - 1/d_vocab` on the logits.
+2. Which tokens: sort the last position's probabilities in descending order and take the
+   smallest top-K whose cumulative probability reaches `desired_logit_prob` (0.95), with K
+   clamped to `max_n_logits` (10). Each logit node's pruning weight is its probability.
+3. Custom targets: a logit difference `logit_a - logit_b` (vector `e_a - e_b`), or any vector `v`
+   read at any TransformerLens hook and position (`v . hook_value[pos]`); weight 1 / n_targets
+   unless given. They become "logit" nodes of the graph (the last kind in the node order).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from attrgraph.errors import TargetError
+
+
+@dataclass(frozen=True)
+class Target:
+    """One output node: a direction read at one site and position."""
+
+    name: str
+    """Label (the token's string for a logit)."""
+    vector: Tensor
+    """Input vector: [d_vocab] on the logits when `hook` is None, else [d_model] at `hook`."""
+    position: int = -1
+    """Position read; negative counts from the end."""
+    hook: str | None = None
+    """TransformerLens hook name the direction reads; None means the logits."""
+    token: int = -1
+    """Output token of a logit node, else -1."""
+    weight: float = math.nan
+    """Pruning weight (the probability of a logit node); NaN means 1 / number of targets."""
+
+    def layer(self, n_layers: int) -> int:
+        """The node's layer: `n_layers` for logits, else the block number in the hook name."""
+        if self.hook is None:
+            return n_layers
+        m = re.match(r"blocks\.(\d+)\.", self.hook)
+        return int(m.group(1)) if m else (-1 if self.hook.startswith("hook_") else n_layers)
+
+
+def select_logit_targets(
+    logits: Float[Tensor, " d_vocab"],
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    tokenizer=None,
+) -> list[Target]:
+    """Demeaned-logit targets for the smallest top-K past `desired_logit_prob`, K <= `max_n_logits`."""
+    if max_n_logits < 1:
+        raise TargetError(f"max_n_logits is {max_n_logits}; pass at least 1.")
+    if not 0.0 < desired_logit_prob <= 1.0:
+        raise TargetError(f"desired_logit_prob is {desired_logit_prob}; pass a probability in (0, 1].")
+    probs = torch.softmax(logits.double(), dim=-1)
+    top_p, top_i = probs.topk(min(max_n_logits, probs.numel()))
+    k = min(
+        int(torch.searchsorted(top_p.cumsum(0), torch.tensor(desired_logit_prob, dtype=top_p.dtype))) + 1,
+        len(top_p),
+    )
+    d_vocab = logits.shape[-1]
+    out = []
+    for p, i in zip(top_p[:k].tolist(), top_i[:k].tolist()):
+        vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=logits.dtype)
+        vec[i] += 1.0
+        out.append(Target(name=_token_str(tokenizer, i), vector=vec, token=i, weight=p))
+    return out
+
+
+def logit_difference(model, token_a: str | int, token_b: str | int, position: int = -1) -> Target:
+    """Target `logit_a - logit_b` at `position` (e.g. " Mary" minus " John")."""
+    a, b = _token_id(model, token_a), _token_id(model, token_b)
+    vec = torch.zeros(model.cfg.d_vocab_out, dtype=model.cfg.dtype)
+    vec[a] += 1.0
+    vec[b] -= 1.0
+    tok = getattr(model, "tokenizer", None)
+    return Target(name=f"{_token_str(tok, a)} - {_token_str(tok, b)}", vector=vec, position=position, token=a)
+
+
+def direction(
+    hook: str, position: int, vector: Tensor, name: str | None = None, weight: float = math.nan
+) -> Target:
+    """Target `vector . value_of(hook)[position]` for any TransformerLens hook of the residual width."""
+    return Target(
+        name=name or f"{hook}@{position}",
+        vector=torch.as_tensor(vector),
+        position=position,
+        hook=hook,
+        weight=weight,
+    )
+
+
+def check_targets(targets: list[Target], model, n_pos: int) -> None:
+    """Raise `TargetError` for an unknown hook, a wrong vector size or a position outside the prompt."""
+    if not targets:
+        raise TargetError("no targets were given; pass at least one Target or leave targets=None for logits.")
+    for t in targets:
+        if not -n_pos <= t.position < n_pos:
+            raise TargetError(
+                f"target {t.name!r} reads position {t.position} of a {n_pos}-token prompt; pick one inside it."
+            )
+        if t.hook is None:
+            size = model.cfg.d_vocab_out
+        else:
+            if t.hook not in model.hook_dict:
+                raise TargetError(
+                    f"target {t.name!r} reads hook {t.hook!r}, which this model lacks; use a name from model.hook_dict."
+                )
+            size = model.cfg.d_model
+        if t.vector.shape != (size,):
+            raise TargetError(
+                f"target {t.name!r} has a vector of shape {tuple(t.vector.shape)}; it must be ({size},)."
+            )
+
+
+def _token_id(model, token: str | int) -> int:
+    if isinstance(token, int):
+        return token
+    try:
+        return int(model.to_single_token(token))
+    except Exception as e:  # TL raises AssertionError for multi-token strings
+        raise TargetError(
+            f"{token!r} is not a single token of this model's tokenizer ({e}); pass a token id."
+        ) from None
+
+
+def _token_str(tokenizer, i: int) -> str:
+    if tokenizer is None:
+        return str(i)
+    try:
+        return tokenizer.decode([i])
+    except Exception:
+        return str(i)

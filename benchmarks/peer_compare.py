@@ -1,0 +1,316 @@
+"""Compare attrgraph's attribution with circuit-tracer's on identical weights: adjacency, time, peak RSS.
+
+1. For each case, run the peer harness (`/work/shared/peer/ct_graph.py --out DIR`, in its own venv
+   with circuit-tracer) on a seeded random model and transcoders; it saves the weights, the prompt
+   and circuit-tracer's adjacency, wall time and peak RSS.
+2. In a fresh process of ours: `attrgraph.load_model(DIR)`, `transcoders.load_transcoders(DIR/transcoders)`,
+   `attribute(...)` on `DIR/input_tokens.npy` with circuit-tracer's conventions (BOS excluded, token-only
+   embedding nodes, same logit selection and batch size); time it and read the peak RSS.
+3. Map circuit-tracer's node order (features, errors `layer * n_pos + pos`, tokens, logits) onto ours
+   (graph.NODE_ORDER) and check `max |A_ours - A_ct| <= 1e-4 * max |A_ct|` node for node; also
+   check that the columns we have no node for (errors at the excluded BOS) are zero in theirs.
+4. Also time our graph on the bundled model (no circuit-tracer equivalent there).
+5. Print a table and write `benchmarks/results/peer_compare.{md,json}`.
+
+Usage: python benchmarks/peer_compare.py [--quick] [--no-large] [--threads N]
+(correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
+PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features with ~32 tokens at the largest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_PY = os.environ.get("PEER_PYTHON", "/tmp/peer/venv/bin/python")
+PEER_SCRIPT = os.environ.get("PEER_SCRIPT", "/work/shared/peer/ct_graph.py")
+TOL = 1e-4
+
+CORRECTNESS = [  # (label, harness arguments)
+    (
+        f"{arch}-{tc}",
+        ["--arch", arch, "--transcoder", tc.split("+")[0]] + (["--skip"] if "skip" in tc else []),
+    )
+    for arch in ("gpt2", "gemma2", "llama")
+    for tc in ("plt", "plt+skip", "clt")
+] + [("gemma2-plt+skip-resid", ["--arch", "gemma2", "--transcoder", "plt", "--skip", "--hooks", "resid"])]
+SMALL = [
+    "--n-layers",
+    "3",
+    "--d-model",
+    "64",
+    "--d-transcoder",
+    "256",
+    "--prompt-len",
+    "12",
+    "--d-vocab",
+    "128",
+]
+TIMING = [  # (label, harness arguments) as in the harness README
+    ("2/64/512", ["--n-layers", "2", "--d-model", "64", "--d-transcoder", "512", "--prompt-len", "16"]),
+    ("4/128/2048", ["--n-layers", "4", "--d-model", "128", "--d-transcoder", "2048", "--prompt-len", "24"]),
+    ("6/256/4096", ["--n-layers", "6", "--d-model", "256", "--d-transcoder", "4096", "--prompt-len", "32"]),
+]
+BUNDLED_PROMPT = "When Mary and John went to the store , John gave a drink to"
+
+
+# ----------------------------------------------------------------------------- our side (subprocess)
+def ours(dir_: str, batch_size: int, threads: int) -> dict:
+    """Run in a fresh process: build our graph on the harness' files and compare adjacencies."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from attrgraph.attribute import attribute
+    from attrgraph.loading import load_model
+    from transcoders.formats import load_transcoders
+
+    d = Path(dir_)
+    model = load_model(d)
+    tc = load_transcoders(d / "transcoders")
+    tokens = np.load(d / "input_tokens.npy")
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = dict(
+        seconds=round(seconds, 3),
+        peak_rss_mb=round(peak, 1),
+        rss_before_mb=round(rss_before, 1),
+        nodes=g.n_nodes,
+        edges=g.n_edges,
+        features=g.n_features,
+    )
+    out.update(compare(g, d))
+    return out
+
+
+def compare(g, d: Path) -> dict:
+    """Step 3: map circuit-tracer's node order onto ours and compare node for node."""
+    ref = np.load(d / "adjacency.npy")
+    af = np.load(d / "active_features.npy")
+    ct_logits = np.load(d / "logit_token_ids.npy").tolist()
+    n_pos, n_feat = len(g.prompt_ids), len(af)
+    L = int(g.meta["n_layers"])
+    feat_index = {tuple(r): i for i, r in enumerate(af.tolist())}
+    n = g.nodes
+    idx = np.empty(g.n_nodes, np.int64)
+    for i, (kind, layer, pos, feat) in enumerate(zip(n.kind, n.layer, n.position, n.feature)):
+        if kind == "feature":
+            key = (int(layer), int(pos), int(feat))
+            if key not in feat_index:
+                return dict(match=False, reason=f"feature {key} is not active in circuit-tracer's graph")
+            idx[i] = feat_index[key]
+        elif kind == "error":
+            idx[i] = n_feat + layer * n_pos + pos
+        elif kind == "embedding":
+            idx[i] = n_feat + L * n_pos + pos
+        else:
+            tok = int(g.logit_tokens[i - (g.n_nodes - len(g.logit_tokens))])
+            if tok not in ct_logits:
+                return dict(
+                    match=False, reason=f"logit token {tok} is not among circuit-tracer's {ct_logits}"
+                )
+            idx[i] = n_feat + L * n_pos + n_pos + ct_logits.index(tok)
+    if g.n_features != n_feat or len(g.logit_tokens) != len(ct_logits):
+        return dict(
+            match=False,
+            reason=f"{g.n_features} features / {len(g.logit_tokens)} logits vs {n_feat} / {len(ct_logits)}",
+        )
+    unmapped = np.setdiff1d(np.arange(ref.shape[0]), idx)
+    scale = float(np.abs(ref).max())
+    unmapped_max = (
+        float(np.abs(ref[:, unmapped]).max() + np.abs(ref[unmapped]).max()) if len(unmapped) else 0.0
+    )
+    diff = float(np.abs(g.dense() - ref[np.ix_(idx, idx)]).max())
+    rel = diff / scale
+    return dict(
+        match=bool(rel <= TOL and unmapped_max == 0.0),
+        max_rel_diff=rel,
+        unmapped_abs=unmapped_max,
+        ct_nodes=int(ref.shape[0]),
+    )
+
+
+def ours_bundled(batch_size: int, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from attrgraph.attribute import attribute
+    from attrgraph.loading import load_model
+    from attrgraph.prune import prune_graph
+    from transcoders.formats import load_transcoders
+
+    model = load_model("default")
+    tc = load_transcoders("default-plt")
+    t0 = time.perf_counter()
+    g = attribute(model, tc, BUNDLED_PROMPT, batch_size=batch_size)
+    seconds = time.perf_counter() - t0
+    p = prune_graph(g)
+    return dict(
+        seconds=round(seconds, 3),
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        nodes=g.n_nodes,
+        edges=g.n_edges,
+        features=g.n_features,
+        pruned_nodes=p.n_nodes,
+        pruned_edges=p.n_edges,
+        n_pos=len(g.prompt_ids),
+    )
+
+
+# ----------------------------------------------------------------------------- driver
+def run_peer(args: list[str], out: str, threads: int, batch_size: int) -> dict:
+    cmd = [
+        PEER_PY,
+        PEER_SCRIPT,
+        *args,
+        "--out",
+        out,
+        "--threads",
+        str(threads),
+        "--batch-size",
+        str(batch_size),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    if res.returncode != 0:
+        raise RuntimeError(f"peer harness failed: {' '.join(cmd)}\n{res.stderr[-2000:]}")
+    stats = {}
+    for line in res.stdout.splitlines():
+        if ": " in line:
+            k, v = line.split(": ", 1)
+            stats[k.strip()] = v.strip()
+    return dict(
+        seconds=float(stats["attribute_s"]),
+        peak_rss_mb=float(stats["peak_rss_mb"]),
+        nodes=int(stats["nodes"]),
+        active_features=int(stats["active_features"]),
+    )
+
+
+def run_ours(mode: str, target: str, threads: int, batch_size: int) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_worker",
+        mode,
+        "--_target",
+        target,
+        "--threads",
+        str(threads),
+        "--batch-size",
+        str(batch_size),
+    ]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"our worker failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="correctness cases only")
+    ap.add_argument("--no-large", action="store_true", help="skip the 6/256/4096 timing case")
+    ap.add_argument("--no-correctness", action="store_true", help="timing cases only")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
+    ap.add_argument("--batch-size", type=int, default=512, help="targets per backward, both sides")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peer_compare"))
+    ap.add_argument(
+        "--merge", help="JSON results of an earlier run whose rows (other cases) are kept in the table"
+    )
+    ap.add_argument("--_worker", help=argparse.SUPPRESS)
+    ap.add_argument("--_target", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._worker == "peer":
+        print(json.dumps(ours(args._target, args.batch_size, args.threads)))
+        return 0
+    if args._worker == "bundled":
+        print(json.dumps(ours_bundled(args.batch_size, args.threads)))
+        return 0
+
+    rows = []
+    work = tempfile.mkdtemp(prefix="peer_compare_")
+    cases = [] if args.no_correctness else [(label, SMALL + a, "correctness") for label, a in CORRECTNESS]
+    if not args.quick:
+        cases += [
+            (label, a, "timing") for label, a in TIMING if not (args.no_large and label == "6/256/4096")
+        ]
+    for label, harness_args, kind in cases:
+        out = os.path.join(work, label.replace("/", "_"))
+        ct = run_peer(harness_args, out, args.threads, args.batch_size)
+        us = run_ours("peer", out, args.threads, args.batch_size)
+        row = dict(case=label, kind=kind, ct=ct, ours=us)
+        rows.append(row)
+        print(
+            f"{label:14s} match={us.get('match')} max_rel_diff={us.get('max_rel_diff', float('nan')):.2e} "
+            f"ct {ct['seconds']:.2f} s {ct['peak_rss_mb']:.0f} MB | ours {us['seconds']:.2f} s {us['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+    bundled = None
+    if not args.quick and (ROOT / "data" / "default" / "config.json").exists():
+        bundled = run_ours("bundled", "", args.threads, args.batch_size)
+        print(f"bundled model: {bundled}", flush=True)
+    if args.merge:
+        done = {r["case"] for r in rows}
+        rows = [r for r in json.loads(Path(args.merge).read_text())["rows"] if r["case"] not in done] + rows
+    write_results(rows, bundled, args)
+    return 0 if all(r["ours"].get("match") for r in rows) else 1
+
+
+def write_results(rows, bundled, args) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(
+        threads=args.threads,
+        batch_size=args.batch_size,
+        tolerance=TOL,
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        load_average=os.getloadavg(),
+    )
+    out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows, bundled=bundled), indent=1))
+    lines = [
+        "# attrgraph vs circuit-tracer (same weights, same prompt, same process conditions)",
+        "",
+        f"torch threads {args.threads}, batch size {args.batch_size}, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|.",
+        "",
+        "| case | kind | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | ct peak RSS | ours peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ct, us = r["ct"], r["ours"]
+        lines.append(
+            f"| {r['case']} | {r['kind']} | {ct['nodes']} / {us['nodes']} | {us['features']} | {us.get('match')} | "
+            f"{us.get('max_rel_diff', float('nan')):.1e} | {ct['seconds']:.2f} s | {us['seconds']:.2f} s | "
+            f"{ct['peak_rss_mb'] / 1024:.2f} GB | {us['peak_rss_mb'] / 1024:.2f} GB |"
+        )
+    lines.append("")
+    lines.append(
+        "Node counts differ by n_layers: circuit-tracer keeps error nodes at the BOS position (all zero); we drop them."
+    )
+    if bundled:
+        lines += [
+            "",
+            f"Bundled model (default + default-plt, {bundled['n_pos']} tokens): {bundled['nodes']} nodes, "
+            f"{bundled['edges']} edges, {bundled['features']} features, attribute {bundled['seconds']:.2f} s, "
+            f"peak RSS {bundled['peak_rss_mb'] / 1024:.2f} GB; pruned {bundled['pruned_nodes']} nodes, "
+            f"{bundled['pruned_edges']} edges.",
+        ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

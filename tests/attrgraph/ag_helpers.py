@@ -1,0 +1,159 @@
+"""Helpers for the attrgraph tests: hand-built and random graphs, tiny random models and transcoders."""
+
+import numpy as np
+
+from attrgraph.graph import Graph, Nodes
+
+
+def graph_from_dense(kinds, adjacency, layers=None, positions=None, logit_probs=None) -> Graph:
+    """A Graph from node kinds (already in NODE_ORDER) and a dense adjacency (rows = targets)."""
+    kinds = np.asarray(kinds)
+    n = len(kinds)
+    layers = np.zeros(n, int) if layers is None else np.asarray(layers)
+    positions = np.zeros(n, int) if positions is None else np.asarray(positions)
+    n_logit = int((kinds == "logit").sum())
+    probs = np.full(n_logit, 1.0 / max(n_logit, 1)) if logit_probs is None else np.asarray(logit_probs)
+    n_pos = int(positions.max()) + 1 if n else 1
+    nodes = Nodes(
+        kind=kinds,
+        layer=layers,
+        position=positions,
+        feature=np.where(kinds == "feature", np.arange(n), -1),
+        activation=np.ones(n),
+        token=np.where(kinds == "logit", np.arange(n), -1),
+    )
+    return Graph(
+        nodes=nodes,
+        adjacency=np.asarray(adjacency, np.float32),
+        prompt_ids=np.arange(n_pos),
+        prompt_tokens=[f"t{i}" for i in range(n_pos)],
+        logit_tokens=np.arange(n_logit) + 100,
+        logit_probs=probs,
+        logit_strings=[f"out{i}" for i in range(n_logit)],
+        meta={"model": "hand-built", "n_layers": 2},
+    )
+
+
+def random_graph(seed: int, n_emb=3, n_err=4, n_feat=20, n_logit=3, density=0.5) -> Graph:
+    """A random signed DAG in node order: every source row/column pattern strictly lower-triangular;
+    embeddings and errors have no inputs; logits read from everything before them."""
+    rng = np.random.default_rng(seed)
+    kinds = ["embedding"] * n_emb + ["error"] * n_err + ["feature"] * n_feat + ["logit"] * n_logit
+    n = len(kinds)
+    A = rng.normal(size=(n, n)) * (rng.random((n, n)) < density)
+    A = np.tril(A, k=-1)
+    A[: n_emb + n_err] = 0.0
+    A[-n_logit:, -n_logit:] = 0.0
+    A[:, -n_logit:] = 0.0
+    probs = rng.random(n_logit) + 0.1
+    probs = np.sort(probs / probs.sum() * 0.97)[::-1]
+    layers = [-1] * n_emb + [0] * n_err + sorted(rng.integers(0, 2, n_feat).tolist()) + [2] * n_logit
+    return graph_from_dense(kinds, A, layers=layers, logit_probs=probs)
+
+
+ARCHS = ("gpt2", "gemma2", "llama")
+TRANSCODERS = (("plt", False), ("plt", True), ("clt", False))
+
+
+def tiny_model(arch: str, dtype=None, n_layers: int = 2, d_model: int = 16, d_vocab: int = 40, seed: int = 0):
+    """A tiny random HookedTransformer of a GPT-2, Gemma-2 or Llama style config (as the peer
+    harness builds them), with nonzero biases and norm weights so that nothing matches by accident."""
+    import torch
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    dtype = dtype or torch.float64
+    common = dict(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=4,
+        d_head=d_model // 4,
+        d_mlp=4 * d_model,
+        d_vocab=d_vocab,
+        n_ctx=32,
+        dtype=dtype,
+        seed=seed,
+        default_prepend_bos=False,
+    )
+    if arch == "gpt2":
+        kw = dict(common, act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard")
+    elif arch == "gemma2":
+        kw = dict(
+            common,
+            act_fn="gelu_pytorch_tanh",
+            normalization_type="RMS",
+            final_rms=True,
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=d_model // 4,
+            n_key_value_heads=2,
+            use_local_attn=True,
+            attn_types=(["global", "local"] * n_layers)[:n_layers],
+            window_size=4,
+            use_normalization_before_and_after=True,
+            attn_scores_soft_cap=50.0,
+            output_logits_soft_cap=0.0,
+            original_architecture="Gemma2ForCausalLM",
+            eps=1e-6,
+        )
+    elif arch == "llama":
+        kw = dict(
+            common,
+            act_fn="silu",
+            normalization_type="RMS",
+            final_rms=True,
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=d_model // 4,
+            n_key_value_heads=2,
+            original_architecture="LlamaForCausalLM",
+            eps=1e-5,
+        )
+    else:
+        raise ValueError(arch)
+    model = HookedTransformer(HookedTransformerConfig(**kw))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.split(".")[-1]
+            if leaf.startswith("b"):
+                p.add_(0.1 * torch.randn(p.shape, generator=g).to(p))
+            elif leaf == "w":
+                p.mul_(1 + 0.1 * torch.randn(p.shape, generator=g).to(p))
+    model.eval()
+    return model
+
+
+def tiny_transcoders(
+    model,
+    kind: str = "plt",
+    skip: bool = False,
+    d_sae: int = 24,
+    seed: int = 0,
+    output_before_post_norm: bool = True,
+):
+    """Random ReLU transcoders for `model` with about half the features active."""
+    import torch
+
+    from transcoders.clt import CrossLayerTranscoder
+    from transcoders.config import TranscoderConfig
+    from transcoders.plt import PerLayerTranscoder
+
+    cfg = TranscoderConfig(
+        kind=kind,
+        n_layers=model.cfg.n_layers,
+        d_model=model.cfg.d_model,
+        d_sae=d_sae,
+        activation="relu",
+        skip=skip,
+        output_before_post_norm=output_before_post_norm,
+    )
+    g = torch.Generator().manual_seed(seed + 2)
+    cls = CrossLayerTranscoder if kind == "clt" else PerLayerTranscoder
+    tc = cls(cfg).init_weights(generator=g).to(model.cfg.dtype)
+    with torch.no_grad():
+        tc.W_enc.mul_(3.0)
+        tc.b_enc.copy_(0.1 * torch.randn(tc.b_enc.shape, generator=g))
+        tc.b_dec.copy_(0.05 * torch.randn(tc.b_dec.shape, generator=g))
+        if tc.W_skip is not None:
+            tc.W_skip.copy_(0.1 * torch.randn(tc.W_skip.shape, generator=g))
+    return tc
