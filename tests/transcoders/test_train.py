@@ -1,0 +1,213 @@
+"""Training: the loss falls, folding is exact, resume reproduces, NaN stops with the documented error."""
+
+import dataclasses
+
+import pytest
+import torch
+from tc_helpers import tiny_model
+
+from transcoders import ConfigError, NonFiniteError
+from transcoders.activation_store import ActivationStore, pack_sequences
+from transcoders.checkpoint import load_checkpoint
+from transcoders.metrics import reconstruction_metrics, replacement_metrics
+from transcoders.sites import collect
+from transcoders.train import TrainConfig, build_parser, train, transcoder_config
+
+
+def random_sequences(n=1200, n_ctx=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50, (n, n_ctx), generator=g)
+
+
+def small_cfg(tmp_path, **kw):
+    base = dict(
+        kind="plt",
+        d_sae=64,
+        n_tokens=256 * 120,
+        batch_size=256,
+        block_tokens=2048,
+        lr=3e-3,
+        sparsity_coef=1e-3,
+        out=str(tmp_path / "run"),
+        checkpoint_every=40,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def held_out(model, tc_cfg):
+    x, y = collect(model, random_sequences(20, seed=99), tc_cfg)
+    return x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1)
+
+
+@pytest.mark.parametrize(
+    "kind, activation", [("plt", "jumprelu"), ("clt", "jumprelu"), ("plt", "topk"), ("sae", "relu")]
+)
+def test_training_reduces_reconstruction_error(tmp_path, kind, activation):
+    model = tiny_model()
+    hook = "blocks.{layer}.hook_attn_out" if kind == "sae" else ""
+    cfg = small_cfg(tmp_path, kind=kind, activation=activation, hook=hook, k=8)
+    from transcoders import build_transcoders
+
+    untrained = build_transcoders(transcoder_config(cfg, model)).init_weights(
+        torch.Generator().manual_seed(0)
+    )
+    x, y = held_out(model, untrained.cfg)
+    before = reconstruction_metrics(untrained, x, y)["fvu_mean"]
+    tc, info = train(cfg, model=model, sequences=random_sequences(), progress=False)
+    after = reconstruction_metrics(tc, x, y)
+    assert info["steps"] == 120
+    assert after["fvu_mean"] < 0.5 * min(before, 1.0), (before, after["fvu_mean"])
+    assert after["l0_mean"] > 0
+
+
+def test_saved_weights_act_on_raw_activations(tmp_path):
+    """The returned set (scales folded in) on raw x equals the checkpointed one on normalized x."""
+    model = tiny_model()
+    cfg = small_cfg(tmp_path, n_tokens=256 * 30)
+    tc, _ = train(cfg, model=model, sequences=random_sequences(), progress=False)
+    from transcoders import build_transcoders
+
+    raw = build_transcoders(tc.cfg)
+    opt = torch.optim.Adam(raw.parameters())
+    _, scales, _ = load_checkpoint(tmp_path / "run" / "checkpoint", raw, opt)
+    x, y = held_out(model, tc.cfg)
+    normalized = raw(x / scales["in"][:, None])
+    folded = tc(x)
+    torch.testing.assert_close(folded.acts, normalized.acts, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(folded.out, normalized.out * scales["out"][:, None], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(scales["in"], torch.ones_like(scales["in"]))  # the test means something
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    model = tiny_model()
+    seqs = random_sequences()
+    straight, _ = train(
+        small_cfg(tmp_path / "a", n_tokens=256 * 60), model=model, sequences=seqs, progress=False
+    )
+    cfg = small_cfg(tmp_path / "b", n_tokens=256 * 60)
+    partial, info = train(cfg, model=model, sequences=seqs, progress=False, stop_after=25)
+    assert info == {"stopped_at": 25}
+    resumed, info = train(cfg, model=model, sequences=seqs, progress=False)
+    assert info["steps"] == 60
+    for k, v in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    model = tiny_model()
+    train(
+        small_cfg(tmp_path, n_tokens=256 * 20),
+        model=model,
+        sequences=random_sequences(),
+        progress=False,
+        stop_after=5,
+    )
+    with pytest.raises(ConfigError, match="sparsity_coef"):
+        train(
+            small_cfg(tmp_path, n_tokens=256 * 20, sparsity_coef=0.5),
+            model=model,
+            sequences=random_sequences(),
+        )
+
+
+def test_nan_activations_stop_training_and_keep_checkpoint(tmp_path):
+    model = tiny_model()
+    seqs = random_sequences()
+    cfg = small_cfg(tmp_path, n_tokens=256 * 60, checkpoint_every=8)
+    train(cfg, model=model, sequences=seqs, progress=False, stop_after=8)  # block 0 = batches 0..7
+    ckpt = tmp_path / "run" / "checkpoint" / "state.safetensors"
+    before = ckpt.read_bytes()
+    with torch.no_grad():
+        model.blocks[1].mlp.W_in[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="NaN or inf activations"):
+        train(cfg, model=model, sequences=seqs, progress=False)
+    assert ckpt.read_bytes() == before
+
+
+def test_nan_weights_stop_training(tmp_path):
+    cfg = small_cfg(tmp_path, n_tokens=256 * 20, lr=float("inf"))
+    with pytest.raises(NonFiniteError, match="last good checkpoint"):
+        train(cfg, model=tiny_model(), sequences=random_sequences(), progress=False)
+
+
+def test_store_blocks_are_shuffled_reproducible_and_cached(tmp_path):
+    model = tiny_model()
+    tcfg = transcoder_config(TrainConfig(), model)
+    seqs = random_sequences(100)
+    a = ActivationStore(model, tcfg, seqs, batch_size=64, block_tokens=1024, seed=3, cache_dir=tmp_path)
+    x0, y0 = a.block(1)
+    assert x0.shape == (1024, 2, 32)
+    b = ActivationStore(model, tcfg, seqs, batch_size=64, block_tokens=1024, seed=3)
+    torch.testing.assert_close(b.block(1)[0], x0)
+    assert (tmp_path / "block_00001.safetensors").exists()
+    # unshuffled, consecutive tokens come from one sequence; shuffled, neighbours are unrelated
+    xs, _ = collect(model, seqs[34:68], tcfg)  # block 1 = sequences 34..67 (ceil(1024 / 31) per block)
+    flat = xs[:, 1:].flatten(0, 1)[:1024]
+    assert not torch.allclose(flat, x0)
+    assert torch.allclose(flat.sum(0), x0.sum(0), rtol=1e-4, atol=1e-3)  # same tokens, new order
+    # the batch stream resumes at any batch index
+    stream = list(zip(range(20), a.batches(0), strict=False))
+    later = next(a.batches(18))
+    torch.testing.assert_close(later[0], stream[18][1][0])
+
+
+def test_pack_sequences():
+    seqs = list(pack_sequences([[5, 6], [7, 8, 9], [10]], n_ctx=6, bos_id=0, eos_id=1))
+    assert seqs == [[0, 5, 6, 1, 7, 8]]
+    seqs = list(
+        pack_sequences(
+            ["a b", "c"], n_ctx=4, bos_id=0, eos_id=1, tokenize=lambda s: [ord(c) for c in s.split()[0]]
+        )
+    )
+    assert seqs == [[0, 97, 1, 99]]
+
+
+def test_cli_is_built_from_the_dataclass():
+    args = build_parser().parse_args(["--kind", "clt", "--d-sae", "256", "--skip", "--sparsity-coef", "0.01"])
+    cfg = TrainConfig(**vars(args))
+    assert cfg.kind == "clt" and cfg.d_sae == 256 and cfg.skip and cfg.sparsity_coef == 0.01
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == set(vars(args))
+    assert "20%" in build_parser().format_help()  # docstrings with % must not break --help
+
+
+def test_replacement_metrics_identity_transcoder():
+    """A 'transcoder' that reproduces the MLP exactly recovers all CE loss: one feature per MLP neuron
+    is exact for a ReLU MLP (W_enc = W_in, W_dec = W_out)."""
+    model = tiny_model(act_fn="relu")
+    from transcoders import TranscoderConfig, build_transcoders
+
+    cfg = TranscoderConfig(kind="plt", n_layers=2, d_model=32, d_sae=64, activation="relu")
+    tc = build_transcoders(cfg)
+    with torch.no_grad():
+        for l in range(2):
+            tc.W_enc[l] = model.blocks[l].mlp.W_in
+            tc.b_enc[l] = model.blocks[l].mlp.b_in
+            tc.W_dec[l] = model.blocks[l].mlp.W_out
+            tc.b_dec[l] = model.blocks[l].mlp.b_out
+    m = replacement_metrics(model, tc, random_sequences(8))
+    assert abs(m["ce_replaced"] - m["ce_orig"]) < 1e-4 and m["kl_to_orig"] < 1e-5
+    assert m["ce_loss_recovered"] == pytest.approx(1.0, abs=1e-3)
+    assert m["ce_zero_ablated"] > m["ce_orig"]
+
+
+def test_replacement_metrics_identity_clt():
+    """A CLT whose same-layer decoders are the MLPs (and cross-layer decoders zero) is exact too;
+    a nonzero cross-layer decoder then changes the replaced model's loss."""
+    model = tiny_model(act_fn="relu")
+    from transcoders import TranscoderConfig, build_transcoders
+
+    cfg = TranscoderConfig(kind="clt", n_layers=2, d_model=32, d_sae=64, activation="relu")
+    tc = build_transcoders(cfg)
+    with torch.no_grad():
+        for l in range(2):
+            tc.W_enc[l] = model.blocks[l].mlp.W_in
+            tc.b_enc[l] = model.blocks[l].mlp.b_in
+            tc.W_dec[l][:, 0] = model.blocks[l].mlp.W_out
+            tc.b_dec[l] = model.blocks[l].mlp.b_out
+    seqs = random_sequences(8)
+    m = replacement_metrics(model, tc, seqs)
+    assert m["ce_loss_recovered"] == pytest.approx(1.0, abs=1e-3) and m["kl_to_orig"] < 1e-5
+    with torch.no_grad():
+        tc.W_dec[0][:, 1] = torch.randn(64, 32)
+    assert replacement_metrics(model, tc, seqs)["kl_to_orig"] > 1e-3

@@ -1,0 +1,163 @@
+"""Activations for training: all layers from one forward pass, shuffled at the token level.
+
+Seed: circuit-tracing appendix ("ML details": "We shuffle our training data at the token
+level ... not shuffling leads to significantly worse performance"; "Engineering": collect
+all layers in one pass, store activations to disk, stream them back).
+
+1. `pack_sequences` turns any iterable of texts or token-id lists into training sequences of
+   `n_ctx` tokens: BOS, then items joined by EOS (how the bundled model was trained).
+2. Block b takes the next `ceil(block_tokens / (n_ctx - 1))` sequences, runs the model once
+   per model batch, and keeps every layer's read value `x` and write target `y` (sites.collect),
+   dropping position 0 (BOS, a constant outlier) by default.
+3. The block's tokens are fully shuffled with a generator seeded by (seed, b), then served in
+   batches. Block b is a pure function of (source, seed, b): a resumed run rebuilds exactly the
+   batches it would have seen (`batches(start=...)`).
+4. With `cache_dir`, block b is written to `block_{b}.safetensors` the first time and read back
+   after, so long or repeated runs stream activations from disk instead of re-running the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+from jaxtyping import Float
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import NonFiniteError
+from transcoders.sites import collect
+
+
+def pack_sequences(
+    items: Iterable[str | Sequence[int]],
+    n_ctx: int,
+    bos_id: int,
+    eos_id: int,
+    tokenize: Callable | None = None,
+) -> Iterator[list[int]]:
+    """Step 1: `[BOS, item, EOS, item, EOS, ...]` cut to `n_ctx` tokens; an item cut at the end is dropped."""
+    seq = [bos_id]
+    for item in items:
+        if isinstance(item, str) and tokenize is None:
+            raise TypeError("texts need a tokenize function; pass tokenize= or token ids")
+        ids = list(tokenize(item)) if isinstance(item, str) else [int(i) for i in item]
+        seq += ids + [eos_id]
+        if len(seq) >= n_ctx:
+            yield seq[:n_ctx]
+            seq = [bos_id]
+
+
+class ActivationStore:
+    """Token-level shuffled batches of `(x, y)`, each `[batch, n_layers, d_model]` (see module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        cfg: TranscoderConfig,
+        sequences: Callable[[], Iterable[Sequence[int]]] | Tensor,
+        batch_size: int = 1024,
+        block_tokens: int = 65536,
+        seed: int = 0,
+        skip_bos: bool = True,
+        model_batch: int = 32,
+        cache_dir: str | Path | None = None,
+    ):
+        self.model, self.cfg = model, cfg
+        self.sequences = sequences
+        self.batch_size = batch_size
+        self.block_tokens = block_tokens - block_tokens % batch_size
+        if self.block_tokens == 0:
+            raise ValueError(f"block_tokens {block_tokens} is smaller than batch_size {batch_size}")
+        self.seed, self.skip_bos, self.model_batch = seed, skip_bos, model_batch
+        self.n_ctx = model.cfg.n_ctx
+        self.seqs_per_block = math.ceil(self.block_tokens / (self.n_ctx - int(skip_bos)))
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self._source: Iterator | None = None
+        self._next_seq = 0
+        self._last: tuple[int, Tensor, Tensor] | None = None  # the most recent block, reused once
+
+    @property
+    def batches_per_block(self) -> int:
+        return self.block_tokens // self.batch_size
+
+    # ------------------------------------------------------------------ sequences
+    def _take(self, start: int, n: int) -> Tensor:
+        """Sequences start..start+n of the source, as a LongTensor [n, n_ctx]."""
+        if isinstance(self.sequences, Tensor):
+            out = self.sequences[start : start + n]
+        else:
+            if self._source is None or self._next_seq > start:
+                self._source, self._next_seq = iter(self.sequences()), 0
+            while self._next_seq < start:  # skip (resume): cheap, no model run
+                next(self._source)
+                self._next_seq += 1
+            rows = []
+            for _ in range(n):
+                try:
+                    rows.append(list(next(self._source)))
+                except StopIteration:
+                    break
+                self._next_seq += 1
+            out = (
+                torch.tensor(rows, dtype=torch.long) if rows else torch.zeros(0, self.n_ctx, dtype=torch.long)
+            )
+        if out.shape[0] < n:
+            raise ValueError(
+                f"the token source ran out after {start + out.shape[0]} sequences; pass a longer corpus"
+            )
+        return out
+
+    # ------------------------------------------------------------------ blocks
+    @torch.no_grad()
+    def block(
+        self, b: int
+    ) -> tuple[Float[Tensor, "tokens n_layers d_model"], Float[Tensor, "tokens n_layers d_model"]]:
+        """Steps 2-4: block b's shuffled `(x, y)`."""
+        if self._last is not None and self._last[0] == b:
+            return self._last[1], self._last[2]
+        x, y = self._build_block(b)
+        self._last = (b, x, y)
+        return x, y
+
+    def _build_block(self, b: int) -> tuple[Tensor, Tensor]:
+        shard = self.cache_dir / f"block_{b:05d}.safetensors" if self.cache_dir else None
+        if shard is not None and shard.exists():
+            d = load_file(str(shard))
+            return d["x"], d["y"]
+        tokens = self._take(b * self.seqs_per_block, self.seqs_per_block)
+        xs, ys = [], []
+        start = int(self.skip_bos)
+        for chunk in tokens.split(self.model_batch):
+            x, y = collect(self.model, chunk.to(self.model.cfg.device), self.cfg)
+            xs.append(x[:, start:].reshape(-1, *x.shape[-2:]).float().cpu())
+            ys.append(y[:, start:].reshape(-1, *y.shape[-2:]).float().cpu())
+        x, y = torch.cat(xs)[: self.block_tokens], torch.cat(ys)[: self.block_tokens]
+        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            raise NonFiniteError(
+                f"the model produced NaN or inf activations in block {b}; check the model and corpus."
+            )
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(self.seed * 1_000_003 + b))
+        x, y = x[perm].contiguous(), y[perm].contiguous()
+        if shard is not None:
+            shard.parent.mkdir(parents=True, exist_ok=True)
+            tmp = shard.with_suffix(".tmp")
+            save_file({"x": x, "y": y}, str(tmp))
+            tmp.rename(shard)
+        return x, y
+
+    def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        """Batches start, start+1, ... (endless; the caller stops)."""
+        b, i = divmod(start, self.batches_per_block)
+        while True:
+            x, y = self.block(b)
+            for j in range(i, self.batches_per_block):
+                sl = slice(j * self.batch_size, (j + 1) * self.batch_size)
+                yield x[sl], y[sl]
+            b, i = b + 1, 0
+
+    def __iter__(self):
+        return self.batches(0)

@@ -1,0 +1,172 @@
+"""What every transcoder set shares: the encoder, the nonlinearity, the skip, the output.
+
+For a set covering `n_layers` layers, on the read-site activations `x[l]`:
+
+1. `h[l] = x[l] @ W_enc[l] + b_enc[l]`                          (encode: pre-activations)
+2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK) (activations.py)
+3. `y[l] = decode(a)[l] + x[l] @ W_skip[l]`                     (decode: per class; skip optional)
+
+`decode` differs by class: an SAE / per-layer transcoder writes layer l from layer l's
+features only; a cross-layer transcoder writes layer l from every source layer <= l
+(seed: circuit-tracing appendix; linear-computation-graphs section 2, eqs. 1 and 3).
+
+Initialization follows the appendix ("ML details"): encoder ~ U(+-1/sqrt(n_features)),
+decoder ~ U(+-1/sqrt(n_out_layers * d_model)), biases zero, JumpReLU thresholds 0.03.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from transcoders.activations import apply_activation
+from transcoders.config import TranscoderConfig
+
+THRESHOLD_INIT = 0.03
+
+
+class TranscoderOutput(NamedTuple):
+    """What `forward` returns."""
+
+    pre_acts: Float[Tensor, "... n_layers d_sae"]
+    """Encoder pre-activations `x @ W_enc + b_enc`."""
+    acts: Float[Tensor, "... n_layers d_sae"]
+    """Feature activations after the nonlinearity."""
+    out: Float[Tensor, "... n_layers d_model"]
+    """Reconstruction at the write site: decoder output, `b_dec` and the skip term."""
+
+
+class SparseCoder(nn.Module):
+    """Base of `SAE`, `PerLayerTranscoder` and `CrossLayerTranscoder`; subclasses give the decoder."""
+
+    cfg: TranscoderConfig
+    kind: str = ""
+
+    def __init__(self, cfg: TranscoderConfig):
+        super().__init__()
+        if self.kind and cfg.kind != self.kind:
+            raise ValueError(f"{type(self).__name__} needs cfg.kind={self.kind!r}, got {cfg.kind!r}")
+        self.cfg = cfg
+        L, D, S = cfg.n_layers, cfg.d_model, cfg.d_sae
+        self.W_enc = nn.Parameter(torch.zeros(L, D, S))
+        self.b_enc = nn.Parameter(torch.zeros(L, S))
+        self.b_dec = nn.Parameter(torch.zeros(L, D))
+        if cfg.activation == "jumprelu":
+            self.threshold = nn.Parameter(torch.full((L, S), THRESHOLD_INIT))
+        else:
+            self.threshold = None
+        self.W_skip = nn.Parameter(torch.zeros(L, D, D)) if cfg.skip else None
+
+    # --------------------------------------------------------------- properties
+    @property
+    def n_layers(self) -> int:
+        return self.cfg.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.cfg.d_model
+
+    @property
+    def d_sae(self) -> int:
+        return self.cfg.d_sae
+
+    @property
+    def device(self) -> torch.device:
+        return self.b_enc.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.b_enc.dtype
+
+    # --------------------------------------------------------------- init
+    n_features_init: int
+    n_out_init: int
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> SparseCoder:
+        """Initialize as the appendix gives; returns self."""
+
+        def uniform_(p: Tensor, bound: float):
+            p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1).mul_(bound).to(p))
+
+        uniform_(self.W_enc, self.n_features_init**-0.5)
+        for W in self.decoder_weights():
+            uniform_(W, (self.n_out_init * self.d_model) ** -0.5)
+        self.b_enc.zero_()
+        self.b_dec.zero_()
+        if self.threshold is not None:
+            self.threshold.fill_(THRESHOLD_INIT)
+        if self.W_skip is not None:
+            self.W_skip.zero_()
+        return self
+
+    # --------------------------------------------------------------- the map
+    def encode(self, x: Float[Tensor, "... n_layers d_model"]) -> Float[Tensor, "... n_layers d_sae"]:
+        """Pre-activations `x @ W_enc + b_enc`, per layer."""
+        return torch.einsum("...ld,lds->...ls", x, self.W_enc) + self.b_enc
+
+    def activation(
+        self, pre_acts: Float[Tensor, "... n_layers d_sae"]
+    ) -> Float[Tensor, "... n_layers d_sae"]:
+        """The feature nonlinearity of `cfg.activation`."""
+        return apply_activation(pre_acts, self.cfg.activation, self.threshold, self.cfg.k, self.cfg.bandwidth)
+
+    def decode(self, acts: Float[Tensor, "... n_layers d_sae"]) -> Float[Tensor, "... n_layers d_model"]:
+        raise NotImplementedError
+
+    def skip(self, x: Float[Tensor, "... n_layers d_model"]) -> Float[Tensor, "... n_layers d_model"]:
+        """`x[l] @ W_skip[l]`, or zeros when the set has no skip."""
+        if self.W_skip is None:
+            return torch.zeros_like(x)
+        return torch.einsum("...ld,lde->...le", x, self.W_skip)
+
+    def forward(self, x: Float[Tensor, "... n_layers d_model"]) -> TranscoderOutput:
+        pre_acts = self.encode(x)
+        acts = self.activation(pre_acts)
+        out = self.decode(acts)
+        if self.W_skip is not None:
+            out = out + self.skip(x)
+        return TranscoderOutput(pre_acts, acts, out)
+
+    # --------------------------------------------------------------- vectors for attribution
+    def encoder_vectors(self, layer: int, features: Int[Tensor, " n"]) -> Float[Tensor, "n d_model"]:
+        """Encoder directions (columns of `W_enc[layer]`) of the given features."""
+        return self.W_enc[layer][:, features].T
+
+    def decoder_vectors(self, layer: int, features: Int[Tensor, " n"]) -> Float[Tensor, "n n_out d_model"]:
+        raise NotImplementedError
+
+    def decoder_weights(self) -> list[Tensor]:
+        """The decoder parameters, for init and optimizer bookkeeping."""
+        raise NotImplementedError
+
+    def decoder_norms(self) -> Float[Tensor, "n_layers d_sae"]:
+        """Norm of each feature's whole decoder (concatenated over the layers it writes)."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- normalization folding
+    @torch.no_grad()
+    def fold_scales(self, s_in: Float[Tensor, " n_layers"], s_out: Float[Tensor, " n_layers"]) -> None:
+        """Make a set trained on `x / s_in[l]` -> `y / s_out[l]` act on raw `x` -> raw `y`.
+
+        `h = (x / s_in) @ W_enc + b_enc`, so `W_enc /= s_in` leaves pre-activations (and hence
+        thresholds) unchanged; every decoder vector and `b_dec` writing layer l is scaled by
+        `s_out[l]`; `W_skip[l] *= s_out[l] / s_in[l]`.
+        """
+        s_in = s_in.to(self.W_enc)
+        s_out = s_out.to(self.W_enc)
+        self.W_enc.div_(s_in[:, None, None])
+        self.b_dec.mul_(s_out[:, None])
+        if self.W_skip is not None:
+            self.W_skip.mul_((s_out / s_in)[:, None, None])
+        self._scale_decoder(s_out)
+
+    def _scale_decoder(self, s_out: Tensor) -> None:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return f"n_layers={c.n_layers}, d_model={c.d_model}, d_sae={c.d_sae}, activation={c.activation}, skip={c.skip}"

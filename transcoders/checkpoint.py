@@ -1,0 +1,64 @@
+"""Training checkpoints: named tensors in safetensors plus plain JSON (no pickles).
+
+1. `state.safetensors` holds the set's unfolded (normalized-space) weights `tc.*`, the
+   per-layer scales `scale.in` / `scale.out`, the step each feature last fired, and Adam's
+   moments flattened to `opt.<param name>.<exp_avg|exp_avg_sq|step>`.
+2. `meta.json` holds the step, both configs, the parameter order and Adam's hyperparameters.
+3. A checkpoint is written to `<dir>.tmp` and renamed over `<dir>`, so an interrupted write
+   (or a NaN that stops training) never replaces the last good one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def save_checkpoint(folder: Path, tc, opt, step: int, scales: dict, fired: torch.Tensor, cfg) -> None:
+    """Weights, Adam state, step and scales as safetensors + json; written to a temp dir, then renamed."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {f"tc.{k}": v.detach().contiguous() for k, v in tc.state_dict().items()}
+    tensors.update({"scale.in": scales["in"], "scale.out": scales["out"], "last_fired": fired})
+    names = {p: n for n, p in tc.named_parameters()}
+    opt_state = opt.state_dict()
+    order = [names[p] for p in opt.param_groups[0]["params"]]
+    for idx, st in opt_state["state"].items():
+        for k, v in st.items():
+            tensors[f"opt.{order[idx]}.{k}"] = v.detach().reshape(v.shape).contiguous()
+    save_file(tensors, str(tmp / "state.safetensors"))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt_state["param_groups"]]
+    meta = {
+        "step": step,
+        "train_config": dataclasses.asdict(cfg),
+        "tc_config": tc.cfg.to_dict(),
+        "param_order": order,
+        "param_groups": groups,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(folder: Path, tc, opt) -> tuple[int, dict, torch.Tensor]:
+    meta = json.loads((folder / "meta.json").read_text())
+    t = load_file(str(folder / "state.safetensors"))
+    tc.load_state_dict({k[3:]: v for k, v in t.items() if k.startswith("tc.")})
+    state = {}
+    for idx, name in enumerate(meta["param_order"]):
+        prefix = f"opt.{name}."
+        st = {k[len(prefix) :]: v for k, v in t.items() if k.startswith(prefix)}
+        if st:
+            state[idx] = st
+    groups = [dict(g, params=list(range(len(meta["param_order"])))) for g in meta["param_groups"]]
+    opt.load_state_dict({"state": state, "param_groups": groups})
+    return meta["step"], {"in": t["scale.in"], "out": t["scale.out"]}, t["last_fired"]

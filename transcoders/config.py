@@ -1,0 +1,86 @@
+"""`TranscoderConfig`: what a transcoder set is, in fields the attribution engine reads.
+
+One frozen dataclass describes every set (SAE, per-layer transcoder, cross-layer
+transcoder); see docs/transcoder_interface.md for the contract. Hook names are
+TransformerLens templates with `{layer}`; `transcoders.sites` gives them meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from transcoders.errors import ConfigError
+
+KINDS = ("sae", "plt", "clt")
+ACTIVATIONS = ("relu", "jumprelu", "topk")
+
+
+@dataclass(frozen=True)
+class TranscoderConfig:
+    kind: str
+    """"sae" (reads and writes one hook), "plt" (one transcoder per layer) or "clt" (cross-layer)."""
+    n_layers: int
+    """Layers covered; always all of the model's layers."""
+    d_model: int
+    """Width of the residual stream the set reads and writes."""
+    d_sae: int
+    """Features per layer."""
+    activation: str = "jumprelu"
+    """"relu", "jumprelu" (per-feature threshold) or "topk" (k largest per layer and token)."""
+    input_hook: str = "blocks.{layer}.ln2.hook_normalized"
+    """Read site, a TransformerLens hook name template; the default means the MLP's input."""
+    output_hook: str = "blocks.{layer}.hook_mlp_out"
+    """Write site, a TransformerLens hook name template; the default is the MLP's output."""
+    skip: bool = False
+    """Whether a linear skip `W_skip` [n_layers, d_model, d_model] adds `x @ W_skip[l]` to the output."""
+    k: int = 32
+    """Features kept per layer and token by "topk"; ignored otherwise."""
+    bandwidth: float = 1.0
+    """Width of the rectangle kernel of JumpReLU's straight-through estimator (the appendix uses 1.0)."""
+    output_before_post_norm: bool = False
+    """The output is the MLP's output before a post-MLP norm (Gemma-2 `ln2_post`); see sites.py."""
+    model_name: str = ""
+    """Name of the model the set was trained for (informational)."""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"kind {self.kind!r} is not one of {KINDS}; pick one of them.")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"activation {self.activation!r} is not one of {ACTIVATIONS}; pick one of them."
+            )
+        for name in ("n_layers", "d_model", "d_sae"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} is {getattr(self, name)}; it must be a positive integer.")
+        if self.activation == "topk" and not 0 < self.k <= self.d_sae:
+            raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
+        if self.bandwidth <= 0:
+            raise ConfigError(f"bandwidth is {self.bandwidth}; it must be positive.")
+        for name in ("input_hook", "output_hook"):
+            if "{layer}" not in getattr(self, name):
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r} has no '{{layer}}'; write e.g. 'blocks.{{layer}}.hook_mlp_out'."
+                )
+        if self.kind == "sae" and self.input_hook != self.output_hook:
+            raise ConfigError(
+                "an SAE reads and writes one hook; make input_hook equal output_hook or use kind='plt'."
+            )
+        if self.kind == "sae" and self.skip:
+            raise ConfigError("an SAE has no skip connection; pass skip=False or use kind='plt'.")
+
+    def hook_in(self, layer: int) -> str:
+        """The read hook of `layer`."""
+        return self.input_hook.format(layer=layer)
+
+    def hook_out(self, layer: int) -> str:
+        """The write hook of `layer`."""
+        return self.output_hook.format(layer=layer)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TranscoderConfig:
+        """Build from a dict, ignoring keys this version does not know (forward compatibility)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

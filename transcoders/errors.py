@@ -1,0 +1,29 @@
+"""Exceptions the transcoders package raises on purpose: one sentence, what is wrong and what to do."""
+
+
+class TranscoderError(Exception):
+    """Base class of every error the transcoders package raises on purpose."""
+
+
+class ConfigError(TranscoderError, ValueError):
+    """A `TranscoderConfig` or training config with an impossible field."""
+
+
+class TranscoderMismatchError(TranscoderError, ValueError):
+    """Transcoders that do not fit a model (d_model, n_layers or hook names)."""
+
+
+class TranscoderNotFoundError(TranscoderError, FileNotFoundError):
+    """A name or path that names no loadable transcoder set."""
+
+
+class CorruptTranscoderError(TranscoderError):
+    """A weights file that is truncated, unreadable, or whose shapes disagree with its config."""
+
+
+class UnknownFormatError(TranscoderError, ValueError):
+    """A directory or object in no format we can read, or a format name we cannot write."""
+
+
+class NonFiniteError(TranscoderError, FloatingPointError):
+    """NaN or inf met during training; the last good checkpoint is kept."""

@@ -1,0 +1,108 @@
+"""Load and save transcoder sets in every format we know.
+
+`load_transcoders(name_or_path)` accepts, in this order:
+1. a bundled name: "default-plt", "default-clt" (the `data/` folders, offline);
+2. a sae_lens SAE / transcoder object, or a list of them (one per layer, in layer order);
+3. a directory in our format (`config.json` with "format": "attrgraph-transcoders");
+4. a circuit-tracer directory (`config.yaml`, `layer_{i}.safetensors` or `W_enc_{i}.safetensors`);
+5. a sae_lens directory (`cfg.json` + `sae_weights.safetensors`), or a directory / list of them;
+6. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files.
+`format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "gemmascope").
+
+`save_transcoders(tc, path, format="native" | "circuit-tracer" | "gemmascope")`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from transcoders.errors import TranscoderNotFoundError, UnknownFormatError
+from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
+from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
+from transcoders.formats.native import is_native, load_native, save_native
+from transcoders.paths import BUNDLED
+
+READ_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
+WRITE_FORMATS = ("native", "circuit-tracer", "gemmascope")
+
+
+def _is_sae_lens_object(obj) -> bool:
+    return type(obj).__module__.split(".")[0] == "sae_lens"
+
+
+def _is_sae_lens_dir(folder: Path) -> bool:
+    return (folder / "cfg.json").is_file() and (folder / "sae_weights.safetensors").is_file()
+
+
+def detect_format(folder: Path) -> str:
+    """The format of a directory, or `UnknownFormatError`."""
+    if is_native(folder):
+        return "native"
+    if is_circuit_tracer(folder):
+        return "circuit-tracer"
+    if _is_sae_lens_dir(folder) or any(_is_sae_lens_dir(p) for p in folder.iterdir() if p.is_dir()):
+        return "sae-lens"
+    if any(folder.rglob("*.npz")):
+        return "gemmascope"
+    raise UnknownFormatError(
+        f"{folder} is in no format we read; expected our config.json, circuit-tracer's config.yaml / "
+        "layer_{i}.safetensors, sae_lens cfg.json + sae_weights.safetensors, or GemmaScope params.npz files."
+    )
+
+
+def load_transcoders(
+    name_or_path,
+    format: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    **kwargs,
+):
+    """Return a transcoder set (`SAE`, `PerLayerTranscoder` or `CrossLayerTranscoder`); see the module docstring.
+
+    Extra keyword arguments go to the format's reader (e.g. `input_hook=` for GemmaScope).
+    """
+    from transcoders.formats import sae_lens as sl
+
+    if format is not None and format not in READ_FORMATS:
+        raise UnknownFormatError(f"format {format!r} is not one of {READ_FORMATS}; pick one or leave it out.")
+    if isinstance(name_or_path, list | tuple) or _is_sae_lens_object(name_or_path):
+        items = list(name_or_path) if isinstance(name_or_path, list | tuple) else [name_or_path]
+        if format == "gemmascope":
+            return load_gemmascope(items, device=device, dtype=dtype, **kwargs)
+        return sl.load_sae_lens(items, device=device, dtype=dtype, **kwargs)
+    key = str(name_or_path)
+    folder = BUNDLED.get(key, Path(key))
+    if not folder.exists():
+        raise TranscoderNotFoundError(
+            f"no transcoders at {folder}; pass 'default-plt', 'default-clt', or a directory in a format we read."
+        )
+    if folder.is_file():
+        if folder.suffix == ".npz":
+            return load_gemmascope([folder], device=device, dtype=dtype, **kwargs)
+        raise UnknownFormatError(f"{folder} is a file; pass the directory that holds it (and its config).")
+    fmt = format or detect_format(folder)
+    if fmt == "native":
+        return load_native(folder, device=device, dtype=dtype)
+    if fmt == "circuit-tracer":
+        return load_circuit_tracer(folder, device=device, dtype=dtype)
+    if fmt == "sae-lens":
+        return sl.load_sae_lens(folder, device=device, dtype=dtype, **kwargs)
+    return load_gemmascope(folder, device=device, dtype=dtype, **kwargs)
+
+
+def save_transcoders(tc, path: str | os.PathLike, format: str = "native") -> Path:
+    """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer" or "gemmascope")."""
+    if format == "native":
+        return save_native(tc, path)
+    if format == "circuit-tracer":
+        return save_circuit_tracer(tc, path)
+    if format == "gemmascope":
+        save_gemmascope(tc, path)
+        return Path(path)
+    raise UnknownFormatError(f"format {format!r} is not one of {WRITE_FORMATS}; pick one of them.")
+
+
+__all__ = ["READ_FORMATS", "WRITE_FORMATS", "detect_format", "load_transcoders", "save_transcoders"]

@@ -1,0 +1,268 @@
+"""circuit-tracer's transcoder format, read and written (without importing circuit_tracer).
+
+A directory holding `config.yaml` (model_kind, feature_input_hook, feature_output_hook,
+model_name, scan), as circuit-tracer keeps beside cached transcoders, and either
+
+- PLT (`model_kind: transcoder_set`): `layer_{i}.safetensors` with `W_enc` [d_tc, d_model],
+  `W_dec` [d_tc, d_model], `b_enc` [d_tc], `b_dec` [d_model], optional
+  `activation_function.threshold` [d_tc] (JumpReLU) and `W_skip` [d_model, d_model] applied
+  as `x @ W_skip.T`; or
+- CLT (`model_kind: cross_layer_transcoder`): `W_enc_{i}.safetensors` with `W_enc_{i}`
+  [d_tc, d_model], `b_enc_{i}`, `b_dec_{i}`, optional `threshold_{i}`, and
+  `W_dec_{i}.safetensors` with `W_dec_{i}` [d_tc, n_layers - i, d_model] (no skip).
+
+Conversion to ours (TransformerLens orientation, `x @ W`):
+1. `W_enc[l] = W_enc_ct.T`; `W_skip[l] = W_skip_ct.T`; `W_dec`, biases and thresholds as they are.
+2. Hooks are per-block suffixes; circuit-tracer's wrapper hooks map onto TransformerLens ones:
+   `mlp.hook_in` -> `blocks.{layer}.ln2.hook_normalized` (the MLP input, sites.py),
+   `mlp.hook_out` -> `blocks.{layer}.hook_mlp_out` with `output_before_post_norm=True`,
+   anything else `X` -> `blocks.{layer}.X` (e.g. `hook_resid_mid`, `hook_mlp_out`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
+from transcoders.formats.native import read_safetensors
+from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+PLT_KIND = "transcoder_set"
+CLT_KIND = "cross_layer_transcoder"
+
+
+def is_circuit_tracer(folder: Path) -> bool:
+    return (
+        (folder / "config.yaml").is_file()
+        or any(folder.glob("layer_*.safetensors"))
+        or (folder / "W_enc_0.safetensors").is_file()
+    )
+
+
+def hooks_from_ct(feature_input_hook: str, feature_output_hook: str) -> tuple[str, str, bool]:
+    """(input_hook, output_hook, output_before_post_norm) of ours for circuit-tracer's hook names."""
+
+    def one(name: str) -> str:
+        name = re.sub(r"^blocks\.(\d+|\{layer\})\.", "", name)
+        if name in ("mlp.hook_in", "ln2.hook_normalized"):
+            return MLP_INPUT
+        if name == "mlp.hook_out":
+            return MLP_OUTPUT
+        return "blocks.{layer}." + name
+
+    return one(feature_input_hook), one(feature_output_hook), feature_output_hook.endswith("mlp.hook_out")
+
+
+def hooks_to_ct(cfg: TranscoderConfig) -> tuple[str, str]:
+    """circuit-tracer's (feature_input_hook, feature_output_hook) for our config."""
+
+    def suffix(template: str) -> str:
+        if not template.startswith("blocks.{layer}."):
+            raise UnknownFormatError(
+                f"hook {template!r} is not a per-block hook; circuit-tracer cannot express it."
+            )
+        return template[len("blocks.{layer}.") :]
+
+    inp = "mlp.hook_in" if cfg.input_hook == MLP_INPUT else suffix(cfg.input_hook)
+    if cfg.output_hook == MLP_OUTPUT and cfg.output_before_post_norm:
+        out = "mlp.hook_out"
+    else:
+        out = suffix(cfg.output_hook)
+    return inp, out
+
+
+def read_yaml(folder: Path) -> dict:
+    import yaml
+
+    path = folder / "config.yaml"
+    if not path.exists():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
+    """Read a circuit-tracer transcoder directory into a `PerLayerTranscoder` or `CrossLayerTranscoder`."""
+    from transcoders import build_transcoders
+    from transcoders.formats.native import load_state
+
+    folder = Path(path)
+    meta = read_yaml(folder)
+    kind = meta.get("model_kind") or (CLT_KIND if (folder / "W_enc_0.safetensors").exists() else PLT_KIND)
+    in_hook, out_hook, before_norm = hooks_from_ct(
+        meta.get("feature_input_hook", "hook_resid_mid"), meta.get("feature_output_hook", "hook_mlp_out")
+    )
+    if kind == PLT_KIND:
+        state, d_model, d_sae, n_layers, act, skip = _read_plt(folder)
+        ours = "plt"
+    elif kind == CLT_KIND:
+        state, d_model, d_sae, n_layers, act, skip = _read_clt(folder)
+        ours = "clt"
+    else:
+        raise UnknownFormatError(
+            f"{folder / 'config.yaml'} has model_kind {kind!r}; expected {PLT_KIND!r} or {CLT_KIND!r}."
+        )
+    cfg = TranscoderConfig(
+        kind=ours,
+        n_layers=n_layers,
+        d_model=d_model,
+        d_sae=d_sae,
+        activation=act,
+        input_hook=in_hook,
+        output_hook=out_hook,
+        skip=skip,
+        output_before_post_norm=before_norm,
+        model_name=str(meta.get("model_name") or ""),
+    )
+    tc = build_transcoders(cfg)
+    load_state(tc, state, folder)
+    return tc.to(device=device, dtype=dtype)
+
+
+def _layer_files(folder: Path, pattern: str) -> list[Path]:
+    found = {}
+    for p in folder.iterdir():
+        m = re.fullmatch(pattern, p.name)
+        if m:
+            found[int(m.group(1))] = p
+    if not found:
+        raise TranscoderNotFoundError(
+            f"{folder} holds no files named like {pattern!r}; it is not a circuit-tracer set."
+        )
+    n = max(found) + 1
+    if sorted(found) != list(range(n)):
+        missing = sorted(set(range(n)) - set(found))
+        raise CorruptTranscoderError(
+            f"{folder} lacks the files of layers {missing}; a set needs every layer."
+        )
+    return [found[i] for i in range(n)]
+
+
+def _get(d: dict, key: str, source) -> torch.Tensor:
+    if key not in d:
+        raise CorruptTranscoderError(
+            f"{source} has no tensor {key!r}; it is not a circuit-tracer transcoder file."
+        )
+    return d[key].float()
+
+
+def _read_plt(folder: Path):
+    files = _layer_files(folder, r"layer_(\d+)\.safetensors")
+    layers = [read_safetensors(f) for f in files]
+    first = layers[0]
+    act = "jumprelu" if "activation_function.threshold" in first else "relu"
+    skip = "W_skip" in first
+    d_sae, d_model = _get(first, "W_enc", files[0]).shape
+    state = {
+        "W_enc": torch.stack([_get(d, "W_enc", f).T for d, f in zip(layers, files, strict=True)]),
+        "W_dec": torch.stack([_get(d, "W_dec", f) for d, f in zip(layers, files, strict=True)]),
+        "b_enc": torch.stack([_get(d, "b_enc", f) for d, f in zip(layers, files, strict=True)]),
+        "b_dec": torch.stack([_get(d, "b_dec", f) for d, f in zip(layers, files, strict=True)]),
+    }
+    if act == "jumprelu":
+        state["threshold"] = torch.stack(
+            [
+                _get(d, "activation_function.threshold", f).reshape(-1).expand(d_sae)
+                for d, f in zip(layers, files, strict=True)
+            ]
+        )
+    if skip:
+        state["W_skip"] = torch.stack([_get(d, "W_skip", f).T for d, f in zip(layers, files, strict=True)])
+    _check_shapes(state, folder)
+    return state, d_model, d_sae, len(files), act, skip
+
+
+def _read_clt(folder: Path):
+    enc_files = _layer_files(folder, r"W_enc_(\d+)\.safetensors")
+    n = len(enc_files)
+    encs = [read_safetensors(f) for f in enc_files]
+    decs = []
+    for i in range(n):
+        f = folder / f"W_dec_{i}.safetensors"
+        if not f.exists():
+            raise CorruptTranscoderError(
+                f"{f} is missing; a circuit-tracer CLT needs W_dec_{{i}} for every layer."
+            )
+        decs.append((read_safetensors(f), f))
+    act = "jumprelu" if "threshold_0" in encs[0] else "relu"
+    d_sae, d_model = _get(encs[0], "W_enc_0", enc_files[0]).shape
+    state = {
+        "W_enc": torch.stack([_get(e, f"W_enc_{i}", enc_files[i]).T for i, e in enumerate(encs)]),
+        "b_enc": torch.stack([_get(e, f"b_enc_{i}", enc_files[i]) for i, e in enumerate(encs)]),
+        "b_dec": torch.stack([_get(e, f"b_dec_{i}", enc_files[i]) for i, e in enumerate(encs)]),
+    }
+    if act == "jumprelu":
+        state["threshold"] = torch.stack(
+            [_get(e, f"threshold_{i}", enc_files[i]).reshape(-1).expand(d_sae) for i, e in enumerate(encs)]
+        )
+    for i, (d, f) in enumerate(decs):
+        state[f"W_dec.{i}"] = _get(d, f"W_dec_{i}", f)
+    _check_shapes(state, folder)
+    return state, d_model, d_sae, n, act, False
+
+
+def _check_shapes(state: dict, folder: Path) -> None:
+    shapes = {tuple(v.shape) for k, v in state.items() if k in ("W_enc",)}
+    if len(shapes) != 1:
+        raise CorruptTranscoderError(
+            f"{folder}: layers disagree in shape; every layer needs the same d_model and d_sae."
+        )
+
+
+def save_circuit_tracer(tc, path: str | os.PathLike, scan: str | None = None) -> Path:
+    """Write `tc` (a PLT or CLT) in circuit-tracer's format; returns the directory."""
+    import yaml
+
+    cfg: TranscoderConfig = tc.cfg
+    if cfg.kind == "sae":
+        raise UnknownFormatError(
+            "circuit-tracer stores transcoders, not SAEs; save an SAE in the native format."
+        )
+    if cfg.activation == "topk":
+        raise UnknownFormatError(
+            "circuit-tracer has no TopK activation; save a TopK set in the native format."
+        )
+    if cfg.kind == "clt" and cfg.skip:
+        raise UnknownFormatError(
+            "circuit-tracer's CLT files carry no W_skip; save a CLT with skip in the native format."
+        )
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    inp, out = hooks_to_ct(cfg)
+
+    def t(x):
+        return x.detach().float().cpu().contiguous()
+
+    for l in range(cfg.n_layers):
+        if cfg.kind == "plt":
+            d = {
+                "W_enc": t(tc.W_enc[l].T),
+                "W_dec": t(tc.W_dec[l]),
+                "b_enc": t(tc.b_enc[l]),
+                "b_dec": t(tc.b_dec[l]),
+            }
+            if tc.threshold is not None:
+                d["activation_function.threshold"] = t(tc.threshold[l])
+            if tc.W_skip is not None:
+                d["W_skip"] = t(tc.W_skip[l].T)
+            save_file(d, str(folder / f"layer_{l}.safetensors"))
+        else:
+            d = {f"W_enc_{l}": t(tc.W_enc[l].T), f"b_enc_{l}": t(tc.b_enc[l]), f"b_dec_{l}": t(tc.b_dec[l])}
+            if tc.threshold is not None:
+                d[f"threshold_{l}"] = t(tc.threshold[l])
+            save_file(d, str(folder / f"W_enc_{l}.safetensors"))
+            save_file({f"W_dec_{l}": t(tc.W_dec[l])}, str(folder / f"W_dec_{l}.safetensors"))
+    meta = {
+        "model_kind": PLT_KIND if cfg.kind == "plt" else CLT_KIND,
+        "model_name": cfg.model_name or None,
+        "feature_input_hook": inp,
+        "feature_output_hook": out,
+        "scan": scan or f"attrgraph-{cfg.kind}-{cfg.model_name or 'model'}",
+    }
+    (folder / "config.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
+    return folder

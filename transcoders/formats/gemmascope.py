@@ -1,0 +1,127 @@
+"""GemmaScope `params.npz` files (one per layer), read into a set.
+
+Each `params.npz` holds `W_enc` [d_model, d_sae] (already `x @ W_enc` orientation),
+`W_dec` [d_sae, d_model], `b_enc` [d_sae], `b_dec` [d_model] and `threshold` [d_sae]
+(JumpReLU). GemmaScope transcoders read the MLP input (after the pre-MLP RMSNorm and its
+weight) and write `hook_mlp_out`; residual-stream SAEs read and write one hook. A set is
+either a list of files in layer order, or a directory whose files sit under `layer_{i}/`
+(as on the Hugging Face hub: `layer_{i}/width_16k/average_l0_{n}/params.npz`) or are named
+`layer_{i}.npz`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
+from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")
+
+
+def gemmascope_files(folder: Path) -> list[Path]:
+    """The per-layer npz files under `folder`, in layer order (raises when a layer is missing)."""
+    found: dict[int, Path] = {}
+    for p in sorted(folder.rglob("*.npz")):
+        m = re.search(r"layer_(\d+)", str(p.relative_to(folder)))
+        if m:
+            layer = int(m.group(1))
+            if layer in found:
+                raise CorruptTranscoderError(
+                    f"{folder} holds two npz files for layer {layer}; keep one per layer."
+                )
+            found[layer] = p
+    if not found:
+        raise TranscoderNotFoundError(f"{folder} holds no layer_{{i}} npz files; it is not a GemmaScope set.")
+    n = max(found) + 1
+    missing = sorted(set(range(n)) - set(found))
+    if missing:
+        raise CorruptTranscoderError(
+            f"{folder} lacks GemmaScope files for layers {missing}; a set needs every layer."
+        )
+    return [found[i] for i in range(n)]
+
+
+def read_npz(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with np.load(path) as z:
+            missing = [k for k in KEYS if k not in z.files]
+            if missing:
+                raise CorruptTranscoderError(
+                    f"{path} lacks {missing}; a GemmaScope params.npz holds {list(KEYS)}."
+                )
+            return {k: torch.from_numpy(np.asarray(z[k], dtype=np.float32)) for k in KEYS}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise CorruptTranscoderError(
+            f"{path} could not be read ({e}); the file is truncated or not an npz."
+        ) from e
+
+
+def load_gemmascope(
+    paths: str | os.PathLike | list,
+    input_hook: str = MLP_INPUT,
+    output_hook: str = MLP_OUTPUT,
+    model_name: str = "",
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+):
+    """A `PerLayerTranscoder` (or `SAE` when input_hook == output_hook) from GemmaScope files."""
+    from transcoders import build_transcoders
+    from transcoders.formats.native import load_state
+
+    files = (
+        gemmascope_files(Path(paths)) if isinstance(paths, str | os.PathLike) else [Path(p) for p in paths]
+    )
+    layers = [read_npz(p) for p in files]
+    d_model, d_sae = layers[0]["W_enc"].shape
+    for k in KEYS:
+        _check_same_shape(layers, k, files)
+    state = {k: torch.stack([d[k] for d in layers]) for k in KEYS}
+    kind = "sae" if input_hook == output_hook else "plt"
+    cfg = TranscoderConfig(
+        kind=kind,
+        n_layers=len(files),
+        d_model=d_model,
+        d_sae=d_sae,
+        activation="jumprelu",
+        input_hook=input_hook,
+        output_hook=output_hook,
+        model_name=model_name,
+    )
+    tc = build_transcoders(cfg)
+    load_state(tc, state, files[0].parent)
+    return tc.to(device=device, dtype=dtype)
+
+
+def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:
+    shape = layers[0][key].shape
+    for d, f in zip(layers, files, strict=True):
+        if d[key].shape != shape:
+            raise CorruptTranscoderError(
+                f"{f}: {key} has shape {tuple(d[key].shape)}, layer 0 has {tuple(shape)}."
+            )
+
+
+def save_gemmascope(tc, folder: str | os.PathLike) -> list[Path]:
+    """Write `layer_{i}/params.npz` per layer (for tests and for interchange); returns the files."""
+    out = []
+    for l in range(tc.n_layers):
+        path = Path(folder) / f"layer_{l}" / "params.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {
+            "W_enc": tc.W_enc[l],
+            "W_dec": tc.W_dec[l],
+            "b_enc": tc.b_enc[l],
+            "b_dec": tc.b_dec[l],
+            "threshold": tc.threshold[l],
+        }
+        np.savez(path, **{k: v.detach().float().cpu().numpy() for k, v in arrays.items()})
+        out.append(path)
+    return out

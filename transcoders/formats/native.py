@@ -1,0 +1,126 @@
+"""Our on-disk format: a directory with `config.json` and `weights.safetensors`. No pickles.
+
+config.json:  {"format": "attrgraph-transcoders", "format_version": 1, "config": TranscoderConfig}
+weights.safetensors, TransformerLens orientation (docs/transcoder_interface.md):
+    W_enc [n_layers, d_model, d_sae], b_enc [n_layers, d_sae], b_dec [n_layers, d_model],
+    threshold [n_layers, d_sae] (JumpReLU), W_skip [n_layers, d_model, d_model] (skip),
+    W_dec [n_layers, d_sae, d_model] (SAE/PLT) or W_dec.{l} [d_sae, n_layers - l, d_model] (CLT).
+manifest.json (optional): sha256 of files under "files", checked on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
+
+FORMAT_NAME = "attrgraph-transcoders"
+FORMAT_VERSION = 1
+WEIGHTS = "weights.safetensors"
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_native(folder: Path) -> bool:
+    path = folder / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("format") == FORMAT_NAME
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def save_native(tc, path: str | os.PathLike) -> Path:
+    """Write `tc` to the directory `path` (created); returns the directory."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu().clone() for k, v in tc.state_dict().items()}
+    save_file(
+        state, str(folder / WEIGHTS), metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
+    )
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": tc.cfg.to_dict()}
+    (folder / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return folder
+
+
+def verify_manifest(folder: Path) -> dict:
+    """Check every sha256 under "files" of `folder/manifest.json`; return the manifest ({} if none)."""
+    path = folder / "manifest.json"
+    if not path.exists():
+        return {}
+    manifest = json.loads(path.read_text())
+    for rel, digest in manifest.get("files", {}).items():
+        file = folder / rel
+        if not file.exists():
+            raise TranscoderNotFoundError(f"{file} is listed in {path} but missing; restore it from git.")
+        if sha256(file) != digest:
+            raise CorruptTranscoderError(
+                f"{file} does not match the sha256 in {path}; restore it from git or re-run the manifest's command."
+            )
+    return manifest
+
+
+def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
+    """Read a directory written by `save_native`."""
+    from transcoders import build_transcoders
+
+    folder = Path(path)
+    meta = json.loads((folder / "config.json").read_text())
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CorruptTranscoderError(
+            f"{folder / 'config.json'} has format_version {version}; this library reads version {FORMAT_VERSION}."
+        )
+    cfg = TranscoderConfig.from_dict(meta["config"])
+    weights = folder / WEIGHTS
+    if not weights.exists():
+        raise TranscoderNotFoundError(
+            f"{weights} is missing; a transcoder directory needs config.json and {WEIGHTS}."
+        )
+    verify_manifest(folder)
+    state = read_safetensors(weights)
+    tc = build_transcoders(cfg)
+    load_state(tc, state, weights)
+    return tc.to(device=device, dtype=dtype)
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """`safetensors.torch.load_file`, with a truncated or foreign file reported as `CorruptTranscoderError`."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CorruptTranscoderError(
+            f"{path} could not be read ({e}); the file is truncated or not safetensors."
+        ) from e
+
+
+def load_state(tc, state: dict[str, torch.Tensor], source) -> None:
+    """`tc.load_state_dict(state)`, with missing keys or wrong shapes reported as `CorruptTranscoderError`."""
+    want = tc.state_dict()
+    missing = sorted(set(want) - set(state))
+    unexpected = sorted(set(state) - set(want))
+    if missing or unexpected:
+        raise CorruptTranscoderError(
+            f"{source} does not fit its config: missing {missing[:4]}, unexpected {unexpected[:4]}."
+        )
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(want[k].shape):
+            raise CorruptTranscoderError(
+                f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(want[k].shape)}."
+            )
+    tc.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()})

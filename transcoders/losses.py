@@ -1,0 +1,74 @@
+"""Training losses, as plain functions (seed: circuit-tracing appendix, "ML details").
+
+All act on normalized activations (train.py divides inputs and targets of layer l by
+their RMS scale, so that `E ||x[l]||^2 = d_model`):
+
+1. Reconstruction: `mse = mean_tokens sum_l ||y[l] - y_hat[l]||^2 / d_model` (about `n_layers`
+   for the all-zero prediction, about `sum_l FVU[l]` in general).
+2. JumpReLU: tanh sparsity penalty `lambda * mean_tokens sum_{l,f} tanh(c * a[l,f] * ||W_dec[l,f]||)`,
+   `||W_dec[l,f]||` the norm of feature (l, f)'s decoder (for a CLT, all its decoders concatenated);
+   `lambda` ramps linearly from 0 to its final value over all of training (`sparsity_schedule`).
+3. ReLU: the L1 penalty of the seed's eq. 1, weighted by decoder norms the same way
+   (`lambda * sum a * ||W_dec||`), so that shrinking decoders cannot game it.
+4. Optional pre-activation loss `mean_tokens sum_{l,f} ReLU(-h[l,f])` (against dead features).
+5. TopK: auxiliary loss (Gao et al. 2024): the `k_aux` largest pre-activations among dead
+   features reconstruct the main residual `y - y_hat`; its MSE over the residual's is added.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def mse_loss(
+    out: Float[Tensor, "batch n_layers d_model"], target: Float[Tensor, "batch n_layers d_model"]
+) -> Tensor:
+    """Step 1: squared error summed over layers and dims, averaged over tokens, over d_model."""
+    return (out - target).pow(2).sum(dim=(-1, -2)).mean() / out.shape[-1]
+
+
+def tanh_sparsity(
+    acts: Float[Tensor, "batch n_layers d_sae"],
+    decoder_norms: Float[Tensor, "n_layers d_sae"],
+    c: float = 1.0,
+) -> Tensor:
+    """Step 2 without lambda: `mean_tokens sum_{l,f} tanh(c * a * ||W_dec||)`."""
+    return torch.tanh(c * acts * decoder_norms).sum(dim=(-1, -2)).mean()
+
+
+def l1_sparsity(
+    acts: Float[Tensor, "batch n_layers d_sae"], decoder_norms: Float[Tensor, "n_layers d_sae"]
+) -> Tensor:
+    """Step 3 without lambda: `mean_tokens sum_{l,f} a * ||W_dec||`."""
+    return (acts.abs() * decoder_norms).sum(dim=(-1, -2)).mean()
+
+
+def preact_loss(pre_acts: Float[Tensor, "batch n_layers d_sae"]) -> Tensor:
+    """Step 4: `mean_tokens sum_{l,f} ReLU(-h)`."""
+    return (-pre_acts).relu().sum(dim=(-1, -2)).mean()
+
+
+def sparsity_schedule(step: int, total_steps: int, final: float) -> float:
+    """Step 2's linear ramp: 0 at step 0, `final` at the last step."""
+    return final * min(1.0, step / max(1, total_steps - 1))
+
+
+def topk_aux_loss(
+    tc,
+    pre_acts: Float[Tensor, "batch n_layers d_sae"],
+    residual: Float[Tensor, "batch n_layers d_model"],
+    dead: Float[Tensor, "n_layers d_sae"],
+    k_aux: int,
+) -> Tensor:
+    """Step 5: normalized MSE of the dead features' best `k_aux` reconstruction of `residual`."""
+    if not bool(dead.any()):
+        return pre_acts.new_zeros(())
+    k = min(k_aux, int(dead.sum(-1).max()))
+    masked = torch.where(dead.bool(), pre_acts, torch.full_like(pre_acts, -torch.inf))
+    values, idx = masked.topk(k, dim=-1)
+    aux_acts = torch.zeros_like(pre_acts).scatter(-1, idx, values.relu().nan_to_num(0.0, 0.0, 0.0))
+    aux_out = tc.decode(aux_acts) - tc.b_dec
+    residual = residual.detach()
+    return (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)

@@ -1,0 +1,123 @@
+"""How good a transcoder set is: reconstruction, sparsity, and the model with MLPs replaced.
+
+Seed: circuit-tracing appendix ("Validating the Replacement Model"; the (MSE, L0) and
+(replacement KL, L0) frontiers of "Efficiency relative to alternatives").
+
+1. On activations `(x, y)`: per-layer fraction of variance unexplained
+   `FVU[l] = sum ||y - y_hat||^2 / sum ||y - mean(y)||^2`, L0 per layer (mean active features
+   per token), dead fraction (features never active on the tokens seen).
+2. On held-out token sequences: next-token cross-entropy of the model (a) as is, (b) with every
+   MLP output replaced by the transcoders' output (all layers at once, no error terms; each
+   layer's features read the *replaced* model's activations), (c) with every MLP output zeroed.
+   `CE loss recovered = (CE_zero - CE_replaced) / (CE_zero - CE_orig)`; KL(orig || replaced)
+   is averaged over positions.
+3. Position 0 (BOS at position 0 has a constant residual stream) keeps the model's own MLP
+   output in (b) and (c) alike: the transcoders never train on it, and it is a constant.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from transcoders.activations import apply_activation
+from transcoders.sites import MLP_INPUT, read_value
+
+
+@torch.no_grad()
+def reconstruction_metrics(tc, x: Tensor, y: Tensor, batch_size: int = 4096) -> dict:
+    """Step 1 on `x, y` of shape [tokens, n_layers, d_model]."""
+    L = tc.n_layers
+    err = torch.zeros(L, dtype=torch.float64)
+    l0 = torch.zeros(L, dtype=torch.float64)
+    fired = torch.zeros(L, tc.d_sae, dtype=torch.bool)
+    for xb, yb in zip(x.split(batch_size), y.split(batch_size), strict=True):
+        res = tc(xb.to(tc.device, tc.dtype))
+        err += (res.out.double().cpu() - yb.double()).pow(2).sum(dim=(0, 2))
+        active = res.acts.cpu() > 0
+        l0 += active.sum(dim=(0, 2)).double()
+        fired |= active.any(0)
+    var = (y.double() - y.double().mean(0)).pow(2).sum(dim=(0, 2))
+    fvu = (err / var).tolist()
+    return {
+        "fvu": fvu,
+        "fvu_mean": sum(fvu) / L,
+        "l0": (l0 / x.shape[0]).tolist(),
+        "l0_mean": float(l0.sum() / x.shape[0] / L),
+        "dead_fraction": (1 - fired.double().mean(-1)).tolist(),
+        "dead_fraction_total": float(1 - fired.double().mean()),
+        "n_tokens": int(x.shape[0]),
+    }
+
+
+def _replacement_hooks(model, tc, mode: str):
+    """Forward hooks that replace (mode "tc") or zero (mode "zero") every MLP output, except position 0."""
+    cfg = tc.cfg
+    state: dict = {"acts": [None] * cfg.n_layers}
+    hooks = []
+
+    def read(value, hook, l):
+        x = read_value(model, {hook.name: value}, l, cfg.input_hook) if cfg.input_hook == MLP_INPUT else value
+        x = x.to(tc.dtype)
+        pre = x @ tc.W_enc[l] + tc.b_enc[l]
+        thr = None if tc.threshold is None else tc.threshold[l]
+        state["acts"][l] = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        if tc.W_skip is not None:
+            state.setdefault("skip", {})[l] = x @ tc.W_skip[l]
+        return value
+
+    def write(value, hook, l):
+        if mode == "zero":
+            new = torch.zeros_like(value)
+        else:
+            new = tc.b_dec[l].expand_as(value).clone()
+            for src in range(l + 1) if cfg.kind == "clt" else (l,):
+                acts = state["acts"][src]
+                W = tc.W_dec[src][:, l - src] if cfg.kind == "clt" else tc.W_dec[l]
+                new = new + acts @ W
+            if tc.W_skip is not None:
+                new = new + state["skip"][l]
+            if cfg.output_before_post_norm and getattr(model.blocks[l], "ln2_post", None) is not None:
+                new = model.blocks[l].ln2_post(new)
+        new = new.to(value.dtype)
+        new[:, 0] = value[:, 0]
+        return new
+
+    for l in range(cfg.n_layers):
+        if mode == "tc":
+            hooks.append((cfg.hook_in(l), lambda v, hook, l=l: read(v, hook, l)))
+        hooks.append((f"blocks.{l}.hook_mlp_out", lambda v, hook, l=l: write(v, hook, l)))
+    return hooks
+
+
+@torch.no_grad()
+def replacement_metrics(model, tc, tokens: Int[Tensor, "batch n_pos"], batch_size: int = 16) -> dict:
+    """Step 2: CE of the original, replaced and zero-ablated model, CE loss recovered and KL."""
+    if tc.cfg.output_hook != "blocks.{layer}.hook_mlp_out":
+        raise ValueError("replacement metrics need transcoders that write blocks.{layer}.hook_mlp_out")
+    tot = {"orig": 0.0, "tc": 0.0, "zero": 0.0, "kl": 0.0}
+    n = 0
+    for chunk in tokens.split(batch_size):
+        chunk = chunk.to(model.cfg.device)
+        logp = {}
+        logp["orig"] = model(chunk).log_softmax(-1)
+        for mode in ("tc", "zero"):
+            logp[mode] = model.run_with_hooks(
+                chunk, fwd_hooks=_replacement_hooks(model, tc, mode)
+            ).log_softmax(-1)
+        target = chunk[:, 1:]
+        for k in ("orig", "tc", "zero"):
+            tot[k] += -logp[k][:, :-1].gather(-1, target[..., None]).sum().item()
+        p = logp["orig"][:, :-1].exp()
+        tot["kl"] += (p * (logp["orig"][:, :-1] - logp["tc"][:, :-1])).sum().item()
+        n += target.numel()
+    ce = {k: tot[k] / n for k in ("orig", "tc", "zero")}
+    return {
+        "ce_orig": ce["orig"],
+        "ce_replaced": ce["tc"],
+        "ce_zero_ablated": ce["zero"],
+        "ce_loss_recovered": (ce["zero"] - ce["tc"]) / (ce["zero"] - ce["orig"]),
+        "kl_to_orig": tot["kl"] / n,
+        "n_tokens": n,
+    }

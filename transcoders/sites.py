@@ -1,0 +1,139 @@
+"""Where a transcoder reads and writes in a TransformerLens model (docs/transcoder_interface.md, "Sites").
+
+One convention, implemented once here and used by the trainer and the replacement model:
+
+1. Read site `blocks.{l}.ln2.hook_normalized` means the MLP's input: ln2's output *including*
+   its weight and bias, `normalized * ln2.w + ln2.b`, exactly what `blocks.{l}.mlp` receives
+   (TransformerLens' hook fires before the weight; on `fold_ln` models the two are equal).
+   Any other read hook means the literal hook value.
+2. Write site `blocks.{l}.hook_mlp_out` is what the MLP block adds to the residual stream.
+   With `output_before_post_norm=True` on a model with a post-MLP norm (Gemma-2 `ln2_post`)
+   the transcoder's output is the MLP's raw output `mlp.hook_post @ W_out + b_out`, and it
+   reaches `hook_mlp_out` through `ln2_post` with its scale frozen (`to_write_site`).
+   Without a post-MLP norm the flag changes nothing. Any other write hook is literal.
+3. `collect` runs the model once and returns the read values and write targets of every
+   layer, stacked `[..., n_layers, d_model]`, ready for `tc(x)`.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import TranscoderMismatchError
+
+MLP_INPUT = "blocks.{layer}.ln2.hook_normalized"
+MLP_OUTPUT = "blocks.{layer}.hook_mlp_out"
+
+
+def post_norm(model, layer: int):
+    """The block's post-MLP norm module (`ln2_post`), or None when it has none."""
+    return getattr(model.blocks[layer], "ln2_post", None)
+
+
+def raw_output_needed(model, cfg: TranscoderConfig, layer: int) -> bool:
+    """True when the write target is the MLP's output before a post-MLP norm."""
+    return (
+        cfg.output_before_post_norm and cfg.output_hook == MLP_OUTPUT and post_norm(model, layer) is not None
+    )
+
+
+def cache_hooks(model, cfg: TranscoderConfig) -> list[str]:
+    """The hook names a cache must hold for `read_value`, `write_target` and `to_write_site`."""
+    names = []
+    for l in range(cfg.n_layers):
+        names.append(cfg.hook_in(l))
+        if raw_output_needed(model, cfg, l):
+            names += [f"blocks.{l}.mlp.hook_post", f"blocks.{l}.ln2_post.hook_scale"]
+        else:
+            names.append(cfg.hook_out(l))
+    return list(dict.fromkeys(names))
+
+
+def read_value(model, cache, layer: int, hook_template: str = MLP_INPUT) -> Float[Tensor, "... d_model"]:
+    """The value a transcoder reads at `layer`, from a TransformerLens cache (step 1)."""
+    value = cache[hook_template.format(layer=layer)]
+    if hook_template == MLP_INPUT:
+        ln2 = model.blocks[layer].ln2
+        if getattr(ln2, "w", None) is not None:
+            value = value * ln2.w
+        if getattr(ln2, "b", None) is not None:
+            value = value + ln2.b
+    return value
+
+
+def mlp_input(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+    """What `blocks.{layer}.mlp` receives, from a cache holding `blocks.{layer}.ln2.hook_normalized`."""
+    return read_value(model, cache, layer, MLP_INPUT)
+
+
+def mlp_output_raw(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+    """The MLP's output before any post-MLP norm: `mlp.hook_post @ W_out + b_out`."""
+    mlp = model.blocks[layer].mlp
+    return cache[f"blocks.{layer}.mlp.hook_post"] @ mlp.W_out + mlp.b_out
+
+
+def write_target(model, cache, layer: int, cfg: TranscoderConfig) -> Float[Tensor, "... d_model"]:
+    """What the transcoder's output of `layer` should equal (step 2)."""
+    if raw_output_needed(model, cfg, layer):
+        return mlp_output_raw(model, cache, layer)
+    return cache[cfg.hook_out(layer)]
+
+
+def to_write_site(model, cache, layer: int, out: Tensor, cfg: TranscoderConfig) -> Tensor:
+    """Map a transcoder output of `layer` to the value of its write hook (the identity unless step 2's
+    post-norm applies, where `ln2_post` runs with the scale from `cache` frozen)."""
+    if not raw_output_needed(model, cfg, layer):
+        return out
+    norm = post_norm(model, layer)
+    scale = cache[f"blocks.{layer}.ln2_post.hook_scale"]
+    if type(norm).__name__.startswith("LayerNorm"):
+        out = out - out.mean(-1, keepdim=True)
+    out = out / scale
+    if getattr(norm, "w", None) is not None:
+        out = out * norm.w
+    if getattr(norm, "b", None) is not None:
+        out = out + norm.b
+    return out
+
+
+@torch.no_grad()
+def collect(
+    model, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
+) -> tuple[Float[Tensor, "batch n_pos n_layers d_model"], Float[Tensor, "batch n_pos n_layers d_model"]]:
+    """Read values and write targets of every layer from one forward pass (step 3)."""
+    names = set(cache_hooks(model, cfg))
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
+    x = torch.stack([read_value(model, cache, l, cfg.input_hook) for l in range(cfg.n_layers)], dim=-2)
+    y = torch.stack([write_target(model, cache, l, cfg) for l in range(cfg.n_layers)], dim=-2)
+    return x, y
+
+
+def check_fits(model, tc) -> None:
+    """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
+    cfg: TranscoderConfig = tc.cfg
+    mcfg = model.cfg
+    if cfg.d_model != mcfg.d_model:
+        raise TranscoderMismatchError(
+            f"the transcoders have d_model {cfg.d_model} but the model has d_model {mcfg.d_model}; "
+            "load the transcoders trained for this model."
+        )
+    if cfg.n_layers != mcfg.n_layers:
+        raise TranscoderMismatchError(
+            f"the transcoders cover {cfg.n_layers} layers but the model has {mcfg.n_layers}; "
+            "a set must cover every layer of its model."
+        )
+    hooks = model.hook_dict
+    for l in range(cfg.n_layers):
+        for name in (cfg.hook_in(l), cfg.hook_out(l)):
+            if name not in hooks:
+                raise TranscoderMismatchError(
+                    f"hook {name!r} does not exist in this model; use one of its hook names "
+                    f"(e.g. {MLP_INPUT.format(layer=l)!r}, 'blocks.{l}.hook_resid_mid', {MLP_OUTPUT.format(layer=l)!r})."
+                )
+        if raw_output_needed(model, cfg, l) and f"blocks.{l}.mlp.hook_post" not in hooks:
+            raise TranscoderMismatchError(
+                f"output_before_post_norm needs 'blocks.{l}.mlp.hook_post', which this model lacks."
+            )

@@ -1,0 +1,415 @@
+"""Train a transcoder set: `python -m transcoders.train --kind plt|clt|sae ...`.
+
+Seed: circuit-tracing appendix, "ML details" (losses in losses.py, activations in
+activation_store.py). One run:
+
+1. Load the model (the bundled one by default) and a token source (the bundled task corpus
+   by default; any `.npy` of token ids [n_seq, n_ctx] or `.txt` of one text per line).
+2. Estimate per-layer scales on the first block: `s_in[l] = sqrt(E||x[l]||^2 / d_model)`, the
+   same `s_out[l]` for targets; train on `x / s_in`, `y / s_out` ("we separately normalize the
+   activation of each residual stream layer and each MLP output").
+3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
+   (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
+   over all of training; optional pre-activation loss; gradient clipping at norm 1.
+4. A NaN or inf in the loss or the weights stops the run with `NonFiniteError` before the bad
+   step reaches a checkpoint; the last good checkpoint stays in `<out>/checkpoint`.
+5. Checkpoints (weights, Adam state, step, scales) every `checkpoint_every` steps; rerunning the
+   same command resumes from it and reproduces the uninterrupted run exactly (the data of step t
+   is a pure function of the seed, activation_store.py step 3).
+6. At the end the scales are folded into the weights (base.py `fold_scales`), so the saved set
+   acts on raw activations; it is saved in our format with `metrics.json` / `manifest.json`
+   (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import dataclasses
+import inspect
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from transcoders.activation_store import ActivationStore, pack_sequences
+from transcoders.checkpoint import load_checkpoint, save_checkpoint
+from transcoders.config import TranscoderConfig
+from transcoders.errors import ConfigError, NonFiniteError
+from transcoders.formats.native import save_native, sha256
+from transcoders.losses import (
+    l1_sparsity,
+    mse_loss,
+    preact_loss,
+    sparsity_schedule,
+    tanh_sparsity,
+    topk_aux_loss,
+)
+from transcoders.metrics import reconstruction_metrics, replacement_metrics
+from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+HELD_OUT_SEED = 987_654
+RESUME_FREE = (
+    "save_to",
+    "checkpoint_every",
+    "cache_dir",
+)  # options a resumed run may change  # corpus seed of held-out evaluation text (never a training seed)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    kind: str = "plt"
+    """"plt" (per-layer transcoders), "clt" (cross-layer transcoder) or "sae" (on --hook)."""
+    activation: str = "jumprelu"
+    """"jumprelu" (tanh penalty), "relu" (L1 penalty) or "topk" (auxiliary loss)."""
+    d_sae: int = 1024
+    """Features per layer."""
+    model: str = "default"
+    """The bundled model ("default"), a model folder, or a TransformerLens name."""
+    corpus: str = "bundled"
+    """"bundled" (the task corpus), a .npy of token ids [n_seq, n_ctx], or a .txt of one text per line."""
+    n_tokens: int = 4_000_000
+    """Training tokens (steps = n_tokens // batch_size)."""
+    batch_size: int = 1024
+    """Tokens per step."""
+    lr: float = 1e-3
+    """Adam learning rate (constant, linear decay to 0 over the last 20% of steps)."""
+    sparsity_coef: float = 2e-3
+    """Final lambda of the sparsity penalty (tanh / L1), reached at the last step."""
+    sparsity_c: float = 1.0
+    """The c inside tanh(c * a * ||W_dec||)."""
+    preact_coef: float = 0.0
+    """Coefficient of the pre-activation loss sum ReLU(-h) (the appendix used 3e-6)."""
+    k: int = 32
+    """Features kept per layer and token for --activation topk."""
+    skip: bool = False
+    """Learn a linear skip W_skip (PLT / CLT)."""
+    hook: str = ""
+    """For --kind sae: the hook template it reads and writes, e.g. blocks.{layer}.hook_attn_out."""
+    block_tokens: int = 65536
+    """Tokens per shuffle block (memory: block_tokens * n_layers * d_model * 8 bytes)."""
+    seed: int = 0
+    """Seed of initialization, corpus and shuffling."""
+    out: str = "runs/transcoders"
+    """Run folder: checkpoint/ lives here; the trained set goes to --save-to."""
+    save_to: str = ""
+    """Where the trained set is saved (default <out>/transcoders)."""
+    checkpoint_every: int = 500
+    """Steps between checkpoints."""
+    cache_dir: str = ""
+    """If set, activation blocks are cached here as safetensors shards and streamed back."""
+
+    def __post_init__(self):
+        if self.kind not in ("plt", "clt", "sae"):
+            raise ConfigError(f"kind {self.kind!r} is not 'plt', 'clt' or 'sae'; pick one.")
+        if self.kind == "sae" and "{layer}" not in self.hook:
+            raise ConfigError(
+                "an SAE needs --hook, a template with {layer}, e.g. 'blocks.{layer}.hook_attn_out'."
+            )
+        if self.n_tokens < self.batch_size:
+            raise ConfigError(
+                f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
+            )
+
+
+def transcoder_config(cfg: TrainConfig, model) -> TranscoderConfig:
+    """The set a TrainConfig trains, for `model`."""
+    hooks = (cfg.hook, cfg.hook) if cfg.kind == "sae" else (MLP_INPUT, MLP_OUTPUT)
+    return TranscoderConfig(
+        kind=cfg.kind,
+        n_layers=model.cfg.n_layers,
+        d_model=model.cfg.d_model,
+        d_sae=cfg.d_sae,
+        activation=cfg.activation,
+        input_hook=hooks[0],
+        output_hook=hooks[1],
+        skip=cfg.skip,
+        k=cfg.k,
+        output_before_post_norm=cfg.kind != "sae",
+        model_name=str(model.cfg.model_name or cfg.model),
+    )
+
+
+# ---------------------------------------------------------------------- model and corpus
+def load_any_model(name: str):
+    """The bundled model or a folder via attrgraph (optional import), else a TransformerLens name."""
+    try:
+        from attrgraph.loading import load_model
+    except ImportError:
+        from transformer_lens import HookedTransformer
+
+        return HookedTransformer.from_pretrained(name).eval()
+    return load_model(name)
+
+
+def corpus_items(corpus: str, seed: int):
+    """An endless (bundled) or finite iterable of texts / token-id lists."""
+    if corpus == "bundled":
+        from attrgraph.tasks import stream  # optional: only the bundled corpus needs attrgraph
+
+        return (ex.tokens for ex in stream(seed))
+    path = Path(corpus)
+    if path.suffix == ".npy":
+        import numpy as np
+
+        return (row.tolist() for row in np.load(path, allow_pickle=False))
+    return (line.rstrip("\n") for line in path.open() if line.strip())
+
+
+def sequence_source(model, corpus: str, seed: int):
+    """A callable returning a fresh iterator of `n_ctx`-token sequences (activation_store step 1)."""
+    tok = model.tokenizer
+    n_ctx = model.cfg.n_ctx
+    if corpus.endswith(".npy"):
+        import numpy as np
+
+        arr = np.load(corpus, allow_pickle=False)
+        if arr.ndim == 2 and arr.shape[1] == n_ctx:
+            return torch.from_numpy(arr.astype("int64"))
+
+    vocab = tok.get_vocab()
+
+    def tokenize(text: str):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def items():
+        for item in corpus_items(corpus, seed):
+            # the bundled corpus yields word tuples: map them through the vocabulary directly
+            yield [vocab[w] for w in item] if isinstance(item, tuple) else item
+
+    return lambda: pack_sequences(items(), n_ctx, tok.bos_token_id, tok.eos_token_id, tokenize)
+
+
+def held_out_tokens(model, corpus: str, n_seq: int) -> torch.Tensor:
+    if corpus.endswith(".npy"):
+        src = sequence_source(model, corpus, 0)
+        if isinstance(src, torch.Tensor):
+            return src[-n_seq:]  # the last sequences of a token file are held out
+    it = sequence_source(model, corpus if corpus != "bundled" else "bundled", HELD_OUT_SEED)()
+    return torch.tensor([next(it) for _ in range(n_seq)])
+
+
+# ---------------------------------------------------------------------- the loop
+def lr_at(step: int, total: int, lr: float) -> float:
+    decay_start = int(0.8 * total)
+    if step < decay_start:
+        return lr
+    return lr * (total - step) / max(1, total - decay_start)
+
+
+def train(cfg: TrainConfig, model=None, sequences=None, progress: bool = True, stop_after: int | None = None):
+    """Run (or resume) training; returns the trained, folded set and its metrics.
+
+    `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
+    `stop_after` ends the run early after that many steps (as an interruption would).
+    """
+    from transcoders import build_transcoders
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    model = model if model is not None else load_any_model(cfg.model)
+    tcfg = transcoder_config(cfg, model)
+    if sequences is None:
+        sequences = sequence_source(model, cfg.corpus, cfg.seed)
+    store = ActivationStore(
+        model, tcfg, sequences, cfg.batch_size, cfg.block_tokens, cfg.seed, cache_dir=cfg.cache_dir or None
+    )
+    out = Path(cfg.out)
+    ckpt = out / "checkpoint"
+    total = cfg.n_tokens // cfg.batch_size
+    tc = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
+    opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
+    if (ckpt / "meta.json").exists():
+        saved = json.loads((ckpt / "meta.json").read_text())["train_config"]
+        differs = [
+            k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE and saved.get(k) != v
+        ]
+        if differs:
+            raise ConfigError(
+                f"{ckpt} was written by a run with different {differs}; rerun with the same options "
+                "to resume, or pass another --out to start afresh."
+            )
+        step, scales, last_fired = load_checkpoint(ckpt, tc, opt)
+    else:
+        x0, y0 = store.block(0)
+        d = tcfg.d_model
+        scales = {
+            "in": x0.pow(2).sum(-1).mean(0).div(d).sqrt(),
+            "out": y0.pow(2).sum(-1).mean(0).div(d).sqrt(),
+        }
+        step, last_fired = 0, torch.zeros(tcfg.n_layers, tcfg.d_sae)
+    s_in, s_out = scales["in"][:, None], scales["out"][:, None]
+    # TopK: a feature silent for ~100k tokens counts as dead for the auxiliary loss
+    dead_after = max(1, 100_000 // cfg.batch_size) if tcfg.activation == "topk" else None
+    bar = _progress(total, step, progress)
+    log = {}
+    for x, y in store.batches(step):
+        if step >= total or (stop_after is not None and step >= stop_after):
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, cfg.lr)
+        xn, yn = x / s_in, y / s_out
+        res = tc(xn)
+        mse = mse_loss(res.out, yn)
+        lam = sparsity_schedule(step, total, cfg.sparsity_coef)
+        if tcfg.activation == "jumprelu":
+            sparsity = tanh_sparsity(res.acts, tc.decoder_norms(), cfg.sparsity_c)
+        elif tcfg.activation == "relu":
+            sparsity = l1_sparsity(res.acts, tc.decoder_norms())
+        else:
+            sparsity = mse.new_zeros(())
+        loss = mse + lam * sparsity
+        if cfg.preact_coef:
+            loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
+        if dead_after is not None:
+            dead = (step - last_fired) > dead_after
+            loss = loss + topk_aux_loss(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k) / 32
+        if not torch.isfinite(loss):
+            raise NonFiniteError(
+                f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "
+                f"is kept in {ckpt} (lower --lr, or check the model's activations)."
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tc.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            if tc.threshold is not None:
+                tc.threshold.clamp_(min=0.0)
+            if not all(torch.isfinite(p).all() for p in tc.parameters()):
+                raise NonFiniteError(
+                    f"a weight became NaN or inf at step {step}; training stopped and the last good checkpoint "
+                    f"is kept in {ckpt} (lower --lr)."
+                )
+            last_fired[(res.acts > 0).any(0)] = step
+        step += 1
+        if step % 20 == 0 or step == total:
+            with torch.no_grad():
+                l0 = (res.acts > 0).float().sum(-1).mean().item()
+                dead_frac = (
+                    ((step - last_fired) > 2000).float().mean().item() if step > 2000 else float("nan")
+                )
+            log = {"loss": loss.item(), "mse": mse.item(), "l0": l0, "lambda": lam, "dead": dead_frac}
+            bar.set_postfix({k: f"{v:.3g}" for k, v in log.items()}, refresh=False)
+        bar.update(1)
+        if step % cfg.checkpoint_every == 0 and step < total:
+            save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+    bar.close()
+    save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+    if step < total:
+        return tc, {"stopped_at": step}
+    final = copy.deepcopy(tc)
+    final.fold_scales(scales["in"], scales["out"])
+    return final, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
+
+
+def _progress(total: int, start: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, disable=not enabled, desc="train", mininterval=5.0)
+
+
+def evaluate(model, tc, cfg: TrainConfig, n_seq: int = 64) -> dict:
+    """metrics.py on held-out sequences."""
+    tokens = held_out_tokens(model, cfg.corpus, n_seq)
+    metrics = {}
+    from transcoders.sites import collect
+
+    x, y = collect(model, tokens, tc.cfg)
+    metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1)))
+    if tc.cfg.output_hook == MLP_OUTPUT:
+        metrics.update(replacement_metrics(model, tc, tokens))
+    return metrics
+
+
+def write_manifest(folder: Path, cfg: TrainConfig, metrics: dict, info: dict, argv: list[str] | None) -> dict:
+    """manifest.json beside the weights, laid out like data/default's: how it was made, quality, sha256."""
+    files = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.name != "manifest.json" and p.is_file()}
+    manifest = {
+        "name": folder.name,
+        "description": f"{cfg.kind.upper()} ({cfg.activation}, d_sae={cfg.d_sae} per layer) for model {cfg.model!r}.",
+        "command": "python -m transcoders.train " + " ".join(shlex.quote(a) for a in (argv or [])),
+        "seed": cfg.seed,
+        "config": dataclasses.asdict(cfg),
+        "corpus": {"source": cfg.corpus, "held_out_seed": HELD_OUT_SEED},
+        "tokens_seen": info.get("steps", 0) * cfg.batch_size,
+        "wall_time_s": round(info.get("train_wall_s", 0.0), 1),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "metrics": metrics,
+        "files": files,
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+# ---------------------------------------------------------------------- CLI from the dataclass
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field (for --help)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:], strict=False):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs[a.target.id] = str(b.value.value)
+    return docs
+
+
+def add_fields(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """One option per TrainConfig field, its docstring as the help."""
+    docs = field_docs(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_ = (docs.get(f.name, "") + f" (default: {f.default})").replace("%", "%%")
+        if f.type in (bool, "bool"):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
+            p.add_argument(flag, type=typ, default=f.default, help=help_)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_fields(
+        argparse.ArgumentParser(prog="python -m transcoders.train", description=__doc__.split("\n")[0])
+    )
+
+
+def add_parser(sub) -> None:
+    """`attrgraph train-transcoders ...` (the attrgraph CLI registry's hook)."""
+    add_fields(sub.add_parser("train-transcoders", help=__doc__.split("\n")[0]))
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """Train, save, evaluate and write the manifest for the options in `args`."""
+    torch.set_flush_denormal(True)  # Adam moments of rarely active features decay into slow denormals
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    model = load_any_model(cfg.model)
+    tc, info = train(cfg, model=model)
+    dest = Path(cfg.save_to or Path(cfg.out) / "transcoders")
+    save_native(tc, dest)
+    metrics = evaluate(model, tc, cfg)
+    if argv is None:  # via `attrgraph train-transcoders ...`: record the equivalent module command
+        argv = sys.argv[2:] if sys.argv[1:2] == ["train-transcoders"] else sys.argv[1:]
+    manifest = write_manifest(dest, cfg, metrics, info, argv)
+    summary = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    print(json.dumps({"saved_to": str(dest), "tokens_seen": manifest["tokens_seen"], **summary}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = sys.argv[1:] if argv is None else argv
+    return run(build_parser().parse_args(argv), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
