@@ -39,10 +39,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from attrgraph.errors import PromptError
+from attrgraph.errors import PromptError, TargetError
 from attrgraph.graph import Graph, Nodes
-from attrgraph.prune import compute_influence, normalize_matrix
 from attrgraph.replacement import ReplacementModel, ReplacementState
+from attrgraph.scores import scores_from_shares
+from attrgraph.streamed_influence import layer_blocks, streamed_influence
 from attrgraph.targets import Target, check_targets, select_logit_targets
 
 
@@ -226,7 +227,10 @@ def attribute(
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
     progress: bool = False,
-    backend: str = "autograd",
+    backend: str = "auto",
+    method: str = "standard",
+    tau: float = 0.0,
+    max_feature_nodes: int | None = None,
 ) -> Graph:
     """The attribution graph of `prompt` (module docstring, steps 1-6).
 
@@ -235,9 +239,39 @@ def attribute(
     convention) exactly when it holds the tokenizer's BOS token. `embedding` folds the positional
     embedding into the embedding node ("token+position", default) or leaves it in the bias ("token").
     Influence on the logits (prune.compute_influence) is filled in on the returned graph.
-    `backend` picks the rows engine: "autograd" (`backward_rows`, this module) or another engine
-    registered in `linear_backward.rows_engine` ("linear", "auto"); all share `backward_rows`' signature.
+    `backend` picks the rows engine: "autograd" (`backward_rows`, this module), "linear" (the
+    frozen backward as explicit matrix products, linear_backward.py) or "auto" (linear wherever it
+    applies, else autograd; the default); all share `backward_rows`' signature and give equal rows.
+    `method="hierarchical"` runs hierarchical attribution (hierarchical.py) from the first target
+    (default: the top logit) with threshold `tau`; `max_feature_nodes` builds an adaptive partial
+    graph exploring at most that many features (adaptive.py). The graph's meta carries its
+    replacement and completeness scores (scores.py) as `unpruned_*_score`.
     """
+    if method not in ("standard", "hierarchical"):
+        raise ValueError(f"method is {method!r}; pass 'standard' or 'hierarchical'.")
+    common = dict(exclude_bos=exclude_bos, embedding=embedding, batch_size=batch_size, backend=backend)
+    if method == "hierarchical":
+        from attrgraph.hierarchical import attribute_hierarchical
+
+        return attribute_hierarchical(
+            model, transcoders, prompt, tau=tau, root=targets[0] if targets else None, **common
+        )
+    if max_feature_nodes is not None:
+        if targets is not None:
+            raise TargetError(
+                "max_feature_nodes builds adaptive graphs for the logit targets only; leave targets=None."
+            )
+        from attrgraph.adaptive import attribute_adaptive
+
+        return attribute_adaptive(
+            model,
+            transcoders,
+            prompt,
+            max_feature_nodes=max_feature_nodes,
+            max_n_logits=max_n_logits,
+            desired_logit_prob=desired_logit_prob,
+            **common,
+        )
     t0 = time.perf_counter()
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
@@ -268,17 +302,18 @@ def attribute(
     injections += [
         Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
     ]
-    engine = backward_rows
-    if backend != "autograd":
-        from attrgraph.linear_backward import rows_engine
+    from attrgraph.linear_backward import linear_rows, rows_engine
 
-        engine = rows_engine(backend, rm, injections)
-    rows = engine(rm, state, sources, injections, batch_size=batch_size, progress=progress)
+    engine = rows_engine(backend, rm, injections)
+    stats: dict = {}
+    extra = dict(stats=stats) if engine is linear_rows else {}
+    rows = engine(rm, state, sources, injections, batch_size=batch_size, progress=progress, **extra)
 
     n_src = n_pos + sources.n_errors
     N = sources.n_columns + len(targets)
     # rows only for features and targets; embeddings and errors have no inputs (empty rows)
-    indptr = np.concatenate([np.zeros(n_src, np.int64), rows.indptr.astype(np.int64)])
+    # keep the rows' index dtype, so that scipy does not copy the (large) indices
+    indptr = np.concatenate([np.zeros(n_src, rows.indptr.dtype), rows.indptr])
     adjacency = sp.csr_array((rows.data, rows.indices, indptr), shape=(N, N))
 
     target_values = _target_values(rm, state, targets, positions)
@@ -303,7 +338,8 @@ def attribute(
             n_layers=int(L),
             exclude_bos=bool(exclude_bos),
             embedding=embedding,
-            backend=backend,
+            backend="linear" if engine is linear_rows else "autograd",
+            backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
             max_n_logits=int(max_n_logits),
             desired_logit_prob=float(desired_logit_prob),
             custom_targets=any(
@@ -313,9 +349,14 @@ def attribute(
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),
     )
-    graph.nodes.influence = compute_influence(
-        normalize_matrix(graph.adjacency), graph.logit_weights()
-    ).astype(np.float32)
+    # influence and scores in one streamed pass (no copies of a possibly huge adjacency)
+    w = graph.logit_weights()
+    pass_ = streamed_influence(graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error")
+    graph.nodes.influence = pass_.influence.astype(np.float32)
+    scores = scores_from_shares(graph.nodes.kind, pass_.influence, pass_.error_share, w)
+    graph.meta.update(
+        unpruned_replacement_score=scores.replacement, unpruned_completeness_score=scores.completeness
+    )
     return graph
 
 

@@ -3,7 +3,8 @@
 1. Layout: `/graphs/<name>/` holds the node table (`nodes/<field>`), the adjacency as CSR with
    rows = targets (`adjacency/{data,indices,indptr}`, attribute `shape`), the prompt
    (`prompt_ids`, `prompt_tokens`), the logits (`logit_tokens`, `logit_probs`, `logit_strings`)
-   and attributes: `schema_version`, `library_version`, `created`, and `meta` (JSON of plain
+   and attributes: `schema_version`, `library_version`, `created`, `replacement_score` and
+   `completeness_score` (scores.py, of the graph as stored), and `meta` (JSON of plain
    values: model and transcoder identity, options, thresholds). Arrays are gzip-compressed.
    Named arrays and plain attributes only; nothing is pickled.
 2. Writing is atomic: the new file (a copy of the old one plus the new group) is written to a
@@ -30,6 +31,7 @@ import scipy.sparse as sp
 
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph import NODE_FIELDS, Graph, Nodes
+from attrgraph.scores import compute_graph_scores
 
 SCHEMA_VERSION = 1
 """Bumped whenever the layout above changes incompatibly."""
@@ -58,6 +60,9 @@ def _write_group(group: h5py.Group, graph: Graph) -> None:
     group.attrs["library_version"] = _library_version()
     group.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     group.attrs["meta"] = json.dumps(graph.meta, default=str)
+    scores = compute_graph_scores(graph)  # of this graph as stored (pruned or not); scores.py
+    group.attrs["replacement_score"] = scores.replacement
+    group.attrs["completeness_score"] = scores.completeness
     nodes = group.create_group("nodes")
     for f in fields(Nodes):
         values = getattr(graph.nodes, f.name)

@@ -5,6 +5,8 @@
 3. The top features by logit influence (prune.compute_influence, stored on the nodes), with
    layer, position, the token at that position, activation and influence.
 4. The metadata the graph carries (model, transcoders, options, thresholds).
+5. The graph's replacement and completeness scores (scores.py), and for hierarchical and adaptive
+   graphs their root / budget figures.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from attrgraph.graph import NODE_ORDER, Graph
+from attrgraph.scores import compute_graph_scores
 
 
 def summarize(graph: Graph, n_top: int = 10) -> dict:
@@ -40,6 +43,12 @@ def summarize(graph: Graph, n_top: int = 10) -> dict:
             }
             for i in top
         ],
+        **dict(
+            zip(
+                ("replacement_score", "completeness_score"),
+                (round(x, 6) for x in compute_graph_scores(graph)),
+            )
+        ),
         "meta": {k: v for k, v in graph.meta.items() if isinstance(v, (str, int, float, bool))},
     }
 
@@ -50,6 +59,20 @@ def format_summary(summary: dict, title: str = "graph") -> str:
     lines = [f"{title}: {summary['n_nodes']} nodes ({kinds}), {summary['n_edges']} edges"]
     logits = "  ".join(f"{s!r} {p:.3f}" for s, p in zip(summary["logit_strings"], summary["logit_probs"]))
     lines.append(f"  logits: {logits}")
+    if "replacement_score" in summary:
+        lines.append(
+            f"  scores: replacement {summary['replacement_score']:.3f}, completeness {summary['completeness_score']:.3f}"
+        )
+    meta = summary.get("meta", {})
+    if meta.get("method") == "hierarchical":
+        lines.append(
+            f"  hierarchical (tau {meta['tau']:.4g}): root {meta['root_value']:.4f} = leaves + bias "
+            f"{meta['bias_attribution']:.4f} + detached {meta['detached_attribution']:.4f}"
+        )
+    if meta.get("method") == "adaptive":
+        lines.append(
+            f"  adaptive: {meta['n_explored']} of {meta['n_active_features']} active features explored (rest counted as error)"
+        )
     if summary["top_features"]:
         lines.append("  top features by logit influence:")
         for f in summary["top_features"]:

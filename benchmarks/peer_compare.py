@@ -10,7 +10,12 @@
    (graph.NODE_ORDER) and check `max |A_ours - A_ct| <= 1e-4 * max |A_ct|` node for node; also
    check that the columns we have no node for (errors at the excluded BOS) are zero in theirs.
 4. Also time our graph on the bundled model (no circuit-tracer equivalent there).
-5. Print a table and write `benchmarks/results/peer_compare.{md,json}`.
+5. Speed against the hardware: each of our worker processes first measures the float32 matmul
+   rate (2048^3 products, best of 3, same threads); `attribute` reports the FLOPs of its linear
+   backward (linear_backward.py), so the table gives achieved GFLOP/s and its share of that rate.
+6. Print a table and write `benchmarks/results/peer_compare.{md,json}`.
+`--peer-dir LABEL=DIR` reuses a harness output folder (its meta.json holds circuit-tracer's time,
+peak RSS and thread count) instead of running circuit-tracer again for that timing case.
 
 Usage: python benchmarks/peer_compare.py [--quick] [--no-large] [--threads N]
 (correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
@@ -65,11 +70,25 @@ BUNDLED_PROMPT = "When Mary and John went to the store , John gave a drink to"
 
 
 # ----------------------------------------------------------------------------- our side (subprocess)
-def ours(dir_: str, batch_size: int, threads: int) -> dict:
+def matmul_gflops(n: int = 2048, repeats: int = 3) -> float:
+    """The machine's float32 matmul rate in this process (best of `repeats`)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dict:
     """Run in a fresh process: build our graph on the harness' files and compare adjacencies."""
     import torch
 
     torch.set_num_threads(threads)
+    peak_gflops = matmul_gflops()
     from attrgraph.attribute import attribute
     from attrgraph.loading import load_model
     from transcoders.formats import load_transcoders
@@ -80,10 +99,16 @@ def ours(dir_: str, batch_size: int, threads: int) -> dict:
     tokens = np.load(d / "input_tokens.npy")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
-    g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size)
+    g = attribute(
+        model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size, backend=backend
+    )
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = dict(
+        backend=g.meta["backend"],
+        backward_gflop=g.meta.get("backward_gflop", 0.0),
+        gflops=round(g.meta.get("backward_gflop", 0.0) / seconds, 2),
+        matmul_gflops=round(peak_gflops, 2),
         seconds=round(seconds, 3),
         peak_rss_mb=round(peak, 1),
         rss_before_mb=round(rss_before, 1),
@@ -198,7 +223,20 @@ def run_peer(args: list[str], out: str, threads: int, batch_size: int) -> dict:
     )
 
 
-def run_ours(mode: str, target: str, threads: int, batch_size: int) -> dict:
+def peer_from_dir(d: str) -> dict:
+    """circuit-tracer's figures from an earlier harness run (its meta.json)."""
+    st = json.loads((Path(d) / "meta.json").read_text())["stats"]
+    return dict(
+        seconds=float(st["attribute_s"]),
+        peak_rss_mb=float(st["peak_rss_mb"]),
+        nodes=int(st["nodes"]),
+        active_features=int(st["active_features"]),
+        threads=int(st["torch_threads"]),
+        reused=str(d),
+    )
+
+
+def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str = "auto") -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -210,6 +248,8 @@ def run_ours(mode: str, target: str, threads: int, batch_size: int) -> dict:
         str(threads),
         "--batch-size",
         str(batch_size),
+        "--backend",
+        backend,
     ]
     res = subprocess.run(
         cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT
@@ -230,11 +270,22 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--merge", help="JSON results of an earlier run whose rows (other cases) are kept in the table"
     )
+    ap.add_argument(
+        "--backend", default="auto", choices=("auto", "linear", "autograd"), help="our rows engine"
+    )
+    ap.add_argument(
+        "--peer-dir",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="reuse a harness output folder for a timing case instead of running circuit-tracer again",
+    )
+    ap.add_argument("--only", help="comma-separated case labels to run (default: all)")
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._worker == "peer":
-        print(json.dumps(ours(args._target, args.batch_size, args.threads)))
+        print(json.dumps(ours(args._target, args.batch_size, args.threads, args.backend)))
         return 0
     if args._worker == "bundled":
         print(json.dumps(ours_bundled(args.batch_size, args.threads)))
@@ -247,10 +298,17 @@ def main(argv=None) -> int:
         cases += [
             (label, a, "timing") for label, a in TIMING if not (args.no_large and label == "6/256/4096")
         ]
+    reuse = dict(x.split("=", 1) for x in args.peer_dir)
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
     for label, harness_args, kind in cases:
         out = os.path.join(work, label.replace("/", "_"))
-        ct = run_peer(harness_args, out, args.threads, args.batch_size)
-        us = run_ours("peer", out, args.threads, args.batch_size)
+        if label in reuse:
+            out, ct = reuse[label], peer_from_dir(reuse[label])
+        else:
+            ct = run_peer(harness_args, out, args.threads, args.batch_size)
+            ct["threads"] = args.threads
+        us = run_ours("peer", out, ct["threads"], args.batch_size, args.backend)
         row = dict(case=label, kind=kind, ct=ct, ours=us)
         rows.append(row)
         print(
@@ -286,15 +344,22 @@ def write_results(rows, bundled, args) -> None:
         f"torch threads {args.threads}, batch size {args.batch_size}, load average at the end "
         f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|.",
         "",
-        "| case | kind | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | ct peak RSS | ours peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| case | kind | threads | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | speed-up "
+        "| ct peak RSS | ours peak RSS | RSS ours/ct | ours GFLOP/s (matmul GFLOP/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ct, us = r["ct"], r["ours"]
+        rate = (
+            f"{us['gflops']:.1f} ({us['matmul_gflops']:.1f}, {us['gflops'] / us['matmul_gflops']:.0%})"
+            if us.get("gflops")
+            else "-"
+        )
         lines.append(
-            f"| {r['case']} | {r['kind']} | {ct['nodes']} / {us['nodes']} | {us['features']} | {us.get('match')} | "
-            f"{us.get('max_rel_diff', float('nan')):.1e} | {ct['seconds']:.2f} s | {us['seconds']:.2f} s | "
-            f"{ct['peak_rss_mb'] / 1024:.2f} GB | {us['peak_rss_mb'] / 1024:.2f} GB |"
+            f"| {r['case']} | {r['kind']} | {ct.get('threads', args.threads)} | {ct['nodes']} / {us['nodes']} | {us['features']} | "
+            f"{us.get('match')} | {us.get('max_rel_diff', float('nan')):.1e} | {ct['seconds']:.2f} s | {us['seconds']:.2f} s | "
+            f"{ct['seconds'] / us['seconds']:.1f}x | {ct['peak_rss_mb'] / 1024:.2f} GB | {us['peak_rss_mb'] / 1024:.2f} GB | "
+            f"{us['peak_rss_mb'] / ct['peak_rss_mb']:.2f} | {rate} |"
         )
     lines.append("")
     lines.append(

@@ -1,0 +1,192 @@
+"""Adaptive (partial) attribution graphs for long prompts: explore the most influential features first.
+
+Seed: circuit-tracing appendix, end of "Attribution Graph Computation" and of "Graph Pruning"
+("we maintain a set of explored nodes ... and an estimate of the most influential nodes, where
+unexplored nodes count as errors. At each step, we compute the top k most influential nodes ...
+and attribute back from these. We terminate when a target number of nodes have been explored").
+
+1. Run the model once; every active feature is a potential source. Compute the rows (incoming
+   edges) of the logit targets.
+2. Current estimate: the graph whose rows are those of the explored nodes; an unexplored feature
+   has no inputs, so it is a leaf, like an error. Logit influence `I = B^T w` (prune.py; computed
+   by streamed_influence.py without copies of the adjacency) ranks the unexplored features.
+3. Explore the top `k` unexplored features by `I` (one batched backward), add their rows, and
+   repeat until `max_feature_nodes` features are explored or no unexplored feature has influence.
+4. The returned graph holds the embeddings, the error nodes, the explored features and the
+   logits. The edges of every unexplored feature are added to the error node of its (layer,
+   position): that node stands for "error + unexplored features" (`meta["unexplored_as_error"]`).
+   Each explored target's incoming edges still sum to its pre-activation minus its bias (the
+   exactness contract holds for every explored target), and the graph has
+   `n_pos (1 + n_layers) + max_feature_nodes + n_logits` nodes.
+Memory: the rows kept while exploring are `max_feature_nodes x n_active` (only the explored
+targets have rows), never `n_active^2`; each backward batch adds `k x n_active`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from attrgraph.graph import Graph
+from attrgraph.streamed_influence import layer_blocks, streamed_influence
+
+
+def attribute_adaptive(
+    model,
+    transcoders,
+    prompt,
+    *,
+    max_feature_nodes: int = 1024,
+    k: int | None = None,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    exclude_bos: bool | None = None,
+    embedding: str = "token+position",
+    batch_size: int = 256,
+    backend: str = "auto",
+    trace: list | None = None,
+) -> Graph:
+    """A partial attribution graph that explores at most `max_feature_nodes` features (steps 1-4).
+
+    `k` features are explored per step (default `batch_size`). `trace`, when given, receives one
+    dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the result."""
+    from attrgraph.attribute import (
+        Injection,
+        _node_table,
+        _target_values,
+        _tok,
+        build_sources,
+        fingerprint,
+        to_tokens,
+    )
+    from attrgraph.linear_backward import rows_engine
+    from attrgraph.replacement import ReplacementModel
+    from attrgraph.targets import select_logit_targets
+
+    if max_feature_nodes < 0:
+        raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
+    t0 = time.perf_counter()
+    k = batch_size if k is None else k
+    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    tokens = to_tokens(model, prompt)
+    tokenizer = getattr(model, "tokenizer", None)
+    if exclude_bos is None:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
+    n_pos, L = len(tokens), model.cfg.n_layers
+    targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
+    sources = build_sources(rm, state)
+    feats = sources.features.cpu().numpy().reshape(-1, 3)
+    n_feat, n_cols, n_t = len(feats), sources.n_columns, len(targets)
+    n_src = n_pos + sources.n_errors
+    N = n_cols + n_t
+    pos = n_pos - 1
+    logit_inj = [Injection(t.vector, pos, logits=True) for t in targets]
+    engine = rows_engine(backend, rm, logit_inj)
+    w = np.zeros(N)
+    w[n_cols:] = [t.weight for t in targets]
+
+    def rows_for(inj):
+        return sp.csr_array(engine(rm, state, sources, inj, batch_size=batch_size), dtype=np.float32)
+
+    # step 1-3: rows of explored targets only
+    blocks, explored = [rows_for(logit_inj)], np.zeros(0, np.int64)
+    budget = min(max_feature_nodes, n_feat)
+    bounds = np.searchsorted(feats[:, 0], np.arange(L + 1)) + n_src if n_feat else np.full(L + 1, n_src)
+    layer_ranges = (
+        [(0, n_src)] + [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a] + [(n_cols, N)]
+    )
+    while len(explored) < budget:
+        R = _square(blocks, explored, n_src, n_cols, n_t)
+        influence = streamed_influence(R, w, layer_ranges).influence[n_src:n_cols]
+        influence[explored] = -np.inf
+        order = np.argsort(-influence, kind="stable")[: min(k, budget - len(explored))]
+        order = order[influence[order] > 0]
+        if not len(order):
+            break
+        inj = [
+            Injection(rm.tc.encoder_vectors(int(l), torch.tensor([int(f)]))[0].detach(), int(p), layer=int(l))
+            for l, p, f in feats[order].tolist()
+        ]
+        blocks.insert(len(blocks) - 1, rows_for(inj))  # feature rows before the logit rows
+        explored = np.concatenate([explored, order])
+        if trace is not None:
+            trace.append(dict(n_explored=int(len(explored)), seconds=round(time.perf_counter() - t0, 3)))
+
+    # step 4: fold unexplored features into the error node of their (layer, position)
+    order = np.argsort(explored, kind="stable")
+    explored_sorted = explored[order]
+    feat_rows = (
+        sp.vstack(blocks[:-1], format="csr")[order]
+        if len(explored)
+        else sp.csr_array((0, n_cols), dtype=np.float32)
+    )
+    rows = sp.vstack([feat_rows, blocks[-1]], format="csr")
+    unexplored = np.setdiff1d(np.arange(n_feat), explored_sorted)
+    fold = np.arange(n_cols)
+    n_exc = sources.n_excluded
+    fold[n_src + unexplored] = n_pos + feats[unexplored, 0] * (n_pos - n_exc) + feats[unexplored, 1] - n_exc
+    keep_cols = np.concatenate([np.arange(n_src), n_src + explored_sorted])
+    new_index = np.full(n_cols, -1)
+    new_index[keep_cols] = np.arange(len(keep_cols))
+    M = sp.csr_array(
+        (np.ones(n_cols, np.float32), (np.arange(n_cols), new_index[fold])), shape=(n_cols, len(keep_cols))
+    )
+    body = sp.csr_array(rows @ M)
+    n_keep = len(keep_cols) + n_t
+    adjacency = sp.vstack([sp.csr_array((n_src, len(keep_cols)), dtype=np.float32), body], format="csr")
+    adjacency = sp.csr_array(
+        sp.hstack([adjacency, sp.csr_array((n_keep, n_t), dtype=np.float32)], format="csr")
+    )
+
+    values = _target_values(rm, state, targets, [pos] * n_t)
+    full = _node_table(state, sources, targets, [pos] * n_t, values, L)
+    nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, N)]))
+    graph = Graph(
+        nodes=nodes,
+        adjacency=adjacency,
+        prompt_ids=tokens.cpu().numpy(),
+        prompt_tokens=[_tok(tokenizer, int(t)) for t in tokens.tolist()],
+        logit_tokens=np.array([t.token for t in targets]),
+        logit_probs=np.array([t.weight for t in targets]),
+        logit_strings=[t.name for t in targets],
+        meta=dict(
+            method="adaptive",
+            max_feature_nodes=int(max_feature_nodes),
+            n_explored=int(len(explored)),
+            n_active_features=int(n_feat),
+            unexplored_as_error=True,
+            model_name=str(getattr(model.cfg, "model_name", "")),
+            model_fingerprint=fingerprint(model),
+            transcoder_kind=rm.tc.cfg.kind,
+            transcoder_fingerprint=fingerprint(rm.tc),
+            n_layers=int(L),
+            exclude_bos=bool(exclude_bos),
+            embedding=embedding,
+            max_n_logits=int(max_n_logits),
+            desired_logit_prob=float(desired_logit_prob),
+            dtype=str(state.errors.dtype).replace("torch.", ""),
+            attribution_seconds=round(time.perf_counter() - t0, 4),
+        ),
+    )
+    graph.nodes.influence = streamed_influence(
+        graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
+    ).influence.astype(np.float32)
+    return graph
+
+
+def _square(blocks: list, explored: np.ndarray, n_src: int, n_cols: int, n_t: int) -> sp.csr_array:
+    """Step 2: the [N, N] adjacency with rows for the explored features and the logits only."""
+    N = n_cols + n_t
+    stacked = sp.csr_array(sp.vstack(blocks, format="csr"))
+    node_of_row = np.concatenate([n_src + explored, n_cols + np.arange(n_t)])
+    place = sp.csr_array(
+        (np.ones(len(node_of_row), np.float32), (node_of_row, np.arange(len(node_of_row)))),
+        shape=(N, len(node_of_row)),
+    )
+    R = sp.csr_array(place @ stacked)
+    return sp.csr_array((R.data, R.indices, R.indptr), shape=(N, N))
