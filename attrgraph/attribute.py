@@ -45,6 +45,7 @@ from attrgraph.replacement import ReplacementModel, ReplacementState
 from attrgraph.scores import scores_from_shares
 from attrgraph.streamed_influence import layer_blocks, streamed_influence
 from attrgraph.targets import Target, check_targets, select_logit_targets
+from attrgraph.targets import _token_str as _tok
 
 
 @dataclass
@@ -402,12 +403,3 @@ def _node_table(state, sources: Sources, targets, positions, values, n_layers: i
             [state.tokens.cpu().numpy(), np.full(n_err + n_feat, -1), [t.token for t in targets]]
         ),
     )
-
-
-def _tok(tokenizer, i: int) -> str:
-    if tokenizer is None:
-        return str(i)
-    try:
-        return tokenizer.decode([i])
-    except Exception:
-        return str(i)

@@ -30,6 +30,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-logits", type=int, default=10)
     p.add_argument("--logit-prob", type=float, default=0.95)
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--method", choices=("standard", "hierarchical"), default="standard")
+    p.add_argument(
+        "--tau", type=float, default=0.0, help="hierarchical: detach nodes whose attribution is below tau"
+    )
+    p.add_argument(
+        "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--full", action="store_true", help="also store the unpruned graph as NAME_full")
     p.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
@@ -62,6 +69,9 @@ def run(args) -> int:
         desired_logit_prob=args.logit_prob,
         batch_size=args.batch_size,
         progress=not args.no_progress and not args.json,
+        method=args.method,
+        tau=args.tau,
+        max_feature_nodes=args.max_feature_nodes,
     )
     graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
     t2 = time.perf_counter()

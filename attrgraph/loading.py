@@ -12,7 +12,6 @@ harness (`shared/peer/ct_graph.py --out DIR`) writes for its random models.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -22,17 +21,10 @@ import torch
 
 from attrgraph.errors import ChecksumError, CorruptWeightsError, ModelNotFoundError
 from attrgraph.paths import BUNDLED
+from transcoders.formats.native import sha256  # one checksum for models and transcoders
 
 # Buffers TransformerLens rebuilds from the config; a state dict need not carry them.
 REBUILT_BUFFERS = (".mask", ".IGNORE", "rotary_sin", "rotary_cos")
-
-
-def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_manifest(folder: Path) -> dict:

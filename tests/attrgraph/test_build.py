@@ -100,3 +100,31 @@ def test_build_refuses_empty_prompt_and_show_a_bad_file(tmp_path, capsys):
         pass
     assert main(["show", str(tmp_path / "empty.h5")]) == 2
     assert "no graphs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, check",
+    [
+        (
+            ["--max-feature-nodes", "5"],
+            lambda g: g.meta["method"] == "adaptive" and g.meta["n_explored"] <= 5,
+        ),
+        (["--method", "hierarchical", "--tau", "1e-3"], lambda g: "root_value" in g.meta),
+    ],
+    ids=["adaptive", "hierarchical"],
+)
+def test_build_passes_method_options_through(model_dir, tmp_path, extra, check):
+    out = tmp_path / "g.h5"
+    args = [
+        "build",
+        PROMPT,
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--transcoders",
+        str(model_dir / "tc"),
+    ]
+    assert main(args + ["--no-progress", "--full", *extra]) == 0
+    full = load_graph(out, "graph_full")
+    assert check(full)
