@@ -34,7 +34,7 @@ class SchemaVersionError(GraphFileError):
 
 
 class UnsupportedModelError(AttrgraphError, ValueError):
-    """A model or transcoder set the exact replacement model cannot represent (e.g. a logit soft-cap)."""
+    """A model the engine cannot represent exactly (a logit soft-cap) or a component graph does not cover (parallel blocks, ALiBi, ...)."""
 
 
 class TargetError(AttrgraphError, ValueError):

@@ -16,7 +16,10 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=200, help="optimizer steps for ep/hap")
     p.add_argument("--keep-frac", type=float, default=0.3, help="fraction of edges EAP keeps for hap")
     p.add_argument("--aggregation", choices=("avg", "sum", "maxabs"), default="avg")
-    p.add_argument("--schema", help="schema JSON/CSV for peap on ioi (default: the built-in IOI schema)")
+    p.add_argument(
+        "--schema",
+        help="schema JSON/CSV naming spans of the discovery examples for peap on ioi (default: the built-in IOI schema; the held-out evaluation examples always use the built-in one)",
+    )
     p.add_argument("--out", help="HDF5 file to store the circuit and its scores in")
     p.add_argument("--name", help="group name in --out (default: task-method)")
     p.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """Exceptions for component-circuit discovery: one sentence saying what is wrong and what to do."""
 
-from attrgraph.errors import AttrgraphError
+from attrgraph.errors import AttrgraphError, UnsupportedModelError  # noqa: F401  (re-exported: one class for both engines)
 
 
 class PairLengthError(AttrgraphError, ValueError):
@@ -17,7 +17,3 @@ class SparsityError(AttrgraphError, ValueError):
 
 class SchemaError(AttrgraphError, ValueError):
     """A dataset schema that does not fit its examples (missing spans, overlaps, bad positions)."""
-
-
-class UnsupportedModelError(AttrgraphError, ValueError):
-    """A model architecture the component graph does not cover (parallel blocks, GQA, ALiBi, ...)."""
