@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -81,6 +82,29 @@ def _write_group(group: h5py.Group, graph: Graph) -> None:
     _write_array(group, "logit_strings", graph.logit_strings, _STR)
 
 
+@contextlib.contextmanager
+def edit_h5(path: str | os.PathLike):
+    """Open a copy of the HDF5 file `path` (or a new file) for writing; on success the copy is
+    renamed over `path` with the permissions a plain `open` would give, so a crash never leaves
+    a half-written file under the final name. Every writer of graph files goes through here."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        if path.exists():
+            shutil.copyfile(path, tmp)
+        with h5py.File(tmp, "a") as f:
+            yield f
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None) -> str:
     """Store `graph` as `/graphs/<name>` in the HDF5 file `path` (created or extended; a graph of
     the same name is replaced). Returns the name used (`"graph"` by default)."""
@@ -93,26 +117,12 @@ def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None) -
     path = Path(path)
     if path.exists():
         _check_hdf5(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        if path.exists():
-            shutil.copyfile(path, tmp)
-            mode = "a"
-        else:
-            mode = "w"
-        with h5py.File(tmp, mode) as f:
-            f.attrs["format"] = "attrgraph"
-            graphs = f.require_group("graphs")
-            if name in graphs:
-                del graphs[name]
-            _write_group(graphs.create_group(name), graph)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with edit_h5(path) as f:
+        f.attrs["format"] = "attrgraph"
+        graphs = f.require_group("graphs")
+        if name in graphs:
+            del graphs[name]
+        _write_group(graphs.create_group(name), graph)
     return name
 
 

@@ -21,8 +21,6 @@ Features and Supernodes").
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from jaxtyping import Float
 
 from attrgraph.errors import AttrgraphError, GraphFileError
 from attrgraph.graph import Graph
+from attrgraph.store import edit_h5
 
 SCHEMA_VERSION = 1
 """Version of the `/supernodes` layout (step 4)."""
@@ -225,28 +224,19 @@ def save_supernodes(
         raise SupernodeError(
             "a stored supernode member has position None; store members of a graph (supernode())."
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "a") as f:
-            root = f.require_group("supernodes")
-            if graph_name in root:
-                del root[graph_name]
-            g = root.create_group(graph_name)
-            g.attrs["schema_version"] = SCHEMA_VERSION
-            g.create_dataset("names", data=np.array([s.name for s in supernodes], dtype=object), dtype=_STR)
-            g.create_dataset(
-                "indptr", data=np.cumsum([0] + [len(s.members) for s in supernodes]).astype(np.int64)
-            )
-            g.create_dataset("kind", data=np.array([m.kind for m in members], dtype=object), dtype=_STR)
-            for name in ("layer", "position", "feature"):
-                g.create_dataset(name, data=np.array([getattr(m, name) for m in members], np.int64))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with edit_h5(path) as f:
+        root = f.require_group("supernodes")
+        if graph_name in root:
+            del root[graph_name]
+        g = root.create_group(graph_name)
+        g.attrs["schema_version"] = SCHEMA_VERSION
+        g.create_dataset("names", data=np.array([s.name for s in supernodes], dtype=object), dtype=_STR)
+        g.create_dataset(
+            "indptr", data=np.cumsum([0] + [len(s.members) for s in supernodes]).astype(np.int64)
+        )
+        g.create_dataset("kind", data=np.array([m.kind for m in members], dtype=object), dtype=_STR)
+        for name in ("layer", "position", "feature"):
+            g.create_dataset(name, data=np.array([getattr(m, name) for m in members], np.int64))
 
 
 def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[Supernode]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -27,6 +25,7 @@ from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
 from attrgraph.circuits.construct import edge_table
 from attrgraph.circuits.graph import QKV, ComponentGraph
 from attrgraph.errors import GraphFileError
+from attrgraph.store import edit_h5
 
 SCHEMA_VERSION = 1
 
@@ -36,39 +35,30 @@ def save_circuit(
 ) -> str:
     """Add (or replace) circuit `name` in the HDF5 file at `path`; returns the name."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".h5.tmp")
-    os.close(fd)
-    try:
-        if path.exists():
-            shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "a") as f:
-            f.attrs.setdefault("format", "attrgraph")
-            root = f.require_group("circuits")
-            if name in root:
-                del root[name]
-            grp = root.create_group(name)
-            g = circuit.layout.graph
-            grp.attrs.update(
-                schema_version=SCHEMA_VERSION,
-                method=circuit.method,
-                n_layers=g.n_layers,
-                n_heads=g.n_heads,
-                has_mlp=g.has_mlp,
-                meta=json.dumps(circuit.meta, default=str),
-            )
-            grp.create_dataset("resid", data=circuit.resid.numpy())
-            if circuit.layout.positional:
-                grp.attrs["positions"] = np.array(circuit.layout.positions, dtype=h5py.string_dtype())
-                grp.create_dataset("attn", data=circuit.attn.numpy())
-                grp.create_dataset("attn_valid", data=circuit.layout.attn_valid.numpy())
-            if scores is not None:
-                grp.create_dataset("scores/resid", data=scores.resid.float().numpy())
-                if scores.attn is not None:
-                    grp.create_dataset("scores/attn", data=scores.attn.float().numpy())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with edit_h5(path) as f:
+        f.attrs.setdefault("format", "attrgraph")
+        root = f.require_group("circuits")
+        if name in root:
+            del root[name]
+        grp = root.create_group(name)
+        g = circuit.layout.graph
+        grp.attrs.update(
+            schema_version=SCHEMA_VERSION,
+            method=circuit.method,
+            n_layers=g.n_layers,
+            n_heads=g.n_heads,
+            has_mlp=g.has_mlp,
+            meta=json.dumps(circuit.meta, default=str),
+        )
+        grp.create_dataset("resid", data=circuit.resid.numpy())
+        if circuit.layout.positional:
+            grp.attrs["positions"] = np.array(circuit.layout.positions, dtype=h5py.string_dtype())
+            grp.create_dataset("attn", data=circuit.attn.numpy())
+            grp.create_dataset("attn_valid", data=circuit.layout.attn_valid.numpy())
+        if scores is not None:
+            grp.create_dataset("scores/resid", data=scores.resid.float().numpy())
+            if scores.attn is not None:
+                grp.create_dataset("scores/attn", data=scores.attn.float().numpy())
     return name
 
 

@@ -91,3 +91,16 @@ def test_corrupt_adjacency_is_explained(tmp_path, make_random_graph):
         f["graphs/graph/adjacency/indptr"] = np.arange(5)
     with pytest.raises(GraphFileError, match="does not fit"):
         load_graph(path)
+
+
+def test_saved_file_gets_the_permissions_of_a_plain_open(tmp_path, make_random_graph):
+    import os
+    import stat
+
+    path = tmp_path / "g.h5"
+    save_graph(make_random_graph(0), path)
+    with open(tmp_path / "plain", "w"):
+        pass
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert mode == stat.S_IMODE(os.stat(tmp_path / "plain").st_mode)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
