@@ -57,9 +57,10 @@ def attribute_adaptive(
         Injection,
         _node_table,
         _target_values,
-        _tok,
         build_sources,
-        fingerprint,
+        graph_provenance,
+        prompt_strings,
+        resolve_exclude_bos,
         to_tokens,
     )
     from attrgraph.linear_backward import rows_engine
@@ -73,9 +74,7 @@ def attribute_adaptive(
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
     tokenizer = getattr(model, "tokenizer", None)
-    if exclude_bos is None:
-        bos = getattr(tokenizer, "bos_token_id", None)
-        exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
     state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
     n_pos, L = len(tokens), model.cfg.n_layers
     targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
@@ -150,7 +149,7 @@ def attribute_adaptive(
         nodes=nodes,
         adjacency=adjacency,
         prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=[_tok(tokenizer, int(t)) for t in tokens.tolist()],
+        prompt_tokens=prompt_strings(model, tokens),
         logit_tokens=np.array([t.token for t in targets]),
         logit_probs=np.array([t.weight for t in targets]),
         logit_strings=[t.name for t in targets],
@@ -160,16 +159,9 @@ def attribute_adaptive(
             n_explored=int(len(explored)),
             n_active_features=int(n_feat),
             unexplored_as_error=True,
-            model_name=str(getattr(model.cfg, "model_name", "")),
-            model_fingerprint=fingerprint(model),
-            transcoder_kind=rm.tc.cfg.kind,
-            transcoder_fingerprint=fingerprint(rm.tc),
-            n_layers=int(L),
-            exclude_bos=bool(exclude_bos),
-            embedding=embedding,
+            **graph_provenance(model, rm, state, exclude_bos, embedding),
             max_n_logits=int(max_n_logits),
             desired_logit_prob=float(desired_logit_prob),
-            dtype=str(state.errors.dtype).replace("torch.", ""),
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),
     )

@@ -216,6 +216,41 @@ def fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def resolve_exclude_bos(model, tokens: Tensor, exclude_bos: bool | None) -> bool:
+    """`exclude_bos`, or when it is None whether position 0 holds the tokenizer's BOS token
+    (circuit-tracer's convention: no feature or error nodes there)."""
+    if exclude_bos is not None:
+        return bool(exclude_bos)
+    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    return bos is not None and int(tokens[0]) == int(bos)
+
+
+def graph_provenance(
+    model, rm: ReplacementModel, state: ReplacementState, exclude_bos: bool, embedding: str
+) -> dict:
+    """The `meta` entries every attribution method records: which model and transcoders, and how."""
+    cfg = rm.tc.cfg
+    return dict(
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        model_fingerprint=fingerprint(model),
+        transcoder_kind=cfg.kind,
+        transcoder_d_sae=int(cfg.d_sae),
+        transcoder_hooks=f"{cfg.input_hook} -> {cfg.output_hook}",
+        transcoder_model_name=str(cfg.model_name),
+        transcoder_fingerprint=fingerprint(rm.tc),
+        n_layers=int(model.cfg.n_layers),
+        exclude_bos=bool(exclude_bos),
+        embedding=embedding,
+        dtype=str(state.errors.dtype).replace("torch.", ""),
+    )
+
+
+def prompt_strings(model, tokens: Tensor) -> list[str]:
+    """Each prompt token as text (ids as text when the model has no tokenizer)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    return [_tok(tokenizer, int(t)) for t in tokens.tolist()]
+
+
 def attribute(
     model,
     transcoders,
@@ -279,9 +314,7 @@ def attribute(
     if batch_size < 1:
         raise ValueError(f"batch_size is {batch_size}; pass at least 1.")
     tokenizer = getattr(model, "tokenizer", None)
-    if exclude_bos is None:
-        bos = getattr(tokenizer, "bos_token_id", None)
-        exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
     if targets is not None:
         check_targets(targets, model, len(tokens))
     state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
@@ -319,26 +352,16 @@ def attribute(
 
     target_values = _target_values(rm, state, targets, positions)
     nodes = _node_table(state, sources, targets, positions, target_values, L)
-    strings = [_tok(tokenizer, int(t)) for t in tokens.tolist()]
     graph = Graph(
         nodes=nodes,
         adjacency=adjacency,
         prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=strings,
+        prompt_tokens=prompt_strings(model, tokens),
         logit_tokens=np.array([t.token for t in targets]),
         logit_probs=weights,
         logit_strings=[t.name for t in targets],
         meta=dict(
-            model_name=str(getattr(model.cfg, "model_name", "")),
-            model_fingerprint=fingerprint(model),
-            transcoder_kind=rm.tc.cfg.kind,
-            transcoder_d_sae=int(rm.tc.cfg.d_sae),
-            transcoder_hooks=f"{rm.tc.cfg.input_hook} -> {rm.tc.cfg.output_hook}",
-            transcoder_model_name=str(rm.tc.cfg.model_name),
-            transcoder_fingerprint=fingerprint(rm.tc),
-            n_layers=int(L),
-            exclude_bos=bool(exclude_bos),
-            embedding=embedding,
+            **graph_provenance(model, rm, state, exclude_bos, embedding),
             backend="linear" if engine is linear_rows else "autograd",
             backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
             max_n_logits=int(max_n_logits),
@@ -346,7 +369,6 @@ def attribute(
             custom_targets=any(
                 t.hook is not None or t.token < 0 or not math.isfinite(t.weight) for t in targets
             ),
-            dtype=str(state.errors.dtype).replace("torch.", ""),
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),
     )

@@ -148,9 +148,10 @@ def attribute_hierarchical(
         Injection,
         _node_table,
         _target_values,
-        _tok,
         build_sources,
-        fingerprint,
+        graph_provenance,
+        prompt_strings,
+        resolve_exclude_bos,
         to_tokens,
     )
     from attrgraph.linear_backward import rows_engine
@@ -161,9 +162,7 @@ def attribute_hierarchical(
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
     tokenizer = getattr(model, "tokenizer", None)
-    if exclude_bos is None:
-        bos = getattr(tokenizer, "bos_token_id", None)
-        exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
     if isinstance(root, Target):
         check_targets([root], model, len(tokens))
     state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
@@ -248,12 +247,11 @@ def attribute_hierarchical(
     index = np.concatenate([columns, np.arange(n_cols, n_cols + n_t)])
     nodes: Nodes = full.select(index)
     node_attr = np.concatenate([attribution[columns], [root_value] * n_t])
-    strings = [_tok(tokenizer, int(t)) for t in tokens.tolist()]
     graph = Graph(
         nodes=nodes,
         adjacency=adjacency,
         prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=strings,
+        prompt_tokens=prompt_strings(model, tokens),
         logit_tokens=np.array([t.token for t in targets][:n_t], np.int64),
         logit_probs=np.ones(n_t),
         logit_strings=[t.name for t in targets][:n_t],
@@ -270,14 +268,7 @@ def attribute_hierarchical(
             detached_attribution=float(detached),
             n_detached=int(n_detached),
             attribution=[float(x) for x in node_attr],
-            model_name=str(getattr(model.cfg, "model_name", "")),
-            model_fingerprint=fingerprint(model),
-            transcoder_kind=rm.tc.cfg.kind,
-            transcoder_fingerprint=fingerprint(rm.tc),
-            n_layers=int(L),
-            exclude_bos=bool(exclude_bos),
-            embedding=embedding,
-            dtype=str(state.errors.dtype).replace("torch.", ""),
+            **graph_provenance(model, rm, state, exclude_bos, embedding),
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),
     )
