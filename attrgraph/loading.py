@@ -21,30 +21,10 @@ import torch
 
 from attrgraph.errors import ChecksumError, CorruptWeightsError, ModelNotFoundError
 from attrgraph.paths import BUNDLED
-from transcoders.formats.native import sha256  # one checksum for models and transcoders
+from transcoders.manifest import verify_manifest  # one check for models and transcoders
 
 # Buffers TransformerLens rebuilds from the config; a state dict need not carry them.
 REBUILT_BUFFERS = (".mask", ".IGNORE", "rotary_sin", "rotary_cos")
-
-
-def verify_manifest(folder: Path) -> dict:
-    """Check every sha256 the folder's manifest lists; return the manifest ({} if none)."""
-    path = folder / "manifest.json"
-    if not path.exists():
-        return {}
-    manifest = json.loads(path.read_text())
-    for rel, digest in manifest.get("files", {}).items():
-        file = folder / rel
-        if not file.exists():
-            raise ModelNotFoundError(
-                f"{file} is listed in {path} but missing; restore it (git checkout -- {file})."
-            )
-        if sha256(file) != digest:
-            raise ChecksumError(
-                f"{file} does not match the sha256 in {path}; restore it (git checkout -- {file}) "
-                "or re-run the command recorded in the manifest."
-            )
-    return manifest
 
 
 def load_model(
@@ -90,7 +70,7 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
             raise ModelNotFoundError(
                 f"{folder} has no {required}; a model folder needs config.json and model.safetensors."
             )
-    verify_manifest(folder)
+    verify_manifest(folder, ModelNotFoundError, ChecksumError)
     kwargs = json.loads((folder / "config.json").read_text())
     kwargs.update(device=str(device), dtype=dtype, init_weights=False)
     cfg = HookedTransformerConfig(**kwargs)

@@ -28,10 +28,10 @@ import torch
 from tqdm.auto import tqdm
 
 from attrgraph import tasks
-from attrgraph.loading import sha256
 from attrgraph.paths import BUNDLED
 from attrgraph.task_eval import evaluate_tasks, shortfalls
 from attrgraph.tokenizer import build_tokenizer
+from transcoders.manifest import sha256
 
 
 @dataclass(frozen=True)

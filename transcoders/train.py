@@ -41,7 +41,7 @@ from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import load_checkpoint, save_checkpoint
 from transcoders.config import TranscoderConfig
 from transcoders.errors import ConfigError, NonFiniteError
-from transcoders.formats.native import save_native, sha256
+from transcoders.formats.native import save_native
 from transcoders.losses import (
     l1_sparsity,
     mse_loss,
@@ -50,6 +50,7 @@ from transcoders.losses import (
     tanh_sparsity,
     topk_aux_loss,
 )
+from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 

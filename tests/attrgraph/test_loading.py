@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from attrgraph import ChecksumError, CorruptWeightsError, ModelNotFoundError, load_model
-from attrgraph.loading import sha256
 from attrgraph.paths import BUNDLED
+from transcoders.manifest import sha256
 
 TINY = dict(
     n_layers=1,

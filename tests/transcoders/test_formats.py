@@ -18,7 +18,7 @@ from transcoders import (
     load_transcoders,
     save_transcoders,
 )
-from transcoders.formats.native import sha256
+from transcoders.manifest import sha256
 
 
 def assert_same_set(a, b, ignore=()):

@@ -10,7 +10,6 @@ manifest.json (optional): sha256 of files under "files", checked on load.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -21,18 +20,11 @@ from safetensors.torch import load_file, save_file
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
+from transcoders.manifest import verify_manifest
 
 FORMAT_NAME = "attrgraph-transcoders"
 FORMAT_VERSION = 1
 WEIGHTS = "weights.safetensors"
-
-
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_native(folder: Path) -> bool:
@@ -58,23 +50,6 @@ def save_native(tc, path: str | os.PathLike) -> Path:
     return folder
 
 
-def verify_manifest(folder: Path) -> dict:
-    """Check every sha256 under "files" of `folder/manifest.json`; return the manifest ({} if none)."""
-    path = folder / "manifest.json"
-    if not path.exists():
-        return {}
-    manifest = json.loads(path.read_text())
-    for rel, digest in manifest.get("files", {}).items():
-        file = folder / rel
-        if not file.exists():
-            raise TranscoderNotFoundError(f"{file} is listed in {path} but missing; restore it from git.")
-        if sha256(file) != digest:
-            raise CorruptTranscoderError(
-                f"{file} does not match the sha256 in {path}; restore it from git or re-run the manifest's command."
-            )
-    return manifest
-
-
 def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
     """Read a directory written by `save_native`."""
     from transcoders import build_transcoders
@@ -92,7 +67,7 @@ def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torc
         raise TranscoderNotFoundError(
             f"{weights} is missing; a transcoder directory needs config.json and {WEIGHTS}."
         )
-    verify_manifest(folder)
+    verify_manifest(folder, TranscoderNotFoundError, CorruptTranscoderError)
     state = read_safetensors(weights)
     tc = build_transcoders(cfg)
     load_state(tc, state, weights)
