@@ -31,6 +31,7 @@ from attrgraph import tasks
 from attrgraph.paths import BUNDLED
 from attrgraph.task_eval import evaluate_tasks, shortfalls
 from attrgraph.tokenizer import build_tokenizer
+from transcoders.config_cli import add_fields
 from transcoders.manifest import sha256
 
 
@@ -206,11 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attrgraph.train_model", description=__doc__.split("\n")[0]
     )
-    for field in dataclasses.fields(ModelTrainConfig):
-        parser.add_argument(
-            f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default
-        )
-    args = parser.parse_args(argv)
+    args = add_fields(parser, ModelTrainConfig).parse_args(argv)
     cfg = ModelTrainConfig(**vars(args))
     command = "python -m attrgraph.train_model " + " ".join(argv if argv is not None else sys.argv[1:])
     manifest = train(cfg, command=command.strip())

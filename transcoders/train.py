@@ -24,10 +24,8 @@ activation_store.py). One run:
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import dataclasses
-import inspect
 import json
 import shlex
 import sys
@@ -40,6 +38,7 @@ import torch
 from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import load_checkpoint, save_checkpoint
 from transcoders.config import TranscoderConfig
+from transcoders.config_cli import add_fields
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.formats.native import save_native
 from transcoders.losses import (
@@ -349,41 +348,16 @@ def write_manifest(folder: Path, cfg: TrainConfig, metrics: dict, info: dict, ar
     return manifest
 
 
-# ---------------------------------------------------------------------- CLI from the dataclass
-def field_docs(cls) -> dict[str, str]:
-    """The docstring under each dataclass field (for --help)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:], strict=False):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs[a.target.id] = str(b.value.value)
-    return docs
-
-
-def add_fields(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """One option per TrainConfig field, its docstring as the help."""
-    docs = field_docs(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        help_ = (docs.get(f.name, "") + f" (default: {f.default})").replace("%", "%%")
-        if f.type in (bool, "bool"):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
-        else:
-            typ = {"int": int, "float": float, "str": str}.get(str(f.type), type(f.default))
-            p.add_argument(flag, type=typ, default=f.default, help=help_)
-    return p
-
-
 def build_parser() -> argparse.ArgumentParser:
     return add_fields(
-        argparse.ArgumentParser(prog="python -m transcoders.train", description=__doc__.split("\n")[0])
+        argparse.ArgumentParser(prog="python -m transcoders.train", description=__doc__.split("\n")[0]),
+        TrainConfig,
     )
 
 
 def add_parser(sub) -> None:
     """`attrgraph train-transcoders ...` (the attrgraph CLI registry's hook)."""
-    add_fields(sub.add_parser("train-transcoders", help=__doc__.split("\n")[0]))
+    add_fields(sub.add_parser("train-transcoders", help=__doc__.split("\n")[0]), TrainConfig)
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
