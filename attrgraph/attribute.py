@@ -39,6 +39,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attrgraph.csr_rows import CsrRowWriter
 from attrgraph.errors import PromptError, TargetError
 from attrgraph.graph import Graph, Nodes
 from attrgraph.replacement import ReplacementModel, ReplacementState
@@ -124,7 +125,7 @@ def backward_rows(
     hooks = tuple(sorted({j.hook for j in injections if j.hook is not None}))
     n_emb, n_exc = n_pos, sources.n_excluded
     err_cols = [n_emb + l * (n_pos - n_exc) for l in range(n_layers)]
-    blocks = []
+    written = CsrRowWriter(len(injections), sources.n_columns, torch.empty(0, dtype=dtype).numpy().dtype)
     bar = tqdm(total=len(injections), desc="attribution", unit="target", disable=not progress)
     with torch.enable_grad(), rm.frozen(state, constant, batch=B, probes=True, capture=hooks) as run:
         logits = rm.model(state.tokens[None].expand(B, n_pos))
@@ -169,14 +170,10 @@ def backward_rows(
                         continue
                     n_out = dec.shape[1]
                     rows[:, c0:c1] = G[:, p, l : l + n_out].reshape(B, -1) @ dec.reshape(len(dec), -1).T
-            blocks.append(sp.csr_array(rows[: len(batch)].cpu().numpy()))
+            written.append(np.arange(start, start + len(batch)), rows[: len(batch)].cpu().numpy())
             bar.update(len(batch))
     bar.close()
-    return (
-        sp.csr_array(sp.vstack(blocks, format="csr"))
-        if blocks
-        else sp.csr_array((0, sources.n_columns), dtype=np.dtype(str(dtype).replace("torch.", "")))
-    )
+    return written.to_csr()
 
 
 def to_tokens(model, prompt: str | list[int] | Tensor | np.ndarray) -> Int[Tensor, " n_pos"]:
@@ -275,7 +272,8 @@ def attribute(
     convention) exactly when it holds the tokenizer's BOS token. `embedding` folds the positional
     embedding into the embedding node ("token+position", default) or leaves it in the bias ("token").
     Influence on the logits (prune.compute_influence) is filled in on the returned graph.
-    `backend` picks the rows engine: "autograd" (`backward_rows`, this module), "linear" (the
+    `batch_size` is the most targets per backward (the linear engine also closes a batch when its
+    working tensors would pass 1 MiB, linear_backward.py step 4). `backend` picks the rows engine: "autograd" (`backward_rows`, this module), "linear" (the
     frozen backward as explicit matrix products, linear_backward.py) or "auto" (linear wherever it
     applies, else autograd; the default); all share `backward_rows`' signature and give equal rows.
     `method="hierarchical"` runs hierarchical attribution (hierarchical.py) from the first target

@@ -52,7 +52,7 @@ def streamed_influence(
     logit_weights: Float[np.ndarray, " n_nodes"],
     blocks: list[tuple[int, int]],
     is_error: np.ndarray | None = None,
-    chunk_edges: int = 4_000_000,
+    chunk_edges: int = 1 << 18,
 ) -> StreamedInfluence:
     """Steps 2-3 (module docstring); raises `GraphError` if an edge stays inside a block or goes up."""
     A = adjacency

@@ -10,8 +10,8 @@
    (graph.NODE_ORDER) and check `max |A_ours - A_ct| <= 1e-4 * max |A_ct|` node for node; also
    check that the columns we have no node for (errors at the excluded BOS) are zero in theirs.
 4. Also time our graph on the bundled model (no circuit-tracer equivalent there).
-5. Speed against the hardware: each of our worker processes first measures the float32 matmul
-   rate (2048^3 products, best of 3, same threads); `attribute` reports the FLOPs of its linear
+5. Speed against the hardware: each of our worker processes, after its attribution, measures the
+   float32 matmul rate (2048^3 products, best of 3, same threads); `attribute` reports the FLOPs of its linear
    backward (linear_backward.py), so the table gives achieved GFLOP/s and its share of that rate.
 6. Print a table and write `benchmarks/results/peer_compare.{md,json}`.
 `--peer-dir LABEL=DIR` reuses a harness output folder (its meta.json holds circuit-tracer's time,
@@ -88,7 +88,6 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     import torch
 
     torch.set_num_threads(threads)
-    peak_gflops = matmul_gflops()
     from attrgraph.attribute import attribute
     from attrgraph.loading import load_model
     from transcoders.formats import load_transcoders
@@ -104,6 +103,7 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     )
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_gflops = matmul_gflops()  # after the peak is read: its 48 MB of matrices are not ours to count
     out = dict(
         backend=g.meta["backend"],
         backward_gflop=g.meta.get("backward_gflop", 0.0),

@@ -81,3 +81,21 @@ def test_attribute_backends_agree_end_to_end():
     scale = np.abs(ref.adjacency).max()
     assert np.abs(fast.adjacency - ref.adjacency).max() <= 1e-5 * scale
     np.testing.assert_allclose(fast.nodes.influence, ref.nodes.influence, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
+    import attrgraph.linear_backward as lb
+
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    whole = linear_rows(rm, state, sources, inj, batch_size=len(inj)).toarray()
+    monkeypatch.setattr(lb, "WORK_BYTES", 1)
+    monkeypatch.setattr(lb, "MIN_ROWS", 2)
+    stats = {}
+    split = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=stats).toarray()
+    np.testing.assert_allclose(split, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
+    assert stats["seconds_backward"] > 0
