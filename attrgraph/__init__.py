@@ -1,6 +1,8 @@
 """attrgraph: exact attribution graphs and component circuits for transformers.
 
-Public API (each name re-exported here; see the modules for the math):
+Public API (each name re-exported here; see the modules for the math). Names are imported on
+first use (`__getattr__`), so that `import attrgraph` does not load h5py, networkx or the
+circuits code for a user who only builds graphs:
   load_model       bundled / local / TransformerLens models   (loading.py)
   attribute        prompt -> attribution Graph                 (attribute.py, replacement.py, targets.py)
   prune_graph, compute_influence                               (prune.py)
@@ -14,112 +16,85 @@ Public API (each name re-exported here; see the modules for the math):
   compute_graph_scores  replacement / completeness scores      (scores.py)
 """
 
-from attrgraph.adaptive import attribute_adaptive
-from attrgraph.attribute import attribute
-from attrgraph.circuits import discover, eap, greedy, hap, peap, prune_edges
-from attrgraph.circuits import evaluate as evaluate_circuit
-from attrgraph.errors import (
-    AttrgraphError,
-    ChecksumError,
-    CorruptWeightsError,
-    GraphError,
-    GraphFileError,
-    ModelNotFoundError,
-    PromptError,
-    SchemaVersionError,
-    TargetError,
-    UnsupportedModelError,
-)
-from attrgraph.export import to_networkx
-from attrgraph.graph import NODE_ORDER, Graph, Nodes
-from attrgraph.hierarchical import attribute_hierarchical, hierarchical_attribution
-from attrgraph.inactive import InactiveAttribution, attribute_inactive
-from attrgraph.intervene import (
-    Add,
-    InterventionError,
-    InterventionOutput,
-    Scale,
-    SetTo,
-    error_node,
-    generate,
-    intervene,
-)
-from attrgraph.loading import load_model
-from attrgraph.prune import compute_influence, find_threshold, normalize_matrix, prune_graph
-from attrgraph.qk import QKAttribution, qk_attribution
-from attrgraph.replacement import ReplacementModel
-from attrgraph.scores import GraphScores, compute_graph_scores
-from attrgraph.store import list_graphs, load_graph, save_graph
-from attrgraph.supernodes import (
-    NodeKey,
-    Supernode,
-    load_supernodes,
-    save_supernodes,
-    suggest_supernodes,
-    supernode,
-    supernode_adjacency,
-)
-from attrgraph.targets import Target, direction, logit_difference
+from __future__ import annotations
+
+import importlib
+
+# `attribute` and `intervene` are also submodule names: bound eagerly, so that importing the
+# submodule later does not shadow the function
+from attrgraph.attribute import attribute as attribute
+from attrgraph.intervene import intervene as intervene
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AttrgraphError",
-    "ChecksumError",
-    "CorruptWeightsError",
-    "ModelNotFoundError",
-    "PromptError",
-    "load_model",
-    "attribute",
-    "attribute_adaptive",
-    "attribute_hierarchical",
-    "hierarchical_attribution",
-    "compute_graph_scores",
-    "GraphScores",
-    "Graph",
-    "Nodes",
-    "NODE_ORDER",
-    "ReplacementModel",
-    "Target",
-    "direction",
-    "logit_difference",
-    "prune_graph",
-    "compute_influence",
-    "find_threshold",
-    "normalize_matrix",
-    "save_graph",
-    "load_graph",
-    "list_graphs",
-    "to_networkx",
-    "GraphError",
-    "GraphFileError",
-    "SchemaVersionError",
-    "TargetError",
-    "UnsupportedModelError",
-    "discover",
-    "eap",
-    "evaluate_circuit",
-    "greedy",
-    "hap",
-    "peap",
-    "prune_edges",
-    "intervene",
-    "generate",
-    "SetTo",
-    "Scale",
-    "Add",
-    "error_node",
-    "InterventionOutput",
-    "InterventionError",
-    "NodeKey",
-    "Supernode",
-    "supernode",
-    "suggest_supernodes",
-    "supernode_adjacency",
-    "save_supernodes",
-    "load_supernodes",
-    "qk_attribution",
-    "QKAttribution",
-    "attribute_inactive",
-    "InactiveAttribution",
-]
+_EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
+    "attrgraph.adaptive": ["attribute_adaptive"],
+    "attrgraph.attribute": ["attribute"],
+    "attrgraph.circuits": [
+        "discover",
+        "eap",
+        "greedy",
+        "hap",
+        "peap",
+        "prune_edges",
+        "evaluate_circuit=evaluate",
+    ],
+    "attrgraph.errors": [
+        "AttrgraphError",
+        "ChecksumError",
+        "CorruptWeightsError",
+        "GraphError",
+        "GraphFileError",
+        "ModelNotFoundError",
+        "PromptError",
+        "SchemaVersionError",
+        "TargetError",
+        "UnsupportedModelError",
+    ],
+    "attrgraph.export": ["to_networkx"],
+    "attrgraph.graph": ["NODE_ORDER", "Graph", "Nodes"],
+    "attrgraph.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
+    "attrgraph.inactive": ["InactiveAttribution", "attribute_inactive"],
+    "attrgraph.intervene": [
+        "Add",
+        "InterventionError",
+        "InterventionOutput",
+        "Scale",
+        "SetTo",
+        "error_node",
+        "generate",
+        "intervene",
+    ],
+    "attrgraph.loading": ["load_model"],
+    "attrgraph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
+    "attrgraph.qk": ["QKAttribution", "qk_attribution"],
+    "attrgraph.replacement": ["ReplacementModel"],
+    "attrgraph.scores": ["GraphScores", "compute_graph_scores"],
+    "attrgraph.store": ["list_graphs", "load_graph", "save_graph"],
+    "attrgraph.supernode_store": ["load_supernodes", "save_supernodes"],
+    "attrgraph.supernodes": [
+        "NodeKey",
+        "Supernode",
+        "suggest_supernodes",
+        "supernode",
+        "supernode_adjacency",
+    ],
+    "attrgraph.targets": ["Target", "direction", "logit_difference"],
+}
+_WHERE = {
+    name.split("=")[0]: (module, name.split("=")[-1]) for module, names in _EXPORTS.items() for name in names
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'attrgraph' has no attribute {name!r}")
+    module, attr = _WHERE[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

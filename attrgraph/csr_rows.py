@@ -2,16 +2,20 @@
 
 The rows engines (attribute.backward_rows, linear_backward.linear_rows) produce one dense block
 of rows per batch of targets. Collecting CSR blocks and stacking them at the end holds every
-block and the stacked copy at once (twice the edges). Instead:
+block and the stacked copy at once (twice the edges); a buffer grown by `realloc` may copy itself
+on growth (the old and the new buffer at once). Instead:
 
-1. Each batch's nonzeros are appended to two buffers (values, column indices) that grow in place
-   (`ndarray.resize`, i.e. realloc: large blocks are remapped, not copied), by a factor 1.25.
-2. Column indices are int32 while the matrix fits (the usual case), else int64.
+1. Each batch's nonzeros are appended to two buffers (values, column indices) held in anonymous
+   memory maps, grown by `mremap` (`mmap.resize`): pages move, nothing is copied, and only the
+   pages written are resident.
+2. Column indices are int32 while they fit (the usual case), else int64.
 3. Rows may arrive in any order (a batch is a list of row numbers); when they arrive in order,
    the buffers are already the CSR arrays, else one permuting copy is made at the end.
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 import scipy.sparse as sp
@@ -20,26 +24,53 @@ from jaxtyping import Float, Int
 _INT32_MAX = 2**31 - 1
 
 
+class _MappedArray:
+    """A 1-d array of `dtype` in an anonymous memory map that grows in place (step 1)."""
+
+    def __init__(self, dtype, capacity: int):
+        self.dtype = np.dtype(dtype)
+        # private: a shared anonymous map keeps its first size as backing, and pages past it fault
+        self.map = mmap.mmap(-1, max(1, capacity) * self.dtype.itemsize, flags=mmap.MAP_PRIVATE)
+
+    def __len__(self) -> int:
+        return len(self.map) // self.dtype.itemsize
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        need = start + len(values)
+        if need > len(self):
+            self.map.resize(max(need, len(self) * 3 // 2) * self.dtype.itemsize)
+        view = np.frombuffer(self.map, self.dtype, count=len(values), offset=start * self.dtype.itemsize)
+        view[:] = values
+        del view  # a map with a live view cannot be resized
+
+    def array(self, n: int) -> np.ndarray:
+        """The first n entries, as an array on the map (the map is released with the array)."""
+        if n == 0:
+            return np.zeros(0, self.dtype)
+        self.map.resize(n * self.dtype.itemsize)
+        return np.frombuffer(self.map, self.dtype, count=n)
+
+    def astype(self, dtype, n: int) -> _MappedArray:
+        out = _MappedArray(dtype, len(self))
+        for i in range(0, n, 1 << 24):
+            view = np.frombuffer(
+                self.map, self.dtype, count=min(n - i, 1 << 24), offset=i * self.dtype.itemsize
+            )
+            out.write(i, view)
+            del view
+        return out
+
+
 class CsrRowWriter:
     """Collects the rows of an `n_rows x n_cols` matrix (module docstring)."""
 
     def __init__(self, n_rows: int, n_cols: int, dtype=np.float32, capacity: int = 1 << 16):
         self.n_rows, self.n_cols = n_rows, n_cols
-        index_dtype = np.int32 if n_cols <= _INT32_MAX else np.int64
-        self.data = np.empty(capacity, dtype)
-        self.indices = np.empty(capacity, index_dtype)
+        self.data = _MappedArray(dtype, capacity)
+        self.indices = _MappedArray(np.int32 if n_cols <= _INT32_MAX else np.int64, capacity)
         self.nnz = 0
         self.row_order: list[np.ndarray] = []
         self.row_counts: list[np.ndarray] = []
-
-    def _reserve(self, extra: int) -> None:
-        need = self.nnz + extra
-        if self.indices.dtype == np.int32 and need > _INT32_MAX:
-            self.indices = self.indices.astype(np.int64)
-        if need > len(self.data):
-            size = max(need, int(len(self.data) * 1.25) + 1)
-            self.data.resize(size, refcheck=False)
-            self.indices.resize(size, refcheck=False)
 
     def append(
         self,
@@ -53,11 +84,11 @@ class CsrRowWriter:
             columns = np.arange(block.shape[1])
         mask = block != 0
         counts = mask.sum(1)
-        k = int(counts.sum())
-        self._reserve(k)
-        end = self.nnz + k
-        self.data[self.nnz : end] = block[mask]
-        self.indices[self.nnz : end] = np.broadcast_to(columns.astype(self.indices.dtype), block.shape)[mask]
+        end = self.nnz + int(counts.sum())
+        if self.indices.dtype == np.int32 and end > _INT32_MAX:
+            self.indices = self.indices.astype(np.int64, self.nnz)
+        self.data.write(self.nnz, block[mask])
+        self.indices.write(self.nnz, np.broadcast_to(columns.astype(self.indices.dtype), block.shape)[mask])
         self.nnz = end
         self.row_order.append(np.asarray(rows, np.int64))
         self.row_counts.append(counts.astype(np.int64))
@@ -72,11 +103,10 @@ class CsrRowWriter:
             raise ValueError(f"rows written more than once or outside 0..{self.n_rows - 1}.")
         per_row = np.zeros(self.n_rows, np.int64)
         per_row[order] = counts
-        indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(self.indices.dtype)
-        data, indices = self.data, self.indices
+        index_dtype = self.indices.dtype
+        indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(index_dtype)
+        data, indices = self.data.array(self.nnz), self.indices.array(self.nnz)
         self.data = self.indices = None
-        data.resize(self.nnz, refcheck=False)
-        indices.resize(self.nnz, refcheck=False)
         if np.any(order[1:] < order[:-1]):  # rows out of order: one permuting copy
             by_row = np.argsort(order)
             src_start = (np.cumsum(counts) - counts)[by_row]

@@ -13,31 +13,21 @@ Features and Supernodes").
                   / sum_{n_t in N_t} frac_external(n_t)`
    Nodes in no supernode are singleton groups (frac_external 1), so edges between plain nodes are
    just `A'`; the diagonal (edges inside a group) is set to 0.
-4. Storage: `/supernodes/<graph name>/` beside `/graphs/<graph name>/` in the graph's HDF5 file
-   (names, member keys as CSR: `indptr`, `kind`, `layer`, `position`, `feature`), written to a
-   temporary file and renamed like store.py; `store.save_graph` copies the file, so they survive.
+Storage in the graph's HDF5 file: supernode_store.py.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
-import h5py
 import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float
 
-from attrgraph.errors import AttrgraphError, GraphFileError
+from attrgraph.errors import AttrgraphError
 from attrgraph.graph import Graph
-from attrgraph.store import edit_h5
-
-SCHEMA_VERSION = 1
-"""Version of the `/supernodes` layout (step 4)."""
-_STR = h5py.string_dtype("utf-8")
 
 
 class SupernodeError(AttrgraphError, ValueError):
@@ -204,62 +194,3 @@ def suggest_supernodes(
             )
     out.sort(key=lambda s: -len(s.members))
     return out
-
-
-# ---------------------------------------------------------------------------------- storage
-def save_supernodes(
-    path: str | os.PathLike, supernodes: Sequence[Supernode], graph_name: str = "graph"
-) -> None:
-    """Store `supernodes` as `/supernodes/<graph_name>` in the graph file `path` (atomic, step 4)."""
-    path = Path(path)
-    if not path.is_file() or not h5py.is_hdf5(path):
-        raise GraphFileError(f"{path} is not an HDF5 graph file; write the graph with save_graph first.")
-    with h5py.File(path, "r") as f:
-        if graph_name not in f.get("graphs", {}):
-            raise GraphFileError(
-                f"{path} has no graph named {graph_name!r}; supernodes are stored beside their graph."
-            )
-    members = [m for sn in supernodes for m in sn.members]
-    if any(m.position is None for m in members):
-        raise SupernodeError(
-            "a stored supernode member has position None; store members of a graph (supernode())."
-        )
-    with edit_h5(path) as f:
-        root = f.require_group("supernodes")
-        if graph_name in root:
-            del root[graph_name]
-        g = root.create_group(graph_name)
-        g.attrs["schema_version"] = SCHEMA_VERSION
-        g.create_dataset("names", data=np.array([s.name for s in supernodes], dtype=object), dtype=_STR)
-        g.create_dataset(
-            "indptr", data=np.cumsum([0] + [len(s.members) for s in supernodes]).astype(np.int64)
-        )
-        g.create_dataset("kind", data=np.array([m.kind for m in members], dtype=object), dtype=_STR)
-        for name in ("layer", "position", "feature"):
-            g.create_dataset(name, data=np.array([getattr(m, name) for m in members], np.int64))
-
-
-def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[Supernode]:
-    """The supernodes stored beside graph `graph_name` in `path` (empty list when none)."""
-    path = Path(path)
-    if not path.is_file() or not h5py.is_hdf5(path):
-        raise GraphFileError(f"{path} is not an HDF5 graph file; pass a file written by save_graph.")
-    with h5py.File(path, "r") as f:
-        if graph_name not in f.get("supernodes", {}):
-            return []
-        g = f["supernodes"][graph_name]
-        version = int(g.attrs.get("schema_version", -1))
-        if version != SCHEMA_VERSION:
-            raise GraphFileError(
-                f"{path}:/supernodes/{graph_name} has schema version {version}; this attrgraph reads {SCHEMA_VERSION}."
-            )
-        names = [v.decode() if isinstance(v, bytes) else str(v) for v in g["names"][()]]
-        indptr = g["indptr"][()]
-        kind = [v.decode() if isinstance(v, bytes) else str(v) for v in g["kind"][()]]
-        layer, position, feature = (g[k][()] for k in ("layer", "position", "feature"))
-        if len(indptr) != len(names) + 1 or indptr[-1] != len(kind):
-            raise GraphFileError(
-                f"{path}:/supernodes/{graph_name} has {len(names)} names but {len(indptr)} pointers; the file is corrupt."
-            )
-    keys = [NodeKey(k, int(l), int(p), int(ft)) for k, l, p, ft in zip(kind, layer, position, feature)]
-    return [Supernode(n, tuple(keys[indptr[i] : indptr[i + 1]])) for i, n in enumerate(names)]

@@ -50,3 +50,10 @@ def test_a_row_written_twice_is_an_error():
     out.append(np.array([1]), np.ones((1, 2), np.float32))
     with pytest.raises(ValueError, match="more than once"):
         out.to_csr()
+
+
+def test_buffers_grow_past_many_pages():
+    rng = np.random.default_rng(1)
+    dense = rng.standard_normal((300, 500)).astype(np.float32)  # 150k nonzeros from a 4-entry start
+    got = write(dense, np.arange(300), 64, capacity=4)
+    np.testing.assert_array_equal(got.toarray(), dense)

@@ -6,13 +6,12 @@ from ag_helpers import graph_from_dense, tiny_model, tiny_transcoders
 
 from attrgraph.errors import GraphFileError
 from attrgraph.store import save_graph
+from attrgraph.supernode_store import load_supernodes, save_supernodes
 from attrgraph.supernodes import (
     NodeKey,
     Supernode,
     SupernodeError,
-    load_supernodes,
     node_indices,
-    save_supernodes,
     suggest_supernodes,
     supernode,
     supernode_adjacency,
