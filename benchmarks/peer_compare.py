@@ -17,7 +17,10 @@
 `--peer-dir LABEL=DIR` reuses a harness output folder (its meta.json holds circuit-tracer's time,
 peak RSS and thread count) instead of running circuit-tracer again for that timing case.
 
-Usage: python benchmarks/peer_compare.py [--quick] [--no-large] [--threads N]
+Timing cases run `--repeats` times on each side (fresh processes); the table gives the median time
+and the median peak RSS (circuit-tracer's peak varies by ~10% from run to run), the JSON every sample.
+
+Usage: python benchmarks/peer_compare.py [--quick] [--no-large] [--threads N] [--repeats N]
 (correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
 PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features with ~32 tokens at the largest).
 """
@@ -259,6 +262,17 @@ def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The first run's record with time and peak RSS replaced by their medians over `runs` (each
+    run is a fresh process; both figures vary by a few percent from run to run); all samples kept."""
+    out = dict(runs[0])
+    if len(runs) > 1:
+        for key in ("seconds", "peak_rss_mb"):
+            out[key] = float(np.median([r[key] for r in runs]))
+            out[f"{key}_runs"] = [r[key] for r in runs]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="correctness cases only")
@@ -266,6 +280,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-correctness", action="store_true", help="timing cases only")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
     ap.add_argument("--batch-size", type=int, default=512, help="targets per backward, both sides")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs per timing case and side (median time and peak RSS)"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peer_compare"))
     ap.add_argument(
         "--merge", help="JSON results of an earlier run whose rows (other cases) are kept in the table"
@@ -303,12 +320,15 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c[0] in args.only.split(",")]
     for label, harness_args, kind in cases:
         out = os.path.join(work, label.replace("/", "_"))
+        n = args.repeats if kind == "timing" else 1
         if label in reuse:
             out, ct = reuse[label], peer_from_dir(reuse[label])
         else:
-            ct = run_peer(harness_args, out, args.threads, args.batch_size)
+            ct = median_run([run_peer(harness_args, out, args.threads, args.batch_size) for _ in range(n)])
             ct["threads"] = args.threads
-        us = run_ours("peer", out, ct["threads"], args.batch_size, args.backend)
+        us = median_run(
+            [run_ours("peer", out, ct["threads"], args.batch_size, args.backend) for _ in range(n)]
+        )
         row = dict(case=label, kind=kind, ct=ct, ours=us)
         rows.append(row)
         print(
@@ -341,7 +361,8 @@ def write_results(rows, bundled, args) -> None:
     lines = [
         "# attrgraph vs circuit-tracer (same weights, same prompt, same process conditions)",
         "",
-        f"torch threads {args.threads}, batch size {args.batch_size}, load average at the end "
+        f"torch threads {args.threads}, batch size {args.batch_size}, timing cases: median of "
+        f"{args.repeats} fresh processes per side, load average at the end "
         f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|.",
         "",
         "| case | kind | threads | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | speed-up "
