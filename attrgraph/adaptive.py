@@ -31,7 +31,7 @@ import scipy.sparse as sp
 import torch
 
 from attrgraph.graph import Graph
-from attrgraph.streamed_influence import layer_blocks, streamed_influence
+from attrgraph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
 
 def attribute_adaptive(
@@ -89,42 +89,38 @@ def attribute_adaptive(
     w = np.zeros(N)
     w[n_cols:] = [t.weight for t in targets]
 
-    def rows_for(inj):
-        return sp.csr_array(engine(rm, state, sources, inj, batch_size=batch_size), dtype=np.float32)
+    def rows_for(inj) -> sp.csr_array:
+        """Rows of `inj` over all N nodes (the arrays of the engine's [n, n_cols] result, not a copy)."""
+        r = engine(rm, state, sources, inj, batch_size=batch_size)
+        return sp.csr_array((r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(len(inj), N))
 
-    # step 1-3: rows of explored targets only
-    blocks, explored = [rows_for(logit_inj)], np.zeros(0, np.int64)
+    # step 1-3: rows of explored targets only, kept per exploration step as (nodes ascending, rows)
+    row_sets = [(n_cols + np.arange(n_t), rows_for(logit_inj))]
+    explored = np.zeros(0, np.int64)
     budget = min(max_feature_nodes, n_feat)
     bounds = np.searchsorted(feats[:, 0], np.arange(L + 1)) + n_src if n_feat else np.full(L + 1, n_src)
     layer_ranges = (
         [(0, n_src)] + [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a] + [(n_cols, N)]
     )
     while len(explored) < budget:
-        R = _square(blocks, explored, n_src, n_cols, n_t)
-        influence = streamed_influence(R, w, layer_ranges).influence[n_src:n_cols]
+        influence = streamed_influence_rows(row_sets, w, layer_ranges).influence[n_src:n_cols]
         influence[explored] = -np.inf
         order = np.argsort(-influence, kind="stable")[: min(k, budget - len(explored))]
-        order = order[influence[order] > 0]
+        order = np.sort(order[influence[order] > 0])
         if not len(order):
             break
         inj = [
             Injection(rm.tc.encoder_vectors(int(l), torch.tensor([int(f)]))[0].detach(), int(p), layer=int(l))
             for l, p, f in feats[order].tolist()
         ]
-        blocks.insert(len(blocks) - 1, rows_for(inj))  # feature rows before the logit rows
+        row_sets.append((n_src + order, rows_for(inj)))
         explored = np.concatenate([explored, order])
         if trace is not None:
             trace.append(dict(n_explored=int(len(explored)), seconds=round(time.perf_counter() - t0, 3)))
 
-    # step 4: fold unexplored features into the error node of their (layer, position)
-    order = np.argsort(explored, kind="stable")
-    explored_sorted = explored[order]
-    feat_rows = (
-        sp.vstack(blocks[:-1], format="csr")[order]
-        if len(explored)
-        else sp.csr_array((0, n_cols), dtype=np.float32)
-    )
-    rows = sp.vstack([feat_rows, blocks[-1]], format="csr")
+    # step 4: fold unexplored features into the error node of their (layer, position), one row set
+    # at a time (the folded rows are much smaller than the raw ones, which are dropped as they go)
+    explored_sorted = np.sort(explored)
     unexplored = np.setdiff1d(np.arange(n_feat), explored_sorted)
     fold = np.arange(n_cols)
     n_exc = sources.n_excluded
@@ -135,7 +131,14 @@ def attribute_adaptive(
     M = sp.csr_array(
         (np.ones(n_cols, np.float32), (np.arange(n_cols), new_index[fold])), shape=(n_cols, len(keep_cols))
     )
-    body = sp.csr_array(rows @ M)
+    folded = []  # (nodes, rows over the kept columns)
+    while row_sets:
+        nodes, raw = row_sets.pop()
+        raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(nodes), n_cols))
+        folded.append((nodes, sp.csr_array(raw @ M)))
+        del raw
+    nodes = np.concatenate([n for n, _ in folded])
+    body = sp.csr_array(sp.vstack([r for _, r in folded], format="csr")[np.argsort(nodes, kind="stable")])
     n_keep = len(keep_cols) + n_t
     adjacency = sp.vstack([sp.csr_array((n_src, len(keep_cols)), dtype=np.float32), body], format="csr")
     adjacency = sp.csr_array(
@@ -169,16 +172,3 @@ def attribute_adaptive(
         graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
     ).influence.astype(np.float32)
     return graph
-
-
-def _square(blocks: list, explored: np.ndarray, n_src: int, n_cols: int, n_t: int) -> sp.csr_array:
-    """Step 2: the [N, N] adjacency with rows for the explored features and the logits only."""
-    N = n_cols + n_t
-    stacked = sp.csr_array(sp.vstack(blocks, format="csr"))
-    node_of_row = np.concatenate([n_src + explored, n_cols + np.arange(n_t)])
-    place = sp.csr_array(
-        (np.ones(len(node_of_row), np.float32), (node_of_row, np.arange(len(node_of_row)))),
-        shape=(N, len(node_of_row)),
-    )
-    R = sp.csr_array(place @ stacked)
-    return sp.csr_array((R.data, R.indices, R.indptr), shape=(N, N))

@@ -12,6 +12,9 @@ and those copies would triple the peak memory of `attribute`.
    `t -> s` of block B adds `|A[t, s]| / rowsum_t * z_t` to `acc_s` (one `bincount` per chunk of
    rows; the normalization `1 / rowsum_t` is applied on the fly). Influence is `z - w`.
 3. In the same pass, each row's share of |input| that comes from error nodes (scores.py step 3).
+4. The rows may also come as several CSR matrices whose rows belong to given nodes
+   (`streamed_influence_rows`; adaptive.py keeps the rows of the explored nodes that way); nodes
+   without a row have no inputs. Within a block the order of rows does not matter.
 Peak extra memory: a few arrays of the size of one chunk of edges (`chunk_edges`).
 """
 
@@ -21,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from attrgraph.errors import GraphError
 from attrgraph.graph import Nodes
@@ -55,38 +58,69 @@ def streamed_influence(
     chunk_edges: int = 1 << 18,
 ) -> StreamedInfluence:
     """Steps 2-3 (module docstring); raises `GraphError` if an edge stays inside a block or goes up."""
-    A = adjacency
-    N = A.shape[0]
+    N = adjacency.shape[0]
+    if adjacency.shape != (N, N):
+        raise GraphError(f"matrix {adjacency.shape} is not square; pass one row and one column per node.")
+    return streamed_influence_rows([(np.arange(N), adjacency)], logit_weights, blocks, is_error, chunk_edges)
+
+
+def streamed_influence_rows(
+    row_sets: list[tuple[Int[np.ndarray, " n_rows"], sp.csr_array]],
+    logit_weights: Float[np.ndarray, " n_nodes"],
+    blocks: list[tuple[int, int]],
+    is_error: np.ndarray | None = None,
+    chunk_edges: int = 1 << 18,
+) -> StreamedInfluence:
+    """`streamed_influence` of the graph whose row for node `nodes[i]` is row i of `rows`, for each
+    `(nodes, rows)` in `row_sets` (nodes ascending within a set, each node in at most one set;
+    columns are node indices); other nodes have no inputs (step 4)."""
     w = np.asarray(logit_weights, np.float64)
-    if A.shape != (N, N) or w.shape != (N,):
-        raise GraphError(
-            f"matrix {A.shape} and weights {w.shape} do not match; pass a square matrix and one weight per node."
-        )
+    N = len(w)
+    for nodes, rows in row_sets:
+        if rows.shape != (len(nodes), N) or np.any(np.diff(nodes) <= 0):
+            raise GraphError(
+                f"a row set has {len(nodes)} nodes for a {rows.shape} matrix over {N} weights; give one "
+                "ascending node per row and one column per node."
+            )
     is_error = np.zeros(N, bool) if is_error is None else np.asarray(is_error, bool)
-    indptr, indices, data = A.indptr, A.indices, A.data
     acc = np.zeros(N)
     z = w.copy()
     error_share = np.zeros(N)
     for b0, b1 in reversed(blocks):
         z[b0:b1] = w[b0:b1] + acc[b0:b1]
-        r0 = b0
-        while r0 < b1:  # chunks of rows with about chunk_edges edges
-            r1 = int(np.searchsorted(indptr, indptr[r0] + chunk_edges, side="right")) - 1
-            r1 = min(max(r1, r0 + 1), b1)
-            p0, p1 = int(indptr[r0]), int(indptr[r1])
-            if p1 > p0:
-                cols = indices[p0:p1]
-                if cols.max() >= b0:
-                    raise GraphError(
-                        "an edge comes from its own block or a later node; order nodes as graph.NODE_ORDER documents."
+        for nodes, rows in row_sets:
+            r0, r_end = np.searchsorted(nodes, [b0, b1])
+            indptr, indices, data = rows.indptr, rows.indices, rows.data
+            while r0 < r_end:  # chunks of rows with about chunk_edges edges
+                r1 = int(np.searchsorted(indptr, indptr[r0] + chunk_edges, side="right")) - 1
+                r1 = min(max(r1, r0 + 1), r_end)
+                p0, p1 = int(indptr[r0]), int(indptr[r1])
+                if p1 > p0:
+                    _accumulate(
+                        nodes[r0:r1],
+                        indptr[r0 : r1 + 1] - p0,
+                        indices[p0:p1],
+                        data[p0:p1],
+                        b0,
+                        z,
+                        acc,
+                        error_share,
+                        is_error,
                     )
-                a = np.abs(data[p0:p1], dtype=np.float64)
-                local = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0 : r1 + 1]))
-                rowsum = np.bincount(local, weights=a, minlength=r1 - r0)
-                inv = np.divide(1.0, rowsum, out=np.zeros_like(rowsum), where=rowsum > 0)
-                error_share[r0:r1] = np.bincount(local, weights=a * is_error[cols], minlength=r1 - r0) * inv
-                a *= (z[r0:r1] * inv)[local]
-                acc += np.bincount(cols, weights=a, minlength=N)
-                del a, local
-            r0 = r1
+                r0 = r1
     return StreamedInfluence(influence=z - w, error_share=error_share)
+
+
+def _accumulate(targets, indptr, cols, values, b0, z, acc, error_share, is_error) -> None:
+    """Step 2-3 for one chunk of rows (nodes `targets`, all in the block starting at b0)."""
+    if cols.max() >= b0:
+        raise GraphError(
+            "an edge comes from its own block or a later node; order nodes as graph.NODE_ORDER documents."
+        )
+    a = np.abs(values, dtype=np.float64)
+    local = np.repeat(np.arange(len(targets)), np.diff(indptr))
+    rowsum = np.bincount(local, weights=a, minlength=len(targets))
+    inv = np.divide(1.0, rowsum, out=np.zeros_like(rowsum), where=rowsum > 0)
+    error_share[targets] = np.bincount(local, weights=a * is_error[cols], minlength=len(targets)) * inv
+    a *= (z[targets] * inv)[local]
+    acc += np.bincount(cols, weights=a, minlength=len(acc))
