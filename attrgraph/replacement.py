@@ -129,6 +129,11 @@ class ReplacementModel:
                 "attribution needs transcoders that replace the MLP (kind 'plt' or 'clt'), got an SAE; "
                 "load a transcoder set instead."
             )
+        if transcoders.cfg.activation == "batchtopk" and transcoders.training:
+            raise TranscoderMismatchError(
+                "the BatchTopK set is in training mode, where a feature depends on the other tokens of "
+                "the batch; call .eval() on it (load_transcoders returns it so) to use its per-token threshold."
+            )
         if transcoders.cfg.output_hook != sites.MLP_OUTPUT:
             raise TranscoderMismatchError(
                 f"the transcoders write {transcoders.cfg.output_hook!r}; the replacement model needs them "

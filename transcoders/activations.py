@@ -1,4 +1,4 @@
-"""Feature nonlinearities: ReLU, JumpReLU with a straight-through estimator, TopK.
+"""Feature nonlinearities: ReLU, JumpReLU with a straight-through estimator, TopK, BatchTopK.
 
 JumpReLU (seed: circuit-tracing appendix, "ML details"; Rajamanoharan et al. 2024):
 
@@ -12,6 +12,14 @@ JumpReLU (seed: circuit-tracing appendix, "ML details"; Rajamanoharan et al. 202
 
 TopK keeps, for each token and layer, the k largest pre-activations (after ReLU) and
 zeroes the rest; its gradient is the ordinary one through the kept entries.
+
+BatchTopK (Bussmann et al. 2024, "BatchTopK Sparse Autoencoders"):
+4. Training: per layer, keep the `k * n_tokens` largest ReLU'd pre-activations of the whole batch
+   (tokens share the budget, so L0 varies per token and averages k); gradient as for TopK.
+5. Inference: a per-token rule is needed (a feature must not depend on the other tokens of the
+   batch), so the set keeps a threshold per layer, the running mean of the smallest activation
+   kept in training batches (base.py), and applies `h * (h > threshold)`: a JumpReLU with one
+   threshold per layer, which is also how it is saved for other libraries.
 """
 
 from __future__ import annotations
@@ -81,6 +89,22 @@ def topk(h: Float[Tensor, "... n_layers d_sae"], k: int) -> Float[Tensor, "... n
     return torch.zeros_like(h).scatter(-1, idx, values.relu())
 
 
+def batch_topk(
+    h: Float[Tensor, "... n_layers d_sae"], k: int
+) -> tuple[Float[Tensor, "... n_layers d_sae"], Float[Tensor, " n_layers"]]:
+    """Step 4: per layer, the `k * n_tokens` largest ReLU'd entries over all leading dims (the
+    batch); zeros elsewhere. Also returns, per layer, the smallest positive value kept (0 if none)."""
+    L, S = h.shape[-2:]
+    flat = h.relu().reshape(-1, L, S).transpose(0, 1).reshape(L, -1)  # [L, n_tokens * S]
+    n_tokens = flat.shape[1] // S
+    values, idx = flat.topk(min(k * n_tokens, flat.shape[1]), dim=-1)
+    out = torch.zeros_like(flat).scatter(-1, idx, values)
+    with torch.no_grad():
+        smallest = values.masked_fill(values <= 0, float("inf")).min(-1).values
+        smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+    return out.reshape(L, n_tokens, S).transpose(0, 1).reshape(h.shape), smallest
+
+
 def apply_activation(
     h: Float[Tensor, "... n_layers d_sae"],
     activation: str,
@@ -96,4 +120,7 @@ def apply_activation(
         return jumprelu(h, threshold, bandwidth)
     if activation == "topk":
         return topk(h, k)
+    if activation == "batchtopk":  # inference form (step 5); training goes through `batch_topk`
+        assert threshold is not None, "batchtopk needs its threshold"
+        return h * (h > threshold).to(h.dtype)
     raise ValueError(f"unknown activation {activation!r}")

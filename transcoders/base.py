@@ -3,7 +3,7 @@
 For a set covering `n_layers` layers, on the read-site activations `x[l]`:
 
 1. `h[l] = x[l] @ W_enc[l] + b_enc[l]`                          (encode: pre-activations)
-2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK) (activations.py)
+2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK) (activations.py)
 3. `y[l] = decode(a)[l] + x[l] @ W_skip[l]`                     (decode: per class; skip optional)
 
 `decode` differs by class: an SAE / per-layer transcoder writes layer l from layer l's
@@ -12,6 +12,10 @@ features only; a cross-layer transcoder writes layer l from every source layer <
 
 Initialization follows the appendix ("ML details"): encoder ~ U(+-1/sqrt(n_features)),
 decoder ~ U(+-1/sqrt(n_out_layers * d_model)), biases zero, JumpReLU thresholds 0.03.
+
+BatchTopK trains with the batch rule in training mode (`.train()`) and updates its inference
+threshold, a buffer, as a running mean (momentum `BATCHTOPK_MOMENTUM`) of the smallest kept
+activation; in eval mode (what `load_transcoders` returns) it applies the threshold per token.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from transcoders.activations import apply_activation
+from transcoders.activations import apply_activation, batch_topk
 from transcoders.config import TranscoderConfig
 
 THRESHOLD_INIT = 0.03
+BATCHTOPK_MOMENTUM = 0.01
 
 
 class TranscoderOutput(NamedTuple):
@@ -56,6 +61,8 @@ class SparseCoder(nn.Module):
         self.b_dec = nn.Parameter(torch.zeros(L, D))
         if cfg.activation == "jumprelu":
             self.threshold = nn.Parameter(torch.full((L, S), THRESHOLD_INIT))
+        elif cfg.activation == "batchtopk":  # estimated, not trained: a buffer, one value per layer
+            self.register_buffer("threshold", torch.zeros(L, S))
         else:
             self.threshold = None
         self.W_skip = nn.Parameter(torch.zeros(L, D, D)) if cfg.skip else None
@@ -98,7 +105,7 @@ class SparseCoder(nn.Module):
         self.b_enc.zero_()
         self.b_dec.zero_()
         if self.threshold is not None:
-            self.threshold.fill_(THRESHOLD_INIT)
+            self.threshold.fill_(THRESHOLD_INIT if self.cfg.activation == "jumprelu" else 0.0)
         if self.W_skip is not None:
             self.W_skip.zero_()
         return self
@@ -111,7 +118,15 @@ class SparseCoder(nn.Module):
     def activation(
         self, pre_acts: Float[Tensor, "... n_layers d_sae"]
     ) -> Float[Tensor, "... n_layers d_sae"]:
-        """The feature nonlinearity of `cfg.activation`."""
+        """The feature nonlinearity of `cfg.activation` (BatchTopK in training mode: the batch rule,
+        and the running threshold is updated)."""
+        if self.cfg.activation == "batchtopk" and self.training:
+            acts, smallest = batch_topk(pre_acts, self.cfg.k)
+            with torch.no_grad():
+                first = bool((self.threshold == 0).all())
+                m = 1.0 if first else BATCHTOPK_MOMENTUM
+                self.threshold.mul_(1 - m).add_(m * smallest.to(self.threshold)[:, None])
+            return acts
         return apply_activation(pre_acts, self.cfg.activation, self.threshold, self.cfg.k, self.cfg.bandwidth)
 
     def decode(self, acts: Float[Tensor, "... n_layers d_sae"]) -> Float[Tensor, "... n_layers d_model"]:

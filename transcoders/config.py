@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from transcoders.errors import ConfigError
 
 KINDS = ("sae", "plt", "clt")
-ACTIVATIONS = ("relu", "jumprelu", "topk")
+ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class TranscoderConfig:
     d_sae: int
     """Features per layer."""
     activation: str = "jumprelu"
-    """"relu", "jumprelu" (per-feature threshold) or "topk" (k largest per layer and token)."""
+    """"relu", "jumprelu" (per-feature threshold), "topk" (k largest per layer and token) or
+    "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference)."""
     input_hook: str = "blocks.{layer}.ln2.hook_normalized"
     """Read site, a TransformerLens hook name template; the default means the MLP's input."""
     output_hook: str = "blocks.{layer}.hook_mlp_out"
@@ -34,7 +35,7 @@ class TranscoderConfig:
     skip: bool = False
     """Whether a linear skip `W_skip` [n_layers, d_model, d_model] adds `x @ W_skip[l]` to the output."""
     k: int = 32
-    """Features kept per layer and token by "topk"; ignored otherwise."""
+    """Features kept per layer and token by "topk" (on average, "batchtopk"); ignored otherwise."""
     bandwidth: float = 1.0
     """Width of the rectangle kernel of JumpReLU's straight-through estimator (the appendix uses 1.0)."""
     output_before_post_norm: bool = False
@@ -52,7 +53,7 @@ class TranscoderConfig:
         for name in ("n_layers", "d_model", "d_sae"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; it must be a positive integer.")
-        if self.activation == "topk" and not 0 < self.k <= self.d_sae:
+        if self.activation in ("topk", "batchtopk") and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
         if self.bandwidth <= 0:
             raise ConfigError(f"bandwidth is {self.bandwidth}; it must be positive.")

@@ -66,7 +66,7 @@ class TrainConfig:
     kind: str = "plt"
     """"plt" (per-layer transcoders), "clt" (cross-layer transcoder) or "sae" (on --hook)."""
     activation: str = "jumprelu"
-    """"jumprelu" (tanh penalty), "relu" (L1 penalty) or "topk" (auxiliary loss)."""
+    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk" or "batchtopk" (auxiliary loss)."""
     d_sae: int = 1024
     """Features per layer."""
     model: str = "default"
@@ -86,7 +86,7 @@ class TrainConfig:
     preact_coef: float = 0.0
     """Coefficient of the pre-activation loss sum ReLU(-h) (the appendix used 3e-6)."""
     k: int = 32
-    """Features kept per layer and token for --activation topk."""
+    """Features kept per layer and token for --activation topk (on average: batchtopk)."""
     skip: bool = False
     """Learn a linear skip W_skip (PLT / CLT)."""
     hook: str = ""
@@ -245,7 +245,8 @@ def train(cfg: TrainConfig, model=None, sequences=None, progress: bool = True, s
         step, last_fired = 0, torch.zeros(tcfg.n_layers, tcfg.d_sae)
     s_in, s_out = scales["in"][:, None], scales["out"][:, None]
     # TopK: a feature silent for ~100k tokens counts as dead for the auxiliary loss
-    dead_after = max(1, 100_000 // cfg.batch_size) if tcfg.activation == "topk" else None
+    dead_after = max(1, 100_000 // cfg.batch_size) if tcfg.activation in ("topk", "batchtopk") else None
+    tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
     bar = _progress(total, step, progress)
     log = {}
     for x, y in store.batches(step):
@@ -301,6 +302,7 @@ def train(cfg: TrainConfig, model=None, sequences=None, progress: bool = True, s
             save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
     bar.close()
     save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+    tc.eval()
     if step < total:
         return tc, {"stopped_at": step}
     final = copy.deepcopy(tc)

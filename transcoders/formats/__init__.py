@@ -62,8 +62,13 @@ def load_transcoders(
 ):
     """Return a transcoder set (`SAE`, `PerLayerTranscoder` or `CrossLayerTranscoder`); see the module docstring.
 
-    Extra keyword arguments go to the format's reader (e.g. `input_hook=` for GemmaScope).
+    Extra keyword arguments go to the format's reader (e.g. `input_hook=` for GemmaScope). The set is
+    in eval mode (BatchTopK applies its per-token threshold; `.train()` switches to the batch rule).
     """
+    return _load(name_or_path, format, device, dtype, **kwargs).eval()
+
+
+def _load(name_or_path, format, device, dtype, **kwargs):
     from transcoders.formats import sae_lens as sl
 
     if format is not None and format not in READ_FORMATS:
