@@ -24,21 +24,37 @@ from jaxtyping import Float, Int
 _INT32_MAX = 2**31 - 1
 
 
+def _anonymous_map(n_bytes: int) -> mmap.mmap:
+    # private: a shared anonymous map keeps its first size as backing, and pages past it fault
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, max(1, n_bytes)) if flags is None else mmap.mmap(-1, max(1, n_bytes), flags=flags)
+
+
 class _MappedArray:
-    """A 1-d array of `dtype` in an anonymous memory map that grows in place (step 1)."""
+    """A 1-d array of `dtype` in an anonymous memory map that grows in place (step 1). Where the
+    platform cannot remap (no mremap: macOS, Windows), growing copies into a larger map."""
 
     def __init__(self, dtype, capacity: int):
         self.dtype = np.dtype(dtype)
-        # private: a shared anonymous map keeps its first size as backing, and pages past it fault
-        self.map = mmap.mmap(-1, max(1, capacity) * self.dtype.itemsize, flags=mmap.MAP_PRIVATE)
+        self.map = _anonymous_map(capacity * self.dtype.itemsize)
 
     def __len__(self) -> int:
         return len(self.map) // self.dtype.itemsize
 
+    def _resize(self, n: int) -> None:
+        try:
+            self.map.resize(max(1, n) * self.dtype.itemsize)
+        except (SystemError, OSError, ValueError):  # no mremap here
+            bigger = _anonymous_map(n * self.dtype.itemsize)
+            keep = min(len(self.map), len(bigger))
+            bigger[:keep] = self.map[:keep]
+            self.map.close()
+            self.map = bigger
+
     def write(self, start: int, values: np.ndarray) -> None:
         need = start + len(values)
         if need > len(self):
-            self.map.resize(max(need, len(self) * 3 // 2) * self.dtype.itemsize)
+            self._resize(max(need, len(self) * 3 // 2))
         view = np.frombuffer(self.map, self.dtype, count=len(values), offset=start * self.dtype.itemsize)
         view[:] = values
         del view  # a map with a live view cannot be resized
@@ -47,7 +63,10 @@ class _MappedArray:
         """The first n entries, as an array on the map (the map is released with the array)."""
         if n == 0:
             return np.zeros(0, self.dtype)
-        self.map.resize(n * self.dtype.itemsize)
+        try:
+            self.map.resize(n * self.dtype.itemsize)  # give back the unused tail
+        except (SystemError, OSError, ValueError):
+            pass  # never written, so never resident
         return np.frombuffer(self.map, self.dtype, count=n)
 
     def astype(self, dtype, n: int) -> _MappedArray:

@@ -57,3 +57,23 @@ def test_buffers_grow_past_many_pages():
     dense = rng.standard_normal((300, 500)).astype(np.float32)  # 150k nonzeros from a 4-entry start
     got = write(dense, np.arange(300), 64, capacity=4)
     np.testing.assert_array_equal(got.toarray(), dense)
+
+
+def test_growth_without_mremap_copies_into_a_larger_map(monkeypatch):
+    """Platforms without mremap (macOS, Windows) fall back to copying; the result is the same."""
+    import mmap
+
+    import attrgraph.csr_rows as cr
+
+    class NoRemap(mmap.mmap):
+        def resize(self, n):
+            raise SystemError("mmap: resizing not available--no mremap()")
+
+    def no_remap_map(n_bytes):
+        return NoRemap(-1, max(1, n_bytes))
+
+    monkeypatch.setattr(cr, "_anonymous_map", no_remap_map)
+    rng = np.random.default_rng(2)
+    dense = rng.standard_normal((100, 300)).astype(np.float32)
+    dense[rng.random(dense.shape) < 0.5] = 0
+    np.testing.assert_array_equal(write(dense, np.arange(100), 16, capacity=4).toarray(), dense)
