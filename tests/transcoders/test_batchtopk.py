@@ -58,7 +58,7 @@ def test_k_is_checked():
         TranscoderConfig(kind="plt", n_layers=2, d_model=32, d_sae=48, activation="batchtopk", k=0)
 
 
-@pytest.mark.parametrize("fmt", ["native", "circuit-tracer", "gemmascope"])
+@pytest.mark.parametrize("fmt", ["native", "circuit-tracer", "sae-lens", "gemmascope"])
 def test_stored_sets_load_in_eval_mode_with_the_same_features(tmp_path, fmt):
     tc = random_set("plt", "batchtopk", n_layers=2, seed=4)
     tc.train()

@@ -248,3 +248,10 @@ def test_gemmascope_truncated(tmp_path):
     (d / "params.npz").write_bytes((d / "params.npz").read_bytes()[:100])
     with pytest.raises(CorruptTranscoderError):
         load_transcoders(tmp_path)
+
+
+@pytest.mark.parametrize("kind, activation", [("plt", "relu"), ("plt", "topk"), ("clt", "jumprelu")])
+def test_gemmascope_holds_only_per_layer_jumprelu_sets(tmp_path, kind, activation):
+    with pytest.raises(UnknownFormatError, match="native"):
+        save_transcoders(random_set(kind, activation), tmp_path / "gs", format="gemmascope")
+    assert not (tmp_path / "gs" / "layer_0").exists()

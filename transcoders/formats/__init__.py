@@ -9,7 +9,7 @@
 6. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files.
 `format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "gemmascope").
 
-`save_transcoders(tc, path, format="native" | "circuit-tracer" | "gemmascope")`.
+`save_transcoders(tc, path, format="native" | "circuit-tracer" | "sae-lens" | "gemmascope")`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from transcoders.formats.native import is_native, load_native, save_native
 from transcoders.paths import BUNDLED
 
 READ_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
-WRITE_FORMATS = ("native", "circuit-tracer", "gemmascope")
+WRITE_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
 
 
 def _is_sae_lens_object(obj) -> bool:
@@ -99,11 +99,15 @@ def _load(name_or_path, format, device, dtype, **kwargs):
 
 
 def save_transcoders(tc, path: str | os.PathLike, format: str = "native") -> Path:
-    """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer" or "gemmascope")."""
+    """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens" or "gemmascope")."""
+    from transcoders.formats.sae_lens import save_sae_lens
+
     if format == "native":
         return save_native(tc, path)
     if format == "circuit-tracer":
         return save_circuit_tracer(tc, path)
+    if format == "sae-lens":
+        return save_sae_lens(tc, path)
     if format == "gemmascope":
         save_gemmascope(tc, path)
         return Path(path)

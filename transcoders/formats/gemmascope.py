@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from transcoders.config import TranscoderConfig
-from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")
@@ -111,6 +111,11 @@ def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:
 
 def save_gemmascope(tc, folder: str | os.PathLike) -> list[Path]:
     """Write `layer_{i}/params.npz` per layer (for tests and for interchange); returns the files."""
+    if tc.threshold is None or tc.cfg.kind == "clt":
+        raise UnknownFormatError(
+            f"GemmaScope files hold per-layer JumpReLU sets, not a {tc.cfg.kind} with {tc.cfg.activation}; "
+            "save it in the native format."
+        )
     out = []
     for l in range(tc.n_layers):
         path = Path(folder) / f"layer_{l}" / "params.npz"

@@ -1,20 +1,34 @@
-"""sae_lens SAEs and transcoders (objects, or the directories `save_model` writes), read into a set.
+"""sae_lens SAEs and transcoders: objects or `save_model` directories read into a set, and a set
+written as one `save_model` directory per layer.
 
 sae_lens holds one layer per object: `W_enc` [d_in, d_sae] and `W_dec` [d_sae, d_out] are
 already TransformerLens-oriented; the hook is `cfg.metadata.hook_name` (a transcoder's output
 hook is `cfg.metadata.hook_name_out`). A set is one object per layer, any order, every layer
-once. Conversion:
+once. Reading:
 
 1. Architectures: "standard" / "transcoder" -> ReLU; "jumprelu" / "jumprelu_transcoder" ->
    JumpReLU (sae_lens computes `ReLU(h) * (h > threshold)`: the same for thresholds >= 0);
-   "topk" -> TopK with `cfg.k`; "skip_transcoder" -> ReLU with `W_skip = W_skip_sl.T`
-   (sae_lens adds `x @ W_skip_sl.T`). Others are refused with `UnknownFormatError`.
+   "topk" -> TopK with `cfg.k`; "skip_transcoder" / "jumprelu_skip_transcoder" -> ReLU / JumpReLU
+   with `W_skip = W_skip_sl.T` (sae_lens adds `x @ W_skip_sl.T`). Others are refused with
+   `UnknownFormatError`.
 2. `apply_b_dec_to_input` (SAEs): `h = (x - b_dec) @ W_enc + b_enc`, folded into
    `b_enc - b_dec @ W_enc`.
 3. Hooks `blocks.{i}.X` become the template `blocks.{layer}.X`. Note: a literal
    `ln2.hook_normalized` read site means *the MLP input* in our convention (sites.py); the two
-   agree on fold_ln models, which is what sae_lens assumes.
+   agree on fold_ln models, which is what sae_lens assumes. A metadata key
+   `output_before_post_norm` (written by us; sae_lens has no such field) sets that flag.
 4. Run-time input normalization other than "none" and `hook_z` reshaping are refused.
+
+Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save_model`, into
+`layer_{l}/cfg.json` + `layer_{l}/sae_weights.safetensors`:
+
+5. Architecture from (kind, activation, skip) by `WRITE_ARCHITECTURES`; BatchTopK's inference
+   rule `h * (h > threshold)` is written as JumpReLU with its per-layer threshold. A CLT, a TopK
+   transcoder and negative thresholds (where step 1's ReLU would change the output) are refused
+   before anything is written.
+6. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
+   (our `b_enc` is the whole encoder bias); `hook_name` / `hook_name_out` are our hook templates
+   with the layer filled in; `k` for TopK.
 """
 
 from __future__ import annotations
@@ -35,7 +49,17 @@ ACTIVATIONS = {
     "skip_transcoder": ("relu", True),
     "jumprelu": ("jumprelu", False),
     "jumprelu_transcoder": ("jumprelu", False),
+    "jumprelu_skip_transcoder": ("jumprelu", True),
     "topk": ("topk", False),
+}
+WRITE_ARCHITECTURES = {  # (is a transcoder, activation, skip) -> sae_lens architecture (step 5)
+    (False, "relu", False): "standard",
+    (False, "jumprelu", False): "jumprelu",
+    (False, "topk", False): "topk",
+    (True, "relu", False): "transcoder",
+    (True, "relu", True): "skip_transcoder",
+    (True, "jumprelu", False): "jumprelu_transcoder",
+    (True, "jumprelu", True): "jumprelu_skip_transcoder",
 }
 
 
@@ -124,7 +148,17 @@ def load_sae_lens(
             state["threshold"] = sae.threshold.detach().float().cpu()
         if skip:
             state["W_skip"] = sae.W_skip.detach().float().cpu().T
-        key = (in_hook, out_hook, activation, skip, int(getattr(cfg, "k", 0) or 0), tuple(W_enc.shape))
+        before_norm = bool(cfg.metadata.get("output_before_post_norm", False))
+        key = (
+            is_transcoder,
+            in_hook,
+            out_hook,
+            activation,
+            skip,
+            before_norm,
+            int(getattr(cfg, "k", 0) or 0),
+            tuple(W_enc.shape),
+        )
         if shared is not None and key != shared:
             raise CorruptTranscoderError(
                 f"sae_lens layer {layer} differs from the others ({key} vs {shared}); a set needs one kind."
@@ -139,9 +173,9 @@ def load_sae_lens(
         raise CorruptTranscoderError(
             f"no sae_lens object for layers {missing}; a set needs every layer from 0."
         )
-    in_hook, out_hook, activation, skip, k, (d_model, d_sae) = shared
+    is_transcoder, in_hook, out_hook, activation, skip, before_norm, k, (d_model, d_sae) = shared
     cfg = TranscoderConfig(
-        kind="sae" if in_hook == out_hook else "plt",
+        kind="plt" if is_transcoder else "sae",
         n_layers=n_layers,
         d_model=d_model,
         d_sae=d_sae,
@@ -150,9 +184,103 @@ def load_sae_lens(
         output_hook=out_hook,
         skip=skip,
         k=k or 32,
+        output_before_post_norm=before_norm,
         model_name=model_name or str(saes[0].cfg.metadata.model_name or ""),
     )
     state = {name: torch.stack([per_layer[l][name] for l in range(n_layers)]) for name in per_layer[0]}
     tc = build_transcoders(cfg)
     load_state(tc, state, "sae_lens objects")
     return tc.to(device=device, dtype=dtype)
+
+
+def sae_lens_architecture(cfg: TranscoderConfig) -> str:
+    """The sae_lens architecture that holds sets of `cfg` (step 5), or `UnknownFormatError`."""
+    if cfg.kind == "clt":
+        raise UnknownFormatError(
+            "sae_lens holds one layer per object and has no cross-layer transcoder; save a CLT in the native format."
+        )
+    activation = "jumprelu" if cfg.activation == "batchtopk" else cfg.activation
+    arch = WRITE_ARCHITECTURES.get((cfg.kind == "plt", activation, cfg.skip))
+    if arch is None:
+        raise UnknownFormatError(
+            "sae_lens has no TopK transcoder (only TopK SAEs); save a TopK transcoder set in the native format."
+        )
+    return arch
+
+
+def _hook_name(template: str, layer: int, what: str) -> str:
+    if re.fullmatch(r"blocks\.\{layer\}\.[^{}]+", template) is None:
+        raise UnknownFormatError(
+            f"{what} {template!r} is not a per-block hook 'blocks.{{layer}}.<name>'; "
+            "sae_lens cannot place it, so save this set in the native format."
+        )
+    return template.format(layer=layer)
+
+
+def save_sae_lens(tc, path: str | os.PathLike) -> Path:
+    """Write the SAE or PLT set `tc` as sae_lens `save_model` directories `layer_{l}/` (steps 5-6).
+
+    1. Pick the architecture and check hooks and thresholds, before writing anything.
+    2. Per layer, build the sae_lens object of that architecture on the meta device, assign our
+       layer's weights (float32, CPU), and let its own `save_model` write `layer_{l}/`.
+    Returns the directory; `load_transcoders(path)` and `sae_lens.SAE.load_from_disk(path /
+    "layer_{l}")` read it back.
+    """
+    from sae_lens.registry import get_sae_class
+    from sae_lens.saes.sae import SAEMetadata
+
+    cfg: TranscoderConfig = tc.cfg
+    arch = sae_lens_architecture(cfg)
+    is_transcoder = cfg.kind == "plt"
+    hooks = [
+        (_hook_name(cfg.input_hook, l, "input_hook"), _hook_name(cfg.output_hook, l, "output_hook"))
+        for l in range(cfg.n_layers)
+    ]
+    if tc.threshold is not None and bool((tc.threshold < 0).any()):
+        raise UnknownFormatError(
+            "some thresholds are negative, where sae_lens's ReLU(h) * (h > threshold) differs from "
+            "our h * (h > threshold); save this set in the native format."
+        )
+    try:
+        sae_cls, cfg_cls = get_sae_class(arch)
+    except KeyError:
+        raise UnknownFormatError(
+            f"the installed sae_lens has no {arch!r} architecture; upgrade sae_lens or save in the native format."
+        ) from None
+
+    def t(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().float().cpu().contiguous().clone()
+
+    folder = Path(path)
+    for l, (hook_in, hook_out) in enumerate(hooks):
+        meta = {"model_name": cfg.model_name or None, "hook_name": hook_in}
+        if is_transcoder:
+            meta["hook_name_out"] = hook_out
+        if cfg.output_before_post_norm:
+            meta["output_before_post_norm"] = True
+        kw = {
+            "d_in": cfg.d_model,
+            "d_sae": cfg.d_sae,
+            "dtype": "float32",
+            "device": "meta",
+            "apply_b_dec_to_input": False,
+            "metadata": SAEMetadata(**meta),
+        }
+        if is_transcoder:
+            kw["d_out"] = cfg.d_model
+        if arch == "topk":
+            kw["k"] = cfg.k
+        state = {
+            "W_enc": t(tc.W_enc[l]),
+            "b_enc": t(tc.b_enc[l]),
+            "W_dec": t(tc.W_dec[l]),
+            "b_dec": t(tc.b_dec[l]),
+        }
+        if tc.threshold is not None:
+            state["threshold"] = t(tc.threshold[l])
+        if tc.W_skip is not None:
+            state["W_skip"] = t(tc.W_skip[l].T)
+        sae = sae_cls(cfg_cls(**kw))  # on the meta device: no memory until the weights are assigned
+        sae.load_state_dict(state, assign=True)
+        sae.to("cpu").save_model(folder / f"layer_{l}")
+    return folder
