@@ -27,3 +27,7 @@ class UnknownFormatError(TranscoderError, ValueError):
 
 class NonFiniteError(TranscoderError, FloatingPointError):
     """NaN or inf met during training; the last good checkpoint is kept."""
+
+
+class StaleLayersError(TranscoderError, FileExistsError):
+    """A save target that already holds per-layer files beyond the set's layers (a larger old save)."""

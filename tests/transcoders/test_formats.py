@@ -255,3 +255,16 @@ def test_gemmascope_holds_only_per_layer_jumprelu_sets(tmp_path, kind, activatio
     with pytest.raises(UnknownFormatError, match="native"):
         save_transcoders(random_set(kind, activation), tmp_path / "gs", format="gemmascope")
     assert not (tmp_path / "gs" / "layer_0").exists()
+
+
+@pytest.mark.parametrize("fmt", ["circuit-tracer", "sae-lens", "gemmascope"])
+def test_saving_a_smaller_set_over_a_larger_one_is_refused(tmp_path, fmt):
+    from transcoders.errors import StaleLayersError
+
+    save_transcoders(random_set("plt", "jumprelu", n_layers=3), tmp_path / "set", format=fmt)
+    with pytest.raises(StaleLayersError, match="larger set"):
+        save_transcoders(random_set("plt", "jumprelu", n_layers=2), tmp_path / "set", format=fmt)
+    save_transcoders(
+        random_set("plt", "jumprelu", n_layers=3, seed=1), tmp_path / "set", format=fmt
+    )  # same size: fine
+    assert load_transcoders(tmp_path / "set").n_layers == 3

@@ -15,11 +15,12 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 
-from transcoders.errors import TranscoderNotFoundError, UnknownFormatError
+from transcoders.errors import StaleLayersError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
 from transcoders.formats.native import is_native, load_native, save_native
@@ -102,6 +103,7 @@ def save_transcoders(tc, path: str | os.PathLike, format: str = "native") -> Pat
     """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens" or "gemmascope")."""
     from transcoders.formats.sae_lens import save_sae_lens
 
+    _check_no_stale_layers(Path(path), tc.cfg.n_layers)
     if format == "native":
         return save_native(tc, path)
     if format == "circuit-tracer":
@@ -112,6 +114,25 @@ def save_transcoders(tc, path: str | os.PathLike, format: str = "native") -> Pat
         save_gemmascope(tc, path)
         return Path(path)
     raise UnknownFormatError(f"format {format!r} is not one of {WRITE_FORMATS}; pick one of them.")
+
+
+_LAYER_FILE = re.compile(r"(?:layer_|W_enc_|W_dec_)(\d+)(?:\.\w+)?")
+
+
+def _check_no_stale_layers(folder: Path, n_layers: int) -> None:
+    """Refuse to write into a folder holding per-layer files of layers >= n_layers: a reader would
+    take them for part of the new set."""
+    if not folder.is_dir():
+        return
+    stale = sorted(
+        p.name
+        for p in folder.iterdir()
+        if (m := _LAYER_FILE.fullmatch(p.name)) and int(m.group(1)) >= n_layers
+    )
+    if stale:
+        raise StaleLayersError(
+            f"{folder} already holds {stale[:3]} from a larger set; save into an empty folder or remove them."
+        )
 
 
 __all__ = ["READ_FORMATS", "WRITE_FORMATS", "detect_format", "load_transcoders", "save_transcoders"]
