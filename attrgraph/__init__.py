@@ -9,11 +9,13 @@ circuits code for a user who only builds graphs:
   save_graph, load_graph, to_networkx                          (store.py, export.py)
   intervene, generate, SetTo/Scale/Add, error_node             (intervene.py)
   Supernode, supernode, suggest_supernodes, supernode_adjacency  (supernodes.py)
+  save_supernodes, load_supernodes                              (supernode_store.py)
   qk_attribution   attention score -> (query, key) source pairs (qk.py)
   attribute_inactive  what holds a feature below threshold     (inactive.py)
   attribute_hierarchical, hierarchical_attribution  detach-during-backward (hierarchical.py)
   attribute_adaptive  partial graphs within a feature budget   (adaptive.py)
   compute_graph_scores  replacement / completeness scores      (scores.py)
+  discover, eap, peap, greedy, hap, prune_edges, evaluate_circuit  component circuits (circuits/)
 """
 
 from __future__ import annotations
