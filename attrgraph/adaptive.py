@@ -131,14 +131,14 @@ def attribute_adaptive(
     M = sp.csr_array(
         (np.ones(n_cols, np.float32), (np.arange(n_cols), new_index[fold])), shape=(n_cols, len(keep_cols))
     )
-    folded = []  # (nodes, rows over the kept columns)
+    folded = []  # (row nodes, rows over the kept columns)
     while row_sets:
-        nodes, raw = row_sets.pop()
-        raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(nodes), n_cols))
-        folded.append((nodes, sp.csr_array(raw @ M)))
+        row_nodes, raw = row_sets.pop()
+        raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(row_nodes), n_cols))
+        folded.append((row_nodes, sp.csr_array(raw @ M)))
         del raw
-    nodes = np.concatenate([n for n, _ in folded])
-    body = sp.csr_array(sp.vstack([r for _, r in folded], format="csr")[np.argsort(nodes, kind="stable")])
+    row_nodes = np.concatenate([n for n, _ in folded])
+    body = sp.csr_array(sp.vstack([r for _, r in folded], format="csr")[np.argsort(row_nodes, kind="stable")])
     n_keep = len(keep_cols) + n_t
     adjacency = sp.vstack([sp.csr_array((n_src, len(keep_cols)), dtype=np.float32), body], format="csr")
     adjacency = sp.csr_array(

@@ -273,9 +273,10 @@ def attribute(
     embedding into the embedding node ("token+position", default) or leaves it in the bias ("token").
     Influence on the logits (prune.compute_influence) is filled in on the returned graph.
     `batch_size` is the most targets per backward (the linear engine also closes a batch when its
-    working tensors would pass 1 MiB, linear_backward.py step 4). `backend` picks the rows engine: "autograd" (`backward_rows`, this module), "linear" (the
-    frozen backward as explicit matrix products, linear_backward.py) or "auto" (linear wherever it
-    applies, else autograd; the default); all share `backward_rows`' signature and give equal rows.
+    working tensors would pass 1 MiB, linear_backward.py step 4). `backend` picks the rows engine:
+    "autograd" (`backward_rows`, this module), "linear" (the frozen backward as explicit matrix
+    products, linear_backward.py) or "auto" (linear wherever it applies, else autograd; the
+    default); all share `backward_rows`' signature and give equal rows.
     `method="hierarchical"` runs hierarchical attribution (hierarchical.py) from the first target
     (default: the top logit) with threshold `tau`; `max_feature_nodes` builds an adaptive partial
     graph exploring at most that many features (adaptive.py). The graph's meta carries its
