@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import importlib
 
+from attrgraph.analysis.intervene import intervene as intervene
+
 # `attribute` and `intervene` are also submodule names: bound eagerly, so that importing the
 # submodule later does not shadow the function
-from attrgraph.attribute import attribute as attribute
-from attrgraph.intervene import intervene as intervene
+from attrgraph.engine.attribute import attribute as attribute
 
 __version__ = "0.1.0"
 
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
-    "attrgraph.adaptive": ["attribute_adaptive"],
-    "attrgraph.attribute": ["attribute"],
+    "attrgraph.engine.adaptive": ["attribute_adaptive"],
+    "attrgraph.engine.attribute": ["attribute"],
     "attrgraph.circuits": [
         "discover",
         "eap",
@@ -53,11 +54,11 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "TargetError",
         "UnsupportedModelError",
     ],
-    "attrgraph.export": ["to_networkx"],
-    "attrgraph.graph": ["NODE_ORDER", "Graph", "Nodes"],
-    "attrgraph.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
-    "attrgraph.inactive": ["InactiveAttribution", "attribute_inactive"],
-    "attrgraph.intervene": [
+    "attrgraph.graph.export": ["to_networkx"],
+    "attrgraph.graph.graph": ["NODE_ORDER", "Graph", "Nodes"],
+    "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
+    "attrgraph.analysis.inactive": ["InactiveAttribution", "attribute_inactive"],
+    "attrgraph.analysis.intervene": [
         "Add",
         "InterventionError",
         "InterventionOutput",
@@ -67,21 +68,21 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "generate",
         "intervene",
     ],
-    "attrgraph.loading": ["load_model"],
-    "attrgraph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
-    "attrgraph.qk": ["QKAttribution", "qk_attribution"],
-    "attrgraph.replacement": ["ReplacementModel"],
-    "attrgraph.scores": ["GraphScores", "compute_graph_scores"],
-    "attrgraph.store": ["list_graphs", "load_graph", "save_graph"],
-    "attrgraph.supernode_store": ["load_supernodes", "save_supernodes"],
-    "attrgraph.supernodes": [
+    "attrgraph.bundled.loading": ["load_model"],
+    "attrgraph.graph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
+    "attrgraph.analysis.qk": ["QKAttribution", "qk_attribution"],
+    "attrgraph.engine.replacement": ["ReplacementModel"],
+    "attrgraph.graph.scores": ["GraphScores", "compute_graph_scores"],
+    "attrgraph.graph.store": ["list_graphs", "load_graph", "save_graph"],
+    "attrgraph.graph.supernode_store": ["load_supernodes", "save_supernodes"],
+    "attrgraph.graph.supernodes": [
         "NodeKey",
         "Supernode",
         "suggest_supernodes",
         "supernode",
         "supernode_adjacency",
     ],
-    "attrgraph.targets": ["Target", "direction", "logit_difference"],
+    "attrgraph.engine.targets": ["Target", "direction", "logit_difference"],
 }
 _WHERE = {
     name.split("=")[0]: (module, name.split("=")[-1]) for module, names in _EXPORTS.items() for name in names

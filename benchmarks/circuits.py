@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from attrgraph.bundled.loading import load_model
 from attrgraph.circuits import (
     PruneConfig,
     eap,
@@ -40,7 +41,6 @@ from attrgraph.circuits import (
     task_data,
 )
 from attrgraph.circuits.schema import align_schema, salient_token_set
-from attrgraph.loading import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (5, 10, 20, 40, 80, 160, 320)

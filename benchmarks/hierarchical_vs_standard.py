@@ -1,7 +1,7 @@
 """Hierarchical vs standard attribution on the bundled model's IOI prompts (seed: linear-computation-graphs,
 section 3, Figure 2b).
 
-1. For each of `--n` IOI prompts (attrgraph.tasks, seed 0), build the full graph with one target,
+1. For each of `--n` IOI prompts (attrgraph.bundled.tasks, seed 0), build the full graph with one target,
    the logit difference `logit(IO) - logit(S)` at the last position (attribute, default-plt).
 2. Standard attribution: one pass (hierarchical_attribution with tau = -inf) gives every feature's
    attribution `a_v grad_v`; keep the features with attribution >= tau; the kept subgraph's share
@@ -43,12 +43,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hierarchical_vs_standard"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from attrgraph.attribute import attribute
-    from attrgraph.hierarchical import attribute_hierarchical, hierarchical_attribution
-    from attrgraph.loading import load_model
-    from attrgraph.replacement import ReplacementModel
-    from attrgraph.targets import logit_difference
-    from attrgraph.tasks import ioi_pairs
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.bundled.tasks import ioi_pairs
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.hierarchical import attribute_hierarchical, hierarchical_attribution
+    from attrgraph.engine.replacement import ReplacementModel
+    from attrgraph.engine.targets import logit_difference
     from transcoders import load_transcoders
 
     model = load_model("default")

@@ -2,7 +2,7 @@
 
 Seed: circuit-tracing appendix, end of "Attribution Graph Computation" (adaptive graphs).
 
-1. The prompt: BOS plus task examples from attrgraph.tasks (seed 0) joined until n_ctx tokens.
+1. The prompt: BOS plus task examples from attrgraph.bundled.tasks (seed 0) joined until n_ctx tokens.
 2. For each feature budget, in a fresh process: `attribute_adaptive(max_feature_nodes=budget)`
    on default + default-plt; record wall time and peak RSS (ru_maxrss of that process), the graph's
    size, and its scores (scores.py): the replacement score is the share of the inputs' logit
@@ -30,7 +30,7 @@ BUDGETS = "0,32,128,256,512,1024,2048"
 
 
 def prompt_ids(model) -> list[int]:
-    from attrgraph.tasks import stream
+    from attrgraph.bundled.tasks import stream
 
     ids = [int(model.tokenizer.bos_token_id)]
     for ex in stream(seed=0):
@@ -41,9 +41,9 @@ def prompt_ids(model) -> list[int]:
 
 
 def worker(budget: int, transcoders: str, k: int) -> dict:
-    from attrgraph.adaptive import attribute_adaptive
-    from attrgraph.loading import load_model
-    from attrgraph.scores import compute_graph_scores
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.adaptive import attribute_adaptive
+    from attrgraph.graph.scores import compute_graph_scores
     from transcoders import load_transcoders
 
     model = load_model("default")

@@ -91,8 +91,8 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     import torch
 
     torch.set_num_threads(threads)
-    from attrgraph.attribute import attribute
-    from attrgraph.loading import load_model
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
     from transcoders.formats import load_transcoders
 
     d = Path(dir_)
@@ -174,9 +174,9 @@ def ours_bundled(batch_size: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from attrgraph.attribute import attribute
-    from attrgraph.loading import load_model
-    from attrgraph.prune import prune_graph
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.graph.prune import prune_graph
     from transcoders.formats import load_transcoders
 
     model = load_model("default")

@@ -1,4 +1,4 @@
-"""Validate attribution graphs of the bundled model by interventions (attrgraph.validate), over
+"""Validate attribution graphs of the bundled model by interventions (attrgraph.analysis.validate), over
 ~20 prompts spanning the corpus tasks, and show QK attribution on two known heads.
 
     python benchmarks/validate_bundled.py [--transcoders default-plt default-clt] [--n-prompts 20]
@@ -23,14 +23,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from attrgraph import tasks  # noqa: E402
-from attrgraph.attribute import attribute  # noqa: E402
-from attrgraph.loading import load_model  # noqa: E402
-from attrgraph.prune import prune_graph  # noqa: E402
-from attrgraph.qk import qk_attribution  # noqa: E402
-from attrgraph.replacement import ReplacementModel  # noqa: E402
-from attrgraph.validate import ValidateConfig, validate_graph  # noqa: E402
-from attrgraph.validation_report import write_report  # noqa: E402
+from attrgraph.bundled import tasks  # noqa: E402
+from attrgraph.analysis.qk import qk_attribution  # noqa: E402
+from attrgraph.analysis.validate import ValidateConfig, validate_graph  # noqa: E402
+from attrgraph.analysis.validation_report import write_report  # noqa: E402
+from attrgraph.bundled.loading import load_model  # noqa: E402
+from attrgraph.engine.attribute import attribute  # noqa: E402
+from attrgraph.engine.replacement import ReplacementModel  # noqa: E402
+from attrgraph.graph.prune import prune_graph  # noqa: E402
 
 MIX = (
     ("induction", 3),

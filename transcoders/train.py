@@ -139,7 +139,7 @@ def transcoder_config(cfg: TrainConfig, model) -> TranscoderConfig:
 def load_any_model(name: str):
     """The bundled model or a folder via attrgraph (optional import), else a TransformerLens name."""
     try:
-        from attrgraph.loading import load_model
+        from attrgraph.bundled.loading import load_model
     except ImportError:
         from transformer_lens import HookedTransformer
 
@@ -150,7 +150,7 @@ def load_any_model(name: str):
 def corpus_items(corpus: str, seed: int):
     """An endless (bundled) or finite iterable of texts / token-id lists."""
     if corpus == "bundled":
-        from attrgraph.tasks import stream  # optional: only the bundled corpus needs attrgraph
+        from attrgraph.bundled.tasks import stream  # optional: only the bundled corpus needs attrgraph
 
         return (ex.tokens for ex in stream(seed))
     path = Path(corpus)

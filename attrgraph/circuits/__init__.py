@@ -38,7 +38,7 @@ class Discovery(NamedTuple):
 
 def task_data(model, task: str, n: int, seed: int = 0):
     """(discovery pairs, evaluation pairs, discovery examples, evaluation examples) for 'ioi' or 'greater-than'."""
-    from attrgraph.tasks import greater_than_pairs, ioi_pairs
+    from attrgraph.bundled.tasks import greater_than_pairs, ioi_pairs
 
     make = ioi_pairs if task == "ioi" else greater_than_pairs
     train, test = make(n, seed=seed), make(n, seed=seed + 1)

@@ -25,7 +25,7 @@ from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
 from attrgraph.circuits.construct import edge_table
 from attrgraph.circuits.graph import QKV, ComponentGraph
 from attrgraph.errors import GraphFileError
-from attrgraph.store import edit_h5
+from attrgraph.graph.store import edit_h5
 
 SCHEMA_VERSION = 1
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from attrgraph.graph import Graph, Nodes
+from attrgraph.graph.graph import Graph, Nodes
 
 
 def graph_from_dense(kinds, adjacency, layers=None, positions=None, logit_probs=None) -> Graph:

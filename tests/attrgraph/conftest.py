@@ -1,7 +1,8 @@
 """Fixtures for the attrgraph tests (helpers live in ag_helpers.py)."""
 
 import pytest
-from ag_helpers import graph_from_dense, random_graph, tiny_model, tiny_transcoders
+
+from tests.attrgraph.ag_helpers import graph_from_dense, random_graph, tiny_model, tiny_transcoders
 
 
 @pytest.fixture

@@ -1,22 +1,8 @@
-"""Fixtures for the transcoders tests.
-
-The repository root goes first on sys.path: without it, pytest's rootdir insertion makes
-`tests/transcoders` shadow the real `transcoders` package as a namespace package.
-"""
-
-import sys
-from pathlib import Path
+"""Fixtures for the transcoders tests."""
 
 import pytest
 
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-for name in [m for m in sys.modules if m == "transcoders" or m.startswith("transcoders.")]:
-    if getattr(sys.modules[name], "__file__", None) is None:  # a namespace shadow: drop it
-        del sys.modules[name]
-
-from tc_helpers import tiny_model  # noqa: E402
+from tests.transcoders.tc_helpers import tiny_model
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from tc_helpers import random_set, tiny_model
 
+from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import load_transcoders, save_transcoders
 from transcoders.activations import batch_topk
 from transcoders.base import BATCHTOPK_MOMENTUM
@@ -73,7 +73,7 @@ def test_stored_sets_load_in_eval_mode_with_the_same_features(tmp_path, fmt):
 
 
 def test_replacement_model_refuses_a_set_in_training_mode():
-    from attrgraph.replacement import ReplacementModel
+    from attrgraph.engine.replacement import ReplacementModel
     from transcoders.errors import TranscoderMismatchError
 
     model = tiny_model()

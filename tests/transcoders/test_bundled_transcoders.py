@@ -13,7 +13,7 @@ def test_bundled_set_loads_fits_and_meets_targets(name):
     folder = BUNDLED[name]
     if not (folder / "manifest.json").exists():
         pytest.skip(f"{folder} is not built yet (python -m transcoders.train ... --save-to {folder})")
-    from attrgraph.loading import load_model
+    from attrgraph.bundled.loading import load_model
 
     model = load_model("default")
     tc = load_transcoders(name)  # checks every sha256 of the manifest

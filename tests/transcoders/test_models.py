@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from tc_helpers import random_set
 
+from tests.transcoders.tc_helpers import random_set
 from transcoders import CrossLayerTranscoder, TranscoderConfig, TranscoderOutput
 from transcoders.errors import ConfigError
 

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from tc_helpers import random_set, tiny_model
 
+from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import TranscoderConfig, TranscoderMismatchError, build_transcoders, check_fits
 from transcoders.sites import cache_hooks, collect, mlp_input, to_write_site, write_target
 

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 import torch
-from tc_helpers import tiny_model
 
+from tests.transcoders.tc_helpers import tiny_model
 from transcoders import ConfigError, NonFiniteError
 from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import load_checkpoint

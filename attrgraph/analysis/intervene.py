@@ -1,0 +1,427 @@
+"""Interventions on the underlying model through its transcoders: constrained and iterative patching.
+
+Seed: circuit-tracing appendix, "Nuances of Steering with Cross-Layer Features", "Iterative
+Patching" and "Details of Interventions".
+
+1. Record: one clean forward (`ReplacementModel.run`, every position has features) gives the MLP
+   inputs `x`, the MLP outputs `y`, the features `a` and the errors `e = y - tc(x)`; with
+   `freeze_attention` also every attention pattern and normalization scale, which later forwards
+   reuse (circuit-tracer's `freeze_attention` freezes both as well).
+2. Edits: an intervention names a feature `(layer, position, feature)`, an error node
+   (`error_node(layer, position)`) or a supernode (all its members), and sets the activation
+   (`SetTo(v)` or a plain number), multiplies it (`Scale(m)`, e.g. -2 to inhibit) or adds to it
+   (`Add(d)`). An error node takes `Scale(m)` (or 0 to ablate it). Position `None` means every
+   position. Every edit must lie in the patch range `layers=(start, end)` (inclusive).
+3. Constrained patching: the perturbed MLP outputs are computed once from the *clean* values,
+       `w[l] = y[l] - skip(x)[l] + sum_edits (a' - a) W_dec^(l) + (m - 1) e[l] + skip(x_live)[l]`,
+   and the MLP output of every layer in [start, end], at every position, is clamped to `w[l]`.
+   Features inside the range are not recomputed, so an edit reaches a later feature only along
+   direct paths (residual stream, frozen attention): with `end` at the target's layer this
+   reproduces the graph's direct edges exactly ("guaranteed effects").
+4. Iterative patching: for l = start..end in order, the transcoder re-encodes the live MLP input,
+   the edits of layer l act on the live activations (`Scale` multiplies the live value), and the
+   MLP output becomes `decode(a)[l] + e[l] + skip(x_live)[l]`: knock-on effects inside the range
+   are kept (CLT sources below `start` keep their clean values).
+5. Outside [start, end] the real MLPs run on whatever the residual stream holds.
+6. Reported activations are the transcoder's on the live MLP input of every layer, with the edits
+   put on top inside the range.
+7. `generate`: steered sampling; each new token runs the intervened forward on the sequence so
+   far, for the first `hold` new tokens, then the plain model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from attrgraph.engine.attribute import to_tokens
+from attrgraph.engine.replacement import ReplacementModel, ReplacementState
+from attrgraph.errors import AttrgraphError
+from attrgraph.graph.supernodes import NodeKey, Supernode
+from transcoders import sites
+from transcoders.activations import apply_activation
+
+MODES = ("constrained", "iterative")
+
+
+class InterventionError(AttrgraphError, ValueError):
+    """An intervention that names no node of this model and prompt, or an unusable value or range."""
+
+
+class SetTo(NamedTuple):
+    """Set the activation to `value`."""
+
+    value: float
+
+
+class Scale(NamedTuple):
+    """Multiply the activation (or an error vector) by `factor`."""
+
+    factor: float
+
+
+class Add(NamedTuple):
+    """Add `delta` to the activation."""
+
+    delta: float
+
+
+def error_node(layer: int, position: int | None) -> NodeKey:
+    """The key of the error node at (layer, position), for `interventions`."""
+    return NodeKey("error", int(layer), position, -1)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One resolved edit: a feature or an error vector at (layer, position), and an operation."""
+
+    kind: str
+    """"feature" or "error"."""
+    layer: int
+    position: int | None
+    """None: every position."""
+    feature: int
+    op: str
+    """"set", "scale" or "add"."""
+    value: float
+
+    def apply(self, a: Tensor) -> Tensor:
+        if self.op == "set":
+            return torch.full_like(a, self.value)
+        if self.op == "scale":
+            return a * self.value
+        return a + self.value
+
+
+class InterventionOutput(NamedTuple):
+    """What `intervene` returns."""
+
+    logits: Float[Tensor, "n_pos d_vocab"]
+    """Logits of the intervened model."""
+    probs: Float[Tensor, "n_pos d_vocab"]
+    """Their softmax."""
+    pre_acts: Float[Tensor, "n_layers n_pos d_sae"]
+    """Encoder pre-activations on the live MLP inputs."""
+    acts: Float[Tensor, "n_layers n_pos d_sae"]
+    """Feature activations on the live MLP inputs, with the edits applied inside the range."""
+
+
+class PatchedRun(NamedTuple):
+    """A batched patched forward (`patched_forward`): one batch row per edit list."""
+
+    logits: Float[Tensor, "batch n_pos d_vocab"]
+    pre_acts: Tensor
+    """[batch, n_layers, n_pos, d_sae], or [batch, n_select] with `select`."""
+    acts: Tensor
+    """Same shape as `pre_acts`."""
+    captured: dict[str, Tensor]
+    """Values of the `capture` hooks, [batch, ...]."""
+
+
+# ---------------------------------------------------------------------------------- edits
+def _op(value) -> tuple[str, float]:
+    if isinstance(value, SetTo):
+        return "set", float(value.value)
+    if isinstance(value, Scale):
+        return "scale", float(value.factor)
+    if isinstance(value, Add):
+        return "add", float(value.delta)
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        return "set", float(value)
+    raise InterventionError(
+        f"intervention value {value!r} is not a number, SetTo, Scale or Add; pass one of them."
+    )
+
+
+def _members(key) -> list[NodeKey]:
+    if isinstance(key, Supernode):
+        return list(key.members)
+    if isinstance(key, NodeKey):
+        return [key]
+    if isinstance(key, tuple) and len(key) == 3 and key[0] == "error":
+        return [error_node(key[1], key[2])]
+    if isinstance(key, tuple) and len(key) == 3:
+        layer, pos, feat = key
+        return [NodeKey("feature", int(layer), None if pos is None else int(pos), int(feat))]
+    raise InterventionError(
+        f"intervention key {key!r} is not a (layer, position, feature) tuple, a NodeKey, "
+        "error_node(layer, position) or a Supernode; pass one of them."
+    )
+
+
+def resolve_edits(interventions: dict, n_layers: int, n_pos: int, d_sae: int) -> list[Edit]:
+    """The edits of an `interventions` mapping (module docstring, step 2), checked against the sizes."""
+    edits = []
+    for key, value in interventions.items():
+        op, v = _op(value)
+        for m in _members(key):
+            if m.kind not in ("feature", "error"):
+                raise InterventionError(
+                    f"node {m} is a {m.kind} node; only feature and error nodes can be patched."
+                )
+            if not 0 <= m.layer < n_layers:
+                raise InterventionError(
+                    f"node {m} has layer {m.layer}; the model has layers 0..{n_layers - 1}."
+                )
+            if m.position is not None and not -n_pos <= m.position < n_pos:
+                raise InterventionError(f"node {m} has position {m.position}; the prompt has {n_pos} tokens.")
+            if m.kind == "feature" and not 0 <= m.feature < d_sae:
+                raise InterventionError(
+                    f"node {m} has feature {m.feature}; the transcoders have {d_sae} per layer."
+                )
+            if m.kind == "error" and not (op == "scale" or (op == "set" and v == 0.0)):
+                raise InterventionError(f"error node {m} is a vector; pass Scale(m) or 0 to ablate it.")
+            eop, ev = ("scale", 0.0) if m.kind == "error" and op == "set" else (op, v)
+            pos = None if m.position is None else m.position % n_pos
+            edits.append(Edit(m.kind, m.layer, pos, m.feature if m.kind == "feature" else -1, eop, ev))
+    return edits
+
+
+def _layer_range(layers, edits: list[Edit], n_layers: int) -> tuple[int, int]:
+    if layers is None:
+        start = min((e.layer for e in edits), default=0)
+        return start, n_layers - 1
+    start, end = int(layers[0]), int(layers[1])
+    if not 0 <= start <= end < n_layers:
+        raise InterventionError(
+            f"layers={tuple(layers)} is not a range inside 0..{n_layers - 1}; pass (start, end) with start <= end."
+        )
+    for e in edits:
+        if not start <= e.layer <= end:
+            raise InterventionError(
+                f"an edit at layer {e.layer} is outside layers=({start}, {end}); widen the range."
+            )
+    return start, end
+
+
+# ---------------------------------------------------------------------------------- forward
+class _PatchedMLP(nn.Module):
+    def __init__(self, fn, layer: int):
+        super().__init__()
+        self.fn, self.layer = fn, layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(self.layer, x)
+
+
+def _decode_layer(tc, acts: list[Tensor | None], layer: int) -> Tensor:
+    """`decode(a)[layer]` from per-layer activations [..., d_sae] (None: all zero), `b_dec` included."""
+    out = tc.b_dec[layer]
+    sources = range(layer + 1) if tc.cfg.kind == "clt" else (layer,)
+    for ls in sources:
+        if acts[ls] is None:
+            continue
+        W = tc.W_dec[ls][:, layer - ls] if tc.cfg.kind == "clt" else tc.W_dec[layer]
+        out = out + acts[ls] @ W
+    return out
+
+
+@torch.no_grad()
+def patched_forward(
+    rm: ReplacementModel,
+    state: ReplacementState,
+    batch_edits: list[list[Edit]],
+    mode: str = "constrained",
+    layers: tuple[int, int] | None = None,
+    freeze_patterns: bool = True,
+    freeze_norms: bool = True,
+    select: Int[Tensor, "n_select 3"] | None = None,
+    hooks: list = (),
+    capture: tuple[str, ...] = (),
+) -> PatchedRun:
+    """Steps 3-6 for a batch of edit lists on the prompt `state` was recorded on (`n_excluded` 0).
+
+    `select` ((layer, position, feature) rows) returns only those activations; `hooks` are extra
+    TransformerLens forward hooks (e.g. a residual perturbation); `capture` hook values come back."""
+    if mode not in MODES:
+        raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
+    model, tc, cfg = rm.model, rm.tc, rm.tc.cfg
+    L, P, S = state.acts.shape
+    B = max(1, len(batch_edits))
+    batch_edits = list(batch_edits) or [[]]
+    start, end = _layer_range(layers, [e for es in batch_edits for e in es], L)
+    dtype = state.y_out.dtype
+    tcd = tc.dtype
+    read_is_mlp_input = cfg.input_hook == sites.MLP_INPUT
+    raw_write = [sites.raw_output_needed(model, cfg, l) for l in range(L)]
+
+    # step 3: the clamped outputs, computed once from the clean values
+    delta = torch.zeros(B, L, P, state.y_out.shape[-1], dtype=dtype)
+    if mode == "constrained":
+        for b, edits in enumerate(batch_edits):
+            for e in edits:
+                pos = slice(None) if e.position is None else e.position
+                if e.kind == "error":
+                    delta[b, e.layer, pos] += (e.value - 1.0) * state.errors[e.layer, pos]
+                    continue
+                a0 = state.acts[e.layer, pos, e.feature]
+                da = (e.apply(a0) - a0).to(dtype)
+                dec = tc.decoder_vectors(e.layer, torch.tensor([e.feature]))[0].to(dtype)  # [n_out, d]
+                for j in range(dec.shape[0]):
+                    lo = e.layer + j
+                    if start <= lo <= end:
+                        delta[b, lo, pos] += da[..., None] * dec[j]
+    clamp = state.y_out - state.skip  # decode(a) + e at every position (nothing excluded)
+
+    live_acts: list[Tensor | None] = [state.acts[l].to(tcd).expand(B, P, S) for l in range(L)]
+    pre_out: list[Tensor | None] = [None] * L
+    act_out: list[Tensor | None] = [None] * L
+    reads: list[Tensor | None] = [None] * L
+    by_layer = [[(b, e) for b, es in enumerate(batch_edits) for e in es if e.layer == l] for l in range(L)]
+
+    def on_read(l: int, x: Tensor) -> None:
+        x = x.expand(B, P, x.shape[-1])
+        reads[l] = x
+        pre = x.to(tcd) @ tc.W_enc[l] + tc.b_enc[l]
+        thr = None if tc.threshold is None else tc.threshold[l]
+        act = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        if start <= l <= end and by_layer[l]:
+            act = act.clone()
+            for b, e in by_layer[l]:
+                if e.kind != "feature":
+                    continue
+                pos = slice(None) if e.position is None else e.position
+                base = (
+                    state.acts[l, pos, e.feature].to(tcd) if mode == "constrained" else act[b, pos, e.feature]
+                )
+                act[b, pos, e.feature] = e.apply(base)
+        pre_out[l], act_out[l] = pre, act
+        if mode == "iterative" and start <= l <= end:
+            live_acts[l] = act
+
+    def write(l: int) -> Tensor:
+        x = reads[l]
+        skip = (x.to(tcd) @ tc.W_skip[l]).to(dtype) if tc.W_skip is not None else 0.0
+        if mode == "constrained":
+            return clamp[l] + delta[:, l] + skip
+        err = state.errors[l].expand(B, P, -1).clone()
+        for b, e in by_layer[l]:
+            if e.kind == "error":
+                pos = slice(None) if e.position is None else e.position
+                err[b, pos] = err[b, pos] * e.value
+        return _decode_layer(tc, live_acts, l).to(dtype) + err + skip
+
+    originals = [block.mlp for block in model.blocks]
+
+    def mlp(l: int, x: Tensor) -> Tensor:
+        if read_is_mlp_input:
+            on_read(l, x)
+        if start <= l <= end and raw_write[l]:
+            return write(l)
+        return originals[l](x)
+
+    fwd = []
+    for name in rm.frozen_hooks:
+        if (freeze_patterns and name.endswith("hook_pattern")) or (
+            freeze_norms and name.endswith("hook_scale")
+        ):
+            fwd.append((name, lambda x, hook, v=state.frozen[name]: v.expand(x.shape)))
+    if not read_is_mlp_input:
+        fwd += [(cfg.hook_in(l), lambda x, hook, l=l: (on_read(l, x), x)[1]) for l in range(L)]
+    fwd += [
+        (cfg.hook_out(l), lambda x, hook, l=l: write(l)) for l in range(start, end + 1) if not raw_write[l]
+    ]
+    captured: dict[str, Tensor] = {}
+    for name in capture:
+
+        def keep(x, hook, name=name):
+            captured[name] = x
+            return x
+
+        fwd.append((name, keep))
+    fwd += list(hooks)
+    try:
+        for l, block in enumerate(model.blocks):
+            block.mlp = _PatchedMLP(mlp, l)
+        with model.hooks(fwd_hooks=fwd):
+            logits = model(state.tokens[None].expand(B, P))
+    finally:
+        for block, m in zip(model.blocks, originals):
+            block.mlp = m
+    pre = torch.stack(pre_out, 1)  # [B, L, P, S]
+    act = torch.stack(act_out, 1)
+    if select is not None:
+        l, p, f = select.T
+        pre, act = pre[:, l, p, f], act[:, l, p, f]
+    return PatchedRun(logits, pre.to(dtype), act.to(dtype), captured)
+
+
+def _context(model, transcoders, prompt) -> tuple[ReplacementModel, ReplacementState]:
+    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    return rm, rm.run(to_tokens(model, prompt), exclude_bos=False)
+
+
+def intervene(
+    model,
+    transcoders,
+    prompt: str | list[int] | Tensor | np.ndarray,
+    interventions: dict,
+    mode: str = "constrained",
+    layers: tuple[int, int] | None = None,
+    freeze_attention: bool = True,
+) -> InterventionOutput:
+    """Run `model` on `prompt` with `interventions` (module docstring, steps 1-6).
+
+    `interventions` maps `(layer, position, feature)`, `error_node(layer, position)` or a
+    `Supernode` to a number / `SetTo(v)`, `Scale(m)` or `Add(d)`. `layers=(start, end)` is the
+    inclusive patch range (default: from the lowest edited layer to the last layer).
+    `freeze_attention` holds attention patterns and normalization scales at their clean values.
+    """
+    if mode not in MODES:
+        raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
+    rm, state = _context(model, transcoders, prompt)
+    L, P, S = state.acts.shape
+    edits = resolve_edits(interventions, L, P, S)
+    run = patched_forward(rm, state, [edits], mode, layers, freeze_attention, freeze_attention)
+    logits = run.logits[0]
+    return InterventionOutput(
+        logits, torch.softmax(logits.double(), -1).to(logits.dtype), run.pre_acts[0], run.acts[0]
+    )
+
+
+@torch.no_grad()
+def generate(
+    model,
+    transcoders,
+    prompt: str | list[int] | Tensor | np.ndarray,
+    interventions: dict,
+    n_tokens: int = 10,
+    hold: int | None = None,
+    mode: str = "iterative",
+    layers: tuple[int, int] | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> Int[Tensor, " n_out"]:
+    """Steered sampling (step 7): `n_tokens` new tokens, the intervention held for the first `hold`
+    (default all). Temperature 0 is greedy. Attention is not frozen (the sequence grows); positions
+    index the full sequence, and position None acts on every position, new ones included.
+    Returns the prompt and the new tokens."""
+    if n_tokens < 0:
+        raise InterventionError(f"n_tokens is {n_tokens}; pass 0 or more.")
+    if temperature < 0:
+        raise InterventionError(f"temperature is {temperature}; pass 0 (greedy) or more.")
+    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    tokens = to_tokens(model, prompt)
+    hold = n_tokens if hold is None else hold
+    g = torch.Generator().manual_seed(seed)
+    L, S = rm.cfg.n_layers, rm.tc.cfg.d_sae
+    for step in range(n_tokens):
+        if tokens.numel() >= model.cfg.n_ctx:
+            break
+        if step < hold and interventions:
+            state = rm.run(tokens, exclude_bos=False)
+            edits = resolve_edits(interventions, L, len(tokens), S)
+            logits = patched_forward(rm, state, [edits], mode, layers, False, False).logits[0, -1]
+        else:
+            logits = model(tokens[None])[0, -1]
+        if temperature == 0:
+            nxt = logits.argmax()
+        else:
+            nxt = torch.multinomial(torch.softmax(logits.double() / temperature, -1), 1, generator=g)[0]
+        tokens = torch.cat([tokens, nxt.view(1).to(tokens)])
+    return tokens

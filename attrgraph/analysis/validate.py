@@ -1,0 +1,372 @@
+"""`attrgraph validate FILE`: how far to trust a graph, measured by interventions on the real model.
+
+Seed: circuit-tracing appendix, "Validating the Replacement Model" (all three evaluations).
+
+1. Node to logit: ablate each graph feature (set to 0) with constrained patching over
+   [l, l + w] for each window w in `windows` (the appendix sweeps the range), under frozen
+   attention; record `KL(clean || ablated)` of the next-token distribution at the last position.
+   Correlate `log KL` with the log of the node's influence, its activation and its direct logit
+   edge `sum_t p_t |A[t, n]|` (Pearson of the logs, per window).
+2. Feature to feature: ablate each graph feature s with constrained patching over [l_s, l_s + 2];
+   the effect on every downstream graph feature t (layer > l_s, position >= p_s) is
+   `|a_t' - a_t| / a_t`; its graph influence is `B[t, s]` with `B = (I - A)^-1 - I`, `A` the
+   normalized unsigned adjacency (one sparse triangular solve per source). Spearman over the pairs.
+3. Local replacement faithfulness: at a single position add to the residual stream
+   (`hook_resid_mid` of layer l) (a) a feature's encoder vector scaled so that its pre-activation
+   rises by `delta` (linearized through ln2's recorded scale), (b) a random direction of the same
+   norm; or (c) raise an upstream feature's activation by `delta` in the replacement model up to
+   layer m = l + 1, copy the residual stream into the underlying model there and run both on.
+   Patterns are frozen in both models (norms live); the replacement model recomputes its features
+   (iterative patching over every layer). Per downstream layer, compare the net perturbations of
+   `hook_resid_post` (positions >= the perturbed one): cosine and normalized MSE
+   `|d_rep - d_model|^2 / |d_model|^2`.
+4. The CLI validates every graph of FILE (or `--name`) with the model and transcoders recorded by
+   `attrgraph build` (or `--model` / `--transcoders`) and writes validation_report.py's report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.sparse.linalg import spsolve_triangular
+from scipy.stats import pearsonr, spearmanr
+
+from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
+from attrgraph.engine.replacement import ReplacementModel, ReplacementState
+from attrgraph.errors import AttrgraphError
+from attrgraph.graph.graph import Graph
+from attrgraph.graph.prune import normalize_matrix
+
+
+class ValidationError(AttrgraphError, ValueError):
+    """A graph that cannot be validated with the given model and transcoders."""
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """Sizes of the three evaluations."""
+
+    max_features: int = 200
+    """Features ablated per graph (the most influential ones)."""
+    windows: tuple[int, ...] = (0, 1, 2, 99)
+    """Constrained ranges [l, l + w] for node-to-logit (99: to the last layer)."""
+    ff_window: int = 2
+    """Feature to feature: constrained range [l_s, l_s + ff_window] (the appendix uses 2)."""
+    n_perturbations: int = 16
+    """Samples per perturbation kind for faithfulness."""
+    delta: float = 0.1
+    """Activation / pre-activation increase of a perturbation (the appendix uses 0.1)."""
+    batch_size: int = 32
+    """Ablations per batched forward."""
+    seed: int = 0
+    """Seed of the faithfulness samples."""
+
+    def __post_init__(self):
+        if self.max_features < 1 or self.n_perturbations < 0 or self.batch_size < 1:
+            raise ValidationError(
+                "max_features and batch_size must be >= 1 and n_perturbations >= 0; fix the config."
+            )
+
+
+def _loglog_pearson(y: np.ndarray, x: np.ndarray) -> float:
+    ok = (y > 0) & (x > 0) & np.isfinite(y) & np.isfinite(x)
+    if ok.sum() < 3:
+        return math.nan
+    return float(pearsonr(np.log(y[ok]), np.log(x[ok])).statistic)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman correlation; NaN (without a warning) for fewer than 3 points or a constant input."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(spearmanr(x, y).statistic)
+
+
+def _features(graph: Graph, cfg: ValidateConfig) -> np.ndarray:
+    feats = np.flatnonzero(graph.nodes.mask("feature"))
+    infl = np.nan_to_num(graph.nodes.influence[feats], nan=0.0)
+    return feats[np.argsort(-infl, kind="stable")[: cfg.max_features]]
+
+
+def _ablations(rm, state, graph, nodes, windows, select=None, batch_size=32):
+    """Yield (node, window, PatchedRun row) of SetTo(0) on each node over [l, l + w]."""
+    L = state.acts.shape[0]
+    n = graph.nodes
+    for w in windows:
+        for c0 in range(0, len(nodes), batch_size):
+            chunk = nodes[c0 : c0 + batch_size]
+            # group by layer so that one batch shares a range
+            for layer in np.unique(n.layer[chunk]):
+                sub = chunk[n.layer[chunk] == layer]
+                edits = [
+                    resolve_edits(
+                        {(int(layer), int(n.position[i]), int(n.feature[i])): 0.0}, L, *state.acts.shape[1:]
+                    )
+                    for i in sub
+                ]
+                rng = (int(layer), min(int(layer) + w, L - 1))
+                yield sub, w, patched_forward(rm, state, edits, "constrained", rng, select=select)
+
+
+def node_to_logit(rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig) -> dict:
+    """Step 1: ablation KL against influence, activation and direct logit edge."""
+    feats = _features(graph, cfg)
+    n = graph.nodes
+    clean = torch.log_softmax(state.logits[-1].double(), -1)
+    w = np.zeros(graph.n_nodes)
+    w[n.mask("logit")] = graph.logit_probs
+    edge = np.abs(graph.adjacency.T @ sp.diags_array(w)).sum(axis=1)
+    edge = np.asarray(edge).ravel()
+    kl = {wd: np.zeros(len(feats)) for wd in cfg.windows}
+    pos = {int(i): k for k, i in enumerate(feats)}
+    for sub, wd, run in _ablations(rm, state, graph, feats, cfg.windows, batch_size=cfg.batch_size):
+        logp = torch.log_softmax(run.logits[:, -1].double(), -1)
+        values = (clean.exp() * (clean - logp)).sum(-1).clamp_min(0).numpy()
+        for i, v in zip(sub, values):
+            kl[wd][pos[int(i)]] = v
+    out = {"n_features": int(len(feats)), "windows": {}}
+    predictors = {
+        "influence": n.influence[feats].astype(float),
+        "activation": n.activation[feats].astype(float),
+        "direct_logit_edge": edge[feats],
+    }
+    for wd in cfg.windows:
+        out["windows"][str(wd)] = {k: _loglog_pearson(kl[wd], x) for k, x in predictors.items()}
+    out["mean"] = {
+        k: nan_stat(np.mean, [out["windows"][str(wd)][k] for wd in cfg.windows]) for k in predictors
+    }
+    out["_scatter"] = {"kl": kl[cfg.windows[-1]].tolist(), **{k: v.tolist() for k, v in predictors.items()}}
+    return out
+
+
+def influence_columns(graph: Graph, sources: np.ndarray) -> np.ndarray:
+    """[n_nodes, len(sources)] columns of `B = (I - A)^-1 - I` for the normalized adjacency."""
+    A = normalize_matrix(graph.adjacency)
+    M = sp.csr_array(sp.eye_array(graph.n_nodes, format="csr") - A)
+    E = np.zeros((graph.n_nodes, len(sources)))
+    E[sources, np.arange(len(sources))] = 1.0
+    X = spsolve_triangular(M, E, lower=True, unit_diagonal=True)
+    return np.asarray(X) - E
+
+
+def feature_to_feature(
+    rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig
+) -> dict:
+    """Step 2: Spearman between graph influence and the normalized ablation effect."""
+    n = graph.nodes
+    feats = np.flatnonzero(n.mask("feature"))
+    sources = _features(graph, cfg)
+    if len(feats) < 2:
+        return {"spearman": math.nan, "n_pairs": 0, "_scatter": {"influence": [], "effect": []}}
+    B = influence_columns(graph, sources)
+    select = torch.tensor(
+        np.stack([n.layer[feats], n.position[feats], n.feature[feats]], 1), dtype=torch.long
+    )
+    base = state.acts[tuple(select.T)].double().numpy()
+    col = {int(s): k for k, s in enumerate(sources)}
+    infl, eff = [], []
+    for sub, _, run in _ablations(
+        rm, state, graph, sources, (cfg.ff_window,), select=select, batch_size=cfg.batch_size
+    ):
+        after = run.acts.double().numpy()
+        for s, row in zip(sub, after):
+            down = (n.layer[feats] > n.layer[s]) & (n.position[feats] >= n.position[s]) & (base > 0)
+            infl.append(B[feats[down], col[int(s)]])
+            eff.append(np.abs(row[down] - base[down]) / base[down])
+    infl_a, eff_a = (np.concatenate(x) if x else np.zeros(0) for x in (infl, eff))
+    rho = spearman(infl_a, eff_a)
+    return {
+        "spearman": rho,
+        "n_pairs": int(len(infl_a)),
+        "n_sources": int(len(sources)),
+        "_scatter": {"influence": infl_a.tolist(), "effect": eff_a.tolist()},
+    }
+
+
+# ---------------------------------------------------------------------------------- faithfulness
+def _underlying(rm, state, hooks, capture, start_at_layer=None, resid=None) -> dict:
+    """The real model with frozen attention patterns; returns the captured hook values."""
+    model = rm.model
+    got: dict = {}
+    fwd = [
+        (n, lambda x, hook, v=state.frozen[n]: v.expand(x.shape))
+        for n in rm.frozen_hooks
+        if n.endswith("hook_pattern")
+    ]
+    for name in capture:
+
+        def keep(x, hook, name=name):
+            got[name] = x
+            return x
+
+        fwd.append((name, keep))
+    with torch.no_grad(), model.hooks(fwd_hooks=fwd + list(hooks)):
+        if start_at_layer is None:
+            model(state.tokens[None])
+        else:
+            model(resid, start_at_layer=start_at_layer)
+    return got
+
+
+def _replacement(rm, state, hooks, capture, edits=()) -> dict:
+    L = state.acts.shape[0]
+    run = patched_forward(
+        rm, state, [list(edits)], "iterative", (0, L - 1), True, False, hooks=hooks, capture=capture
+    )
+    return run.captured
+
+
+def nan_stat(fn, values) -> float:
+    """`fn` over the finite values; NaN (without a warning) when there are none."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    return float(fn(v)) if len(v) else math.nan
+
+
+def _compare(
+    a: dict, b: dict, a0: dict, b0: dict, names: list[str], p: int
+) -> tuple[list[float], list[float]]:
+    cos, nmse = [], []
+    for name in names:
+        da = (a[name] - a0[name])[0, p:].double().reshape(-1)
+        db = (b[name] - b0[name])[0, p:].double().reshape(-1)
+        denom = float(da.norm() * db.norm())
+        cos.append(float(da @ db) / denom if denom > 0 else math.nan)
+        ref = float(db.pow(2).sum())
+        nmse.append(float((da - db).pow(2).sum()) / ref if ref > 0 else math.nan)
+    return cos, nmse
+
+
+def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateConfig) -> dict:
+    """Step 3: cosine and normalized MSE per downstream layer, for the three perturbation kinds."""
+    model, tc = rm.model, rm.tc
+    L, P, _ = state.acts.shape
+    gen = np.random.default_rng(cfg.seed)
+    resid = [f"blocks.{k}.hook_resid_post" for k in range(L)]
+    rep0 = _replacement(rm, state, [], resid)
+    und0 = _underlying(rm, state, [], resid)
+    active = state.acts.nonzero().numpy()
+    active = active[active[:, 1] >= 1] if (active[:, 1] >= 1).any() else active
+    out = {}
+    for kind in ("encoder", "random", "upstream"):
+        rows: dict[int, list] = {}
+        pool = active[active[:, 0] < L - 1] if kind == "upstream" else active
+        if len(pool) == 0:
+            continue
+        for _ in range(cfg.n_perturbations):
+            l, p, f = (int(v) for v in pool[gen.integers(len(pool))])
+            if kind == "upstream":
+                m = l + 1
+                names = resid[m:]
+                pre_m = f"blocks.{m}.hook_resid_pre"
+                rep = _replacement(
+                    rm,
+                    state,
+                    [],
+                    resid + [pre_m],
+                    edits=resolve_edits({(l, p, f): Add(cfg.delta)}, L, P, tc.cfg.d_sae),
+                )
+                und = _underlying(rm, state, [], resid, start_at_layer=m, resid=rep[pre_m])
+            else:
+                u = tc.W_enc[l][:, f].detach().to(state.y_out.dtype)
+                ln2 = model.blocks[l].ln2
+                w = ln2.w.detach() if getattr(ln2, "w", None) is not None else torch.ones_like(u)
+                centered = u if "RMS" in type(ln2).__name__ else u - u.mean()
+                scale = state.frozen[f"blocks.{l}.ln2.hook_scale"][0, p].squeeze()
+                gain = float(tc.W_enc[l][:, f].detach().to(u.dtype) @ (w * centered)) / float(scale)
+                vec = u * (cfg.delta / gain) if abs(gain) > 1e-12 else u * 0
+                if kind == "random":
+                    r = torch.as_tensor(gen.standard_normal(u.shape[0]), dtype=u.dtype)
+                    vec = r / r.norm() * vec.norm()
+
+                def add(x, hook, vec=vec, p=p):
+                    x = x.clone()
+                    x[:, p] += vec
+                    return x
+
+                hooks = [(f"blocks.{l}.hook_resid_mid", add)]
+                names = resid[l:]
+                rep = _replacement(rm, state, hooks, resid)
+                und = _underlying(rm, state, hooks, resid)
+            cos, nmse = _compare(rep, und, rep0, und0, names, p)
+            for k, (c, e) in enumerate(zip(cos, nmse)):
+                rows.setdefault(k, []).append((c, e))
+        out[kind] = {
+            "cosine": [nan_stat(np.nanmean, [c for c, _ in rows[k]]) for k in sorted(rows)],
+            "nmse": [nan_stat(np.nanmedian, [e for _, e in rows[k]]) for k in sorted(rows)],
+            "n": [len(rows[k]) for k in sorted(rows)],
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------- whole graph
+def validate_graph(model, transcoders, graph: Graph, cfg: ValidateConfig | None = None) -> dict:
+    """All three evaluations of one graph (module docstring); keys starting with `_` hold plot data."""
+    cfg = cfg or ValidateConfig()
+    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    fp = graph.meta.get("transcoder_fingerprint")
+    if fp:
+        from attrgraph.engine.attribute import fingerprint
+
+        if fingerprint(rm.tc) != fp:
+            raise ValidationError(
+                "the graph was built with other transcoders (fingerprint differs); pass the ones that built it."
+            )
+    if graph.n_features == 0:
+        raise ValidationError("the graph has no feature nodes; there is nothing to ablate.")
+    state = rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=False)
+    return {
+        "prompt": " ".join(graph.prompt_tokens),
+        "node_to_logit": node_to_logit(rm, state, graph, cfg),
+        "feature_to_feature": feature_to_feature(rm, state, graph, cfg),
+        "faithfulness": faithfulness(rm, state, cfg),
+    }
+
+
+# ---------------------------------------------------------------------------------- CLI
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="validate stored graphs by interventions; write a report with plots")
+    p.add_argument("file")
+    p.add_argument("--name", default=None, help="graph to validate (default: every graph in the file)")
+    p.add_argument(
+        "--model", default=None, help="model (default: the one recorded in the graph, else 'default')"
+    )
+    p.add_argument(
+        "--transcoders", default=None, help="transcoders (default: recorded in the graph, else 'default-plt')"
+    )
+    p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
+    for f in ("max_features", "n_perturbations", "batch_size", "seed"):
+        p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
+
+
+def run(args) -> int:
+    from attrgraph.analysis.validation_report import write_report
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.graph.store import list_graphs, load_graph
+    from transcoders import load_transcoders
+
+    names = [args.name] if args.name else list_graphs(args.file)
+    graphs = [load_graph(args.file, n) for n in names]
+    model_name = args.model or graphs[0].meta.get("model", "default")
+    tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
+    model, tc = load_model(model_name), load_transcoders(tc_name)
+    cfg = ValidateConfig(
+        max_features=args.max_features,
+        n_perturbations=args.n_perturbations,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    rm = ReplacementModel(model, tc)
+    results = [validate_graph(model, rm, g, cfg) for g in graphs]
+    out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
+    summary = write_report(results, names, out, title=f"validation of {args.file}")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out}/validate.md, validate.json and 3 plots (config {asdict(cfg)})")
+    return 0

@@ -1,0 +1,100 @@
+"""Load a HookedTransformer with its tokenizer: the bundled model, a local folder, or a TL name.
+
+A model folder holds:
+  config.json        HookedTransformerConfig keyword arguments
+  model.safetensors  the state dict, TransformerLens parameter names
+  tokenizer/         a Hugging Face tokenizer folder (optional)
+  manifest.json      optional; when it lists sha256 sums under "files", they are checked
+
+This is the layout the training script writes into `data/default` and the peer
+harness (`shared/peer/ct_graph.py --out DIR`) writes for its random models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from attrgraph.bundled.paths import BUNDLED
+from attrgraph.errors import ChecksumError, CorruptWeightsError, ModelNotFoundError
+from transcoders.manifest import verify_manifest  # one check for models and transcoders
+
+# Buffers TransformerLens rebuilds from the config; a state dict need not carry them.
+REBUILT_BUFFERS = (".mask", ".IGNORE", "rotary_sin", "rotary_cos")
+
+
+def load_model(
+    name_or_path: str | os.PathLike = "default",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+):
+    """Return a `HookedTransformer` with its tokenizer.
+
+    name_or_path: "default" (the bundled model, offline), a local model folder
+        (see the module docstring), or a TransformerLens model name such as "gpt2"
+        (downloads unless it is in the Hugging Face cache).
+    """
+    from transformer_lens import HookedTransformer
+
+    key = str(name_or_path)
+    folder = BUNDLED.get(key, Path(key))
+    if folder.is_dir():
+        return load_model_folder(folder, device=device, dtype=dtype)
+    if key in BUNDLED or os.sep in key or key.startswith("."):
+        raise ModelNotFoundError(
+            f"no model folder at {folder}; pass 'default', a folder holding config.json and "
+            "model.safetensors, or a TransformerLens model name."
+        )
+    try:
+        return HookedTransformer.from_pretrained(key, device=device, dtype=dtype)
+    except Exception as e:  # unknown names and offline failures both land here
+        raise ModelNotFoundError(
+            f"could not load TransformerLens model {key!r} ({type(e).__name__}: {e}); check the name "
+            "against transformer_lens.loading.OFFICIAL_MODEL_NAMES, and that it is cached or you are online."
+        ) from e
+
+
+def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from attrgraph.bundled.tokenizer import load_tokenizer
+
+    for required in ("config.json", "model.safetensors"):
+        if not (folder / required).exists():
+            raise ModelNotFoundError(
+                f"{folder} has no {required}; a model folder needs config.json and model.safetensors."
+            )
+    verify_manifest(folder, ModelNotFoundError, ChecksumError)
+    kwargs = json.loads((folder / "config.json").read_text())
+    kwargs.update(device=str(device), dtype=dtype, init_weights=False)
+    cfg = HookedTransformerConfig(**kwargs)
+    tokenizer = load_tokenizer(folder / "tokenizer") if (folder / "tokenizer").is_dir() else None
+    with warnings.catch_warnings():
+        # TransformerLens 3 steers new users to TransformerBridge; HookedTransformer is our backend.
+        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    try:
+        state = load_file(folder / "model.safetensors")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CorruptWeightsError(
+            f"{folder / 'model.safetensors'} could not be read ({e}); the file is truncated or not safetensors."
+        ) from e
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:
+        raise CorruptWeightsError(
+            f"{folder / 'model.safetensors'} does not fit {folder / 'config.json'}: {str(e).splitlines()[-1].strip()}"
+        ) from e
+    missing = [k for k in missing if not k.endswith(REBUILT_BUFFERS)]
+    if missing or unexpected:
+        raise CorruptWeightsError(
+            f"{folder / 'model.safetensors'} does not fit its config: missing {missing[:3]}, unexpected {unexpected[:3]}."
+        )
+    model.eval()
+    return model

@@ -1,0 +1,42 @@
+"""The `attrgraph` command line. Each subcommand lives beside the code it drives and
+registers itself in `SUBCOMMANDS` (name -> module path exposing `add_parser(sub)` and `run(args)`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+SUBCOMMANDS = {
+    "predict": "attrgraph.cli.predict",
+    "circuit": "attrgraph.cli.circuit",
+    "build": "attrgraph.cli.build",
+    "show": "attrgraph.cli.show",
+    "validate": "attrgraph.analysis.validate",
+    "train-transcoders": "transcoders.train",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="attrgraph", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}
+    for module in modules.values():
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    from attrgraph.errors import AttrgraphError
+    from transcoders.errors import TranscoderError
+
+    try:
+        return modules[args.command].run(args) or 0
+    except (AttrgraphError, TranscoderError) as e:
+        # a user's mistake: its one sentence, not a traceback
+        print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""`attrgraph build PROMPT`: attribute, prune, summarize and store a graph in one command.
+
+1. Load the model (`--model`: "default", a folder, or a TransformerLens name) and the transcoders
+   (`--transcoders`: "default-plt", "default-clt", or a directory in a format `transcoders` reads).
+2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
+3. `prune_graph` with `--node-threshold` / `--edge-threshold`.
+4. Print nodes and edges before and after pruning, the top logits, the top features by influence
+   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from attrgraph.errors import PromptError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build", help="build, prune and store the attribution graph of a prompt")
+    p.add_argument("prompt")
+    p.add_argument("-o", "--output", default="graph.h5", help="HDF5 file to write (default graph.h5)")
+    p.add_argument("--name", default=None, help="graph name inside the file (default 'graph')")
+    p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
+    p.add_argument(
+        "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
+    )
+    p.add_argument("--node-threshold", type=float, default=0.8)
+    p.add_argument("--edge-threshold", type=float, default=0.98)
+    p.add_argument("--max-logits", type=int, default=10)
+    p.add_argument("--logit-prob", type=float, default=0.95)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--method", choices=("standard", "hierarchical"), default="standard")
+    p.add_argument(
+        "--tau", type=float, default=0.0, help="hierarchical: detach nodes whose attribution is below tau"
+    )
+    p.add_argument(
+        "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--full", action="store_true", help="also store the unpruned graph as NAME_full")
+    p.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    if not args.prompt.strip():
+        raise PromptError("prompt is empty; pass at least one token of text.")
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.graph.prune import prune_graph
+    from attrgraph.graph.store import save_graph
+    from attrgraph.graph.summary import format_summary, summarize
+    from transcoders.formats import load_transcoders
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model)
+    tc = load_transcoders(args.transcoders)
+    t1 = time.perf_counter()
+    graph = attribute(
+        model,
+        tc,
+        args.prompt,
+        max_n_logits=args.max_logits,
+        desired_logit_prob=args.logit_prob,
+        batch_size=args.batch_size,
+        progress=not args.no_progress and not args.json,
+        method=args.method,
+        tau=args.tau,
+        max_feature_nodes=args.max_feature_nodes,
+    )
+    graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
+    t2 = time.perf_counter()
+    pruned = prune_graph(graph, args.node_threshold, args.edge_threshold)
+    t3 = time.perf_counter()
+    name = save_graph(pruned, args.output, args.name)
+    if args.full:
+        save_graph(graph, args.output, f"{name}_full")
+    times = {
+        "load_s": round(t1 - t0, 3),
+        "attribute_s": round(t2 - t1, 3),
+        "prune_s": round(t3 - t2, 3),
+        "total_s": round(time.perf_counter() - t0, 3),
+    }
+    full, small = summarize(graph), summarize(pruned)
+    if args.json:
+        print(
+            json.dumps(
+                {"full": full, "pruned": small, "file": str(args.output), "name": name, "times": times}
+            )
+        )
+        return 0
+    print(f"prompt: {' '.join(repr(t) for t in graph.prompt_tokens)}")
+    print(f"full:   {full['n_nodes']} nodes, {full['n_edges']} edges, {full['n_features']} features")
+    print(
+        f"pruned: {small['n_nodes']} nodes, {small['n_edges']} edges, {small['n_features']} features "
+        f"(node threshold {args.node_threshold}, edge threshold {args.edge_threshold})"
+    )
+    print(format_summary(small, title="pruned graph"))
+    print(f"wrote {args.output}:/graphs/{name}" + (f" and {name}_full" if args.full else ""))
+    print("wall time: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in times.items()))
+    return 0

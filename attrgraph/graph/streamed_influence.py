@@ -1,0 +1,126 @@
+"""Logit influence and error shares of a large graph in one streamed pass over its rows.
+
+Seed: circuit-tracing appendix, "Graph Pruning". The same numbers as `prune.compute_influence`
+on `prune.normalize_matrix(adjacency)` (and as scores.py), without materializing the normalized
+matrix, its transpose or `I - A`: on a graph of ~10^4 features the adjacency holds ~3 10^7 edges,
+and those copies would triple the peak memory of `attribute`.
+
+1. Blocks: contiguous row ranges whose rows have no edge from inside their own block or from a
+   later row (`layer_blocks`: the features of one layer, the logits; embeddings and errors have
+   no rows). Every edge goes from a lower block to a higher one.
+2. `z = (I - A)^-T w` solved block by block from the last: `z_B = w_B + acc_B`, then every edge
+   `t -> s` of block B adds `|A[t, s]| / rowsum_t * z_t` to `acc_s` (one `bincount` per chunk of
+   rows; the normalization `1 / rowsum_t` is applied on the fly). Influence is `z - w`.
+3. In the same pass, each row's share of |input| that comes from error nodes (scores.py step 3).
+4. The rows may also come as several CSR matrices whose rows belong to given nodes
+   (`streamed_influence_rows`; adaptive.py keeps the rows of the explored nodes that way); nodes
+   without a row have no inputs. Within a block the order of rows does not matter.
+Peak extra memory: a few arrays of the size of one chunk of edges (`chunk_edges`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+from jaxtyping import Float, Int
+
+from attrgraph.errors import GraphError
+from attrgraph.graph.graph import Nodes
+
+
+class StreamedInfluence(NamedTuple):
+    """What one streamed pass computes."""
+
+    influence: Float[np.ndarray, " n_nodes"]
+    """Logit influence `((I - A)^-1 - I)^T w`, equal to `prune.compute_influence`."""
+    error_share: Float[np.ndarray, " n_nodes"]
+    """Per row, `sum_{s error} |A[t, s]| / sum_s |A[t, s]|` (0 for rows without inputs)."""
+
+
+def layer_blocks(nodes: Nodes) -> list[tuple[int, int]]:
+    """Step 1: contiguous runs of nodes of one kind and one layer, in node order."""
+    key = np.char.add(nodes.kind.astype(str), nodes.layer.astype(str))
+    if not len(key):
+        return []
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [len(key)]])
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def streamed_influence(
+    adjacency: sp.csr_array,
+    logit_weights: Float[np.ndarray, " n_nodes"],
+    blocks: list[tuple[int, int]],
+    is_error: np.ndarray | None = None,
+    chunk_edges: int = 1 << 18,
+) -> StreamedInfluence:
+    """Steps 2-3 (module docstring); raises `GraphError` if an edge stays inside a block or goes up."""
+    N = adjacency.shape[0]
+    if adjacency.shape != (N, N):
+        raise GraphError(f"matrix {adjacency.shape} is not square; pass one row and one column per node.")
+    return streamed_influence_rows([(np.arange(N), adjacency)], logit_weights, blocks, is_error, chunk_edges)
+
+
+def streamed_influence_rows(
+    row_sets: list[tuple[Int[np.ndarray, " n_rows"], sp.csr_array]],
+    logit_weights: Float[np.ndarray, " n_nodes"],
+    blocks: list[tuple[int, int]],
+    is_error: np.ndarray | None = None,
+    chunk_edges: int = 1 << 18,
+) -> StreamedInfluence:
+    """`streamed_influence` of the graph whose row for node `nodes[i]` is row i of `rows`, for each
+    `(nodes, rows)` in `row_sets` (nodes ascending within a set, each node in at most one set;
+    columns are node indices); other nodes have no inputs (step 4)."""
+    w = np.asarray(logit_weights, np.float64)
+    N = len(w)
+    for nodes, rows in row_sets:
+        if rows.shape != (len(nodes), N) or np.any(np.diff(nodes) <= 0):
+            raise GraphError(
+                f"a row set has {len(nodes)} nodes for a {rows.shape} matrix over {N} weights; give one "
+                "ascending node per row and one column per node."
+            )
+    is_error = np.zeros(N, bool) if is_error is None else np.asarray(is_error, bool)
+    acc = np.zeros(N)
+    z = w.copy()
+    error_share = np.zeros(N)
+    for b0, b1 in reversed(blocks):
+        z[b0:b1] = w[b0:b1] + acc[b0:b1]
+        for nodes, rows in row_sets:
+            r0, r_end = np.searchsorted(nodes, [b0, b1])
+            indptr, indices, data = rows.indptr, rows.indices, rows.data
+            while r0 < r_end:  # chunks of rows with about chunk_edges edges
+                r1 = int(np.searchsorted(indptr, indptr[r0] + chunk_edges, side="right")) - 1
+                r1 = min(max(r1, r0 + 1), r_end)
+                p0, p1 = int(indptr[r0]), int(indptr[r1])
+                if p1 > p0:
+                    _accumulate(
+                        nodes[r0:r1],
+                        indptr[r0 : r1 + 1] - p0,
+                        indices[p0:p1],
+                        data[p0:p1],
+                        b0,
+                        z,
+                        acc,
+                        error_share,
+                        is_error,
+                    )
+                r0 = r1
+    return StreamedInfluence(influence=z - w, error_share=error_share)
+
+
+def _accumulate(targets, indptr, cols, values, b0, z, acc, error_share, is_error) -> None:
+    """Step 2-3 for one chunk of rows (nodes `targets`, all in the block starting at b0)."""
+    if cols.max() >= b0:
+        raise GraphError(
+            "an edge comes from its own block or a later node; order nodes as graph.NODE_ORDER documents."
+        )
+    a = np.abs(values, dtype=np.float64)
+    local = np.repeat(np.arange(len(targets)), np.diff(indptr))
+    rowsum = np.bincount(local, weights=a, minlength=len(targets))
+    inv = np.divide(1.0, rowsum, out=np.zeros_like(rowsum), where=rowsum > 0)
+    error_share[targets] = np.bincount(local, weights=a * is_error[cols], minlength=len(targets)) * inv
+    a *= (z[targets] * inv)[local]
+    acc += np.bincount(cols, weights=a, minlength=len(acc))

@@ -1,0 +1,83 @@
+"""A graph's summary, as a dict (for `--json`) and as text (for the terminal).
+
+1. Sizes: nodes, edges, features, and nodes per kind.
+2. The logit targets with their probabilities, most probable first.
+3. The top features by logit influence (prune.compute_influence, stored on the nodes), with
+   layer, position, the token at that position, activation and influence.
+4. The metadata the graph carries (model, transcoders, options, thresholds).
+5. The graph's replacement and completeness scores (scores.py), and for hierarchical and adaptive
+   graphs their root / budget figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attrgraph.graph.graph import NODE_ORDER, Graph
+from attrgraph.graph.scores import compute_graph_scores
+
+
+def summarize(graph: Graph, n_top: int = 10) -> dict:
+    """Plain-JSON summary: at least n_nodes, n_edges, n_features, logit_tokens, logit_probs."""
+    n = graph.nodes
+    feats = np.flatnonzero(n.kind == "feature")
+    influence = np.nan_to_num(n.influence[feats], nan=-1.0)
+    top = feats[np.argsort(-influence, kind="stable")[:n_top]]
+    return {
+        "n_nodes": graph.n_nodes,
+        "n_edges": graph.n_edges,
+        "n_features": graph.n_features,
+        "nodes_by_kind": {k: int((n.kind == k).sum()) for k in NODE_ORDER},
+        "prompt_tokens": list(graph.prompt_tokens),
+        "logit_tokens": graph.logit_tokens.tolist(),
+        "logit_strings": list(graph.logit_strings),
+        "logit_probs": [round(float(p), 6) for p in graph.logit_probs],
+        "top_features": [
+            {
+                "layer": int(n.layer[i]),
+                "position": int(n.position[i]),
+                "feature": int(n.feature[i]),
+                "token": graph.prompt_tokens[int(n.position[i])],
+                "activation": round(float(n.activation[i]), 6),
+                "influence": round(float(n.influence[i]), 6),
+            }
+            for i in top
+        ],
+        **dict(
+            zip(
+                ("replacement_score", "completeness_score"),
+                (round(x, 6) for x in compute_graph_scores(graph)),
+            )
+        ),
+        "meta": {k: v for k, v in graph.meta.items() if isinstance(v, (str, int, float, bool))},
+    }
+
+
+def format_summary(summary: dict, title: str = "graph") -> str:
+    """The summary as a few aligned lines of text."""
+    kinds = ", ".join(f"{v} {k}" for k, v in summary["nodes_by_kind"].items())
+    lines = [f"{title}: {summary['n_nodes']} nodes ({kinds}), {summary['n_edges']} edges"]
+    logits = "  ".join(f"{s!r} {p:.3f}" for s, p in zip(summary["logit_strings"], summary["logit_probs"]))
+    lines.append(f"  logits: {logits}")
+    if "replacement_score" in summary:
+        lines.append(
+            f"  scores: replacement {summary['replacement_score']:.3f}, completeness {summary['completeness_score']:.3f}"
+        )
+    meta = summary.get("meta", {})
+    if meta.get("method") == "hierarchical":
+        lines.append(
+            f"  hierarchical (tau {meta['tau']:.4g}): root {meta['root_value']:.4f} = leaves + bias "
+            f"{meta['bias_attribution']:.4f} + detached {meta['detached_attribution']:.4f}"
+        )
+    if meta.get("method") == "adaptive":
+        lines.append(
+            f"  adaptive: {meta['n_explored']} of {meta['n_active_features']} active features explored (rest counted as error)"
+        )
+    if summary["top_features"]:
+        lines.append("  top features by logit influence:")
+        for f in summary["top_features"]:
+            lines.append(
+                f"    L{f['layer']}/F{f['feature']:<6} @{f['position']:<3} {f['token']!r:<12} "
+                f"act {f['activation']:8.3f}  influence {f['influence']:.4f}"
+            )
+    return "\n".join(lines)

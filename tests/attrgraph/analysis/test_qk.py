@@ -1,0 +1,69 @@
+"""QK attribution: the pair contributions sum to the model's attention score, and each source's
+query-side part is its finite-difference effect on the query vector."""
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.analysis.qk import QKError, attention_score, qk_attribution
+from attrgraph.engine.replacement import ReplacementModel
+from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+
+TOKENS = [3, 17, 5, 9, 17, 5, 22, 8]
+
+
+@pytest.mark.parametrize(
+    "arch,kind,skip", [("gpt2", "plt", False), ("gpt2", "clt", True), ("llama", "plt", True)]
+)
+def test_pair_contributions_sum_to_the_score(arch, kind, skip):
+    model = tiny_model(arch, n_layers=3)
+    tc = tiny_transcoders(model, kind, skip)
+    for layer, head, i, j in [(2, 1, 7, 4), (1, 3, 5, 5), (2, 0, 6, 0)]:
+        qk = qk_attribution(model, tc, TOKENS, layer, head, i, j, exclude_bos=True)
+        score = attention_score(model, TOKENS, layer, head, i, j)
+        assert qk.score == pytest.approx(score, rel=1e-9, abs=1e-12)
+        assert qk.pairs().sum() == pytest.approx(score, rel=1e-9, abs=1e-12)
+        assert qk.query_marginals().sum() == pytest.approx(score, rel=1e-9, abs=1e-12)
+        assert qk.key_marginals().sum() == pytest.approx(score, rel=1e-9, abs=1e-12)
+        # nothing after the query (or key) position and nothing at or above the head's layer gets credit
+        q_rows = np.abs(qk.Q[:-1]).sum(1) > 0
+        assert np.all(qk.keys[:-1][q_rows, 1] <= i) and np.all(qk.keys[:-1][q_rows, 0] < layer)
+        k_rows = np.abs(qk.K[:-1]).sum(1) > 0
+        assert np.all(qk.keys[:-1][k_rows, 1] <= j)
+        top = qk.top_pairs(5)
+        assert len(top) == 5 and abs(top[0][2]) >= abs(top[-1][2])
+        assert abs(top[0][2]) == pytest.approx(np.abs(qk.pairs()).max())
+
+
+def test_feature_part_of_the_query_is_its_finite_difference():
+    """Q[s] for a feature equals the change of q_i in the frozen replacement when a_s goes to 0."""
+    model = tiny_model("gpt2", n_layers=3)
+    tc = tiny_transcoders(model, "clt", False)
+    layer, head, i, j = 2, 2, 7, 3
+    qk = qk_attribution(model, tc, TOKENS, layer, head, i, j, exclude_bos=True)
+    rm = ReplacementModel(model, tc)
+    state = rm.run(torch.tensor(TOKENS), exclude_bos=True)
+    name = f"blocks.{layer}.attn.hook_q"
+
+    def q_of(acts):
+        with torch.no_grad(), rm.frozen(state, rm.constant(state, acts=acts), capture=(name,)) as run:
+            model(state.tokens[None])
+        return run.captured[name][0, i, head].numpy()
+
+    base = q_of(state.acts)
+    rows = [r for r in range(len(qk.labels) - 1) if qk.keys[r, 2] >= 0 and np.abs(qk.Q[r]).sum() > 0][:5]
+    assert rows
+    for r in rows:
+        l, p, f = qk.keys[r]
+        acts = state.acts.clone()
+        acts[l, p, f] = 0
+        np.testing.assert_allclose(base - q_of(acts), qk.Q[r], rtol=1e-7, atol=1e-10)
+
+
+def test_bad_heads_and_positions_are_refused():
+    model = tiny_model("gpt2", n_layers=2)
+    tc = tiny_transcoders(model)
+    with pytest.raises(QKError, match="does not exist"):
+        qk_attribution(model, tc, TOKENS, 5, 0, 3, 2)
+    with pytest.raises(QKError, match="causal"):
+        qk_attribution(model, tc, TOKENS, 1, 0, 2, 5)

@@ -1,0 +1,121 @@
+"""load_model: the bundled model offline, local folders, and each bad input's error."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from attrgraph import ChecksumError, CorruptWeightsError, ModelNotFoundError, load_model
+from attrgraph.bundled.paths import BUNDLED
+from transcoders.manifest import sha256
+
+TINY = dict(
+    n_layers=1,
+    d_model=16,
+    n_heads=2,
+    d_head=8,
+    d_mlp=32,
+    d_vocab=20,
+    n_ctx=16,
+    act_fn="gelu",
+    normalization_type="LN",
+    tokenizer_name=None,
+)
+needs_bundled = pytest.mark.skipif(
+    not (BUNDLED["default"] / "manifest.json").exists(), reason="bundled model not trained yet"
+)
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    torch.manual_seed(0)
+    model = HookedTransformer(HookedTransformerConfig(**TINY))
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors")
+    manifest = {"files": {"model.safetensors": sha256(tmp_path / "model.safetensors")}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path, model
+
+
+def test_local_folder_round_trip(tiny_folder):
+    folder, model = tiny_folder
+    loaded = load_model(folder)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(loaded(tokens), model(tokens))
+
+
+def test_float64(tiny_folder):
+    folder, _ = tiny_folder
+    assert load_model(folder, dtype=torch.float64).W_E.dtype == torch.float64
+
+
+def test_unknown_name():
+    with pytest.raises(ModelNotFoundError, match="TransformerLens model"):
+        load_model("no-such-model-xyz")
+
+
+def test_missing_folder_and_missing_file(tiny_folder, tmp_path_factory):
+    with pytest.raises(ModelNotFoundError, match="no model folder"):
+        load_model("./does/not/exist")
+    folder, _ = tiny_folder
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelNotFoundError, match="model.safetensors"):
+        load_model(folder)
+
+
+def test_checksum_mismatch(tiny_folder):
+    folder, _ = tiny_folder
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match="sha256"):
+        load_model(folder)
+
+
+def test_truncated_weights(tiny_folder):
+    folder, _ = tiny_folder
+    (folder / "manifest.json").unlink()
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptWeightsError, match="truncated"):
+        load_model(folder)
+
+
+def test_weights_of_the_wrong_shape(tiny_folder):
+    folder, _ = tiny_folder
+    (folder / "config.json").write_text(json.dumps(TINY | {"d_mlp": 48}))
+    with pytest.raises(CorruptWeightsError, match="does not fit"):
+        load_model(folder)
+
+
+@needs_bundled
+def test_bundled_model_loads_offline_with_its_tokenizer():
+    model = load_model("default")
+    assert model.cfg.n_layers == 4
+    assert model.to_str_tokens("When Mary and John went to the store")[:3] == ["<bos>", "When", "Mary"]
+
+
+@needs_bundled
+def test_bundled_model_reproduces_manifest_metrics():
+    from attrgraph.bundled.task_eval import QUALITY_BAR, evaluate_tasks
+
+    manifest = json.loads((BUNDLED["default"] / "manifest.json").read_text())
+    metrics = evaluate_tasks(load_model("default"), n=100)
+    for key in QUALITY_BAR:
+        ref = manifest["metrics"][key]
+        tol = 0.1 * max(1.0, abs(ref)) if key == "ioi_logit_diff" else 0.06
+        assert abs(metrics[key] - ref) <= tol, (key, metrics[key], ref)
+
+
+@needs_bundled
+def test_bundled_checksums_are_checked(tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(BUNDLED["default"], folder)
+    with open(folder / "config.json", "a") as f:
+        f.write(" ")
+    with pytest.raises(ChecksumError):
+        load_model(folder)

@@ -1,0 +1,116 @@
+"""Adaptive graphs: the exactness contract for every explored target, the budget, the exploration
+order, and the full budget reproducing the full graph."""
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.engine.adaptive import attribute_adaptive
+from attrgraph.engine.attribute import attribute
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.graph.scores import compute_graph_scores
+from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+
+TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2, 7, 7])
+
+
+@pytest.fixture(scope="module", params=["plt", "clt"])
+def setup(request):
+    model = tiny_model("gpt2", n_layers=3)
+    rm = ReplacementModel(model, tiny_transcoders(model, request.param, request.param == "plt"))
+    full = attribute(model, rm, TOKENS, exclude_bos=True)
+    return model, rm, full
+
+
+def node_keys(g, mask):
+    n = g.nodes
+    return list(zip(n.layer[mask], n.position[mask], n.feature[mask]))
+
+
+def test_partial_graph_is_exact_for_explored_targets(setup):
+    model, rm, full = setup
+    budget = full.n_features // 4
+    trace = []
+    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=budget, k=8, exclude_bos=True, trace=trace)
+    assert g.n_features == budget == g.meta["n_explored"] and len(trace) == -(-budget // 8)
+    assert g.n_nodes == len(TOKENS) + 3 * (len(TOKENS) - 1) + budget + len(g.logit_tokens)
+    # explored targets: their rows sum to what the full graph's rows sum to (pre-activation - bias)
+    full_index = {key: i for i, key in enumerate(node_keys(full, np.ones(full.n_nodes, bool)))}
+    A, F = g.dense().astype(np.float64), full.dense().astype(np.float64)
+    f = g.nodes.kind == "feature"
+    rows_g = np.flatnonzero(f | (g.nodes.kind == "logit"))
+    rows_f = [full_index[k] for k in node_keys(g, f)] + list(np.flatnonzero(full.nodes.kind == "logit"))
+    np.testing.assert_allclose(A[rows_g].sum(1), F[rows_f].sum(1), rtol=1e-5, atol=1e-6 * np.abs(F).max())
+    # edges from explored features and embeddings are the full graph's edges
+    cols_g = np.flatnonzero(f | (g.nodes.kind == "embedding"))
+    cols_f = [full_index[k] for k in node_keys(g, g.nodes.kind == "embedding")] + [
+        full_index[k] for k in node_keys(g, f)
+    ]
+    cols_f = sorted(cols_f)
+    np.testing.assert_allclose(
+        A[np.ix_(rows_g, cols_g)], F[np.ix_(rows_f, cols_f)], rtol=1e-5, atol=1e-6 * np.abs(F).max()
+    )
+
+
+def test_first_explored_features_are_the_most_influential_on_the_logits(setup):
+    model, rm, full = setup
+    k = 5
+    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=k, k=k, exclude_bos=True)
+    # one step: ranked by influence in the graph made of the logit rows only (direct effects)
+    F = np.abs(full.dense().astype(np.float64))
+    lg = full.nodes.kind == "logit"
+    direct = (F[lg] / F[lg].sum(1, keepdims=True) * full.logit_probs[:, None]).sum(0)
+    f = np.flatnonzero(full.nodes.kind == "feature")
+    top = f[np.argsort(-direct[f], kind="stable")[:k]]
+    assert set(node_keys(g, g.nodes.kind == "feature")) == set(
+        node_keys(full, np.isin(np.arange(full.n_nodes), top))
+    )
+
+
+def test_full_budget_gives_the_full_graph(setup):
+    model, rm, full = setup
+    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True)
+    # features never reached (influence 0) stay unexplored; with them folded the scores agree
+    reached = full.nodes.influence[full.nodes.kind == "feature"] > 0
+    assert g.n_features == reached.sum()
+    s_full, s_g = compute_graph_scores(full), compute_graph_scores(g)
+    np.testing.assert_allclose(list(s_g), list(s_full), rtol=1e-4)
+    np.testing.assert_allclose(
+        np.sort(g.nodes.influence[g.nodes.kind == "feature"]),
+        np.sort(full.nodes.influence[full.nodes.kind == "feature"][reached]),
+        rtol=1e-4,
+    )
+
+
+def test_replacement_score_grows_with_budget(setup):
+    model, rm, full = setup
+    scores = [
+        compute_graph_scores(
+            attribute_adaptive(model, rm, TOKENS, max_feature_nodes=b, k=16, exclude_bos=True)
+        ).replacement
+        for b in (0, 16, 64, 10**6)
+    ]
+    # budget 0: only the embeddings' direct paths count as explained
+    assert scores == sorted(scores) and scores[0] < scores[-1]
+    assert scores[-1] == pytest.approx(compute_graph_scores(full).replacement, rel=1e-4)
+
+
+def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
+    import h5py
+
+    from attrgraph.graph.store import save_graph
+    from attrgraph.graph.summary import format_summary, summarize
+
+    model, rm, full = setup
+    g = attribute(model, rm, TOKENS, max_feature_nodes=10, exclude_bos=True)
+    assert g.meta["method"] == "adaptive" and g.n_features == 10
+    s = compute_graph_scores(full)
+    assert full.meta["unpruned_replacement_score"] == pytest.approx(s.replacement, rel=1e-9)
+    assert full.meta["unpruned_completeness_score"] == pytest.approx(s.completeness, rel=1e-9)
+    save_graph(g, tmp_path / "a.h5")
+    with h5py.File(tmp_path / "a.h5") as f:
+        assert f["graphs/graph"].attrs["replacement_score"] == pytest.approx(
+            compute_graph_scores(g).replacement
+        )
+    text = format_summary(summarize(g))
+    assert "scores: replacement" in text and "adaptive: 10 of" in text

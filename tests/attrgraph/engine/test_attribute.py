@@ -1,0 +1,206 @@
+"""Attribution: the exactness contract (DESIGN.md 1-3) on tiny random models of each architecture,
+fast path vs reference path, custom targets, and bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.bundled.paths import BUNDLED
+from attrgraph.engine.attribute import attribute
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.targets import direction, logit_difference
+from attrgraph.errors import PromptError, TargetError
+from attrgraph.graph.graph import NODE_ORDER
+from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9])
+
+
+def zero_source_forward(rm, state):
+    """The frozen model with every graph source set to zero: the targets' biases."""
+    return rm.forward(
+        state, torch.zeros_like(state.acts), torch.zeros_like(state.errors), torch.zeros_like(state.embed)
+    )
+
+
+def target_values(graph, state, out):
+    """(pre-activation of every feature node, demeaned logit of every logit node) from a forward output."""
+    n = graph.nodes
+    f = n.kind == "feature"
+    pre = out.pre_acts[n.layer[f], n.position[f], n.feature[f]].double().numpy()
+    last = out.logits[-1].double()
+    logit = (last[graph.logit_tokens] - last.mean()).numpy()
+    return pre, logit
+
+
+def check_contracts(graph, rm, state, rtol, n_fd=4, seed=0):
+    A = graph.dense().astype(np.float64)
+    n = graph.nodes
+    f, lg = n.kind == "feature", n.kind == "logit"
+    pre, logit = target_values(graph, state, rm.forward(state))
+    bias_pre, bias_logit = target_values(graph, state, zero_source_forward(rm, state))
+    # contract 1: incoming edges + bias == pre-activation
+    np.testing.assert_allclose(A[f].sum(1) + bias_pre, pre, rtol=0, atol=rtol * np.abs(pre).max())
+    # contract 2: the same for the demeaned logits
+    np.testing.assert_allclose(A[lg].sum(1) + bias_logit, logit, rtol=0, atol=rtol * np.abs(logit).max())
+    # contract 3: an edge equals the finite-difference effect of its source (doubling it)
+    rng = np.random.default_rng(seed)
+    for kind in ("feature", "error", "embedding"):
+        for s in rng.choice(np.flatnonzero(n.kind == kind), size=n_fd, replace=False):
+            acts, errors, embed = state.acts.clone(), state.errors.clone(), state.embed.clone()
+            l, p = int(n.layer[s]), int(n.position[s])
+            if kind == "feature":
+                acts[l, p, n.feature[s]] *= 2
+            elif kind == "error":
+                errors[l, p] *= 2
+            else:
+                embed[p] *= 2
+            new_pre, new_logit = target_values(graph, state, rm.forward(state, acts, errors, embed))
+            effect = np.concatenate([new_pre - pre, new_logit - logit])
+            column = np.concatenate([A[f, s], A[lg, s]])
+            scale = max(np.abs(A).max(), 1e-12)
+            np.testing.assert_allclose(effect, column, rtol=0, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,skip", TRANSCODERS)
+def test_exactness_contract_float64(arch, kind, skip):
+    model = tiny_model(arch)
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, skip))
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    assert graph.n_features > 20 and graph.adjacency.dtype == np.float64
+    check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
+
+
+def test_exactness_contract_with_a_literal_read_hook():
+    """Transcoders reading `hook_resid_mid` (released Gemma/Llama sets) instead of the MLP input."""
+    model = tiny_model("gemma2")
+    tc = tiny_transcoders(model, "plt", True)
+    tc.cfg = type(tc.cfg)(**dict(tc.cfg.to_dict(), input_hook="blocks.{layer}.hook_resid_mid"))
+    rm = ReplacementModel(model, tc)
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
+
+
+def test_exactness_contract_float32_with_position_zero_included():
+    model = tiny_model("gpt2", torch.float32)
+    rm = ReplacementModel(model, tiny_transcoders(model, "clt"))
+    graph = attribute(model, rm, TOKENS, exclude_bos=False)
+    assert (graph.nodes.position[graph.nodes.kind == "feature"] == 0).any()
+    check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=False), rtol=1e-4)
+
+
+def test_node_order_and_layout():
+    model = tiny_model("gpt2")
+    tc = tiny_transcoders(model)
+    g = attribute(model, tc, TOKENS, exclude_bos=True, max_n_logits=4, desired_logit_prob=0.99)
+    kinds = g.nodes.kind.tolist()
+    assert [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k] == list(NODE_ORDER)
+    n_pos, L = len(TOKENS), model.cfg.n_layers
+    assert (g.nodes.kind == "embedding").sum() == n_pos
+    assert (g.nodes.kind == "error").sum() == L * (n_pos - 1)  # no error nodes at the excluded BOS
+    f = g.nodes.kind == "feature"
+    assert (g.nodes.position[f] > 0).all() and (g.nodes.activation[f] > 0).all()
+    keys = np.stack([g.nodes.layer[f], g.nodes.position[f], g.nodes.feature[f]], 1)
+    assert (np.diff(keys[:, 0] * 10**6 + keys[:, 1] * 10**3 + keys[:, 2]) > 0).all()
+    assert len(g.logit_tokens) == 4 and np.all(np.diff(g.logit_probs) <= 0)
+    # strictly lower-triangular: every edge from a lower to a higher index
+    coo = g.adjacency.tocoo()
+    assert (coo.col < coo.row).all()
+    assert np.all(g.nodes.influence >= 0)
+
+
+def test_batch_size_does_not_change_the_graph():
+    model = tiny_model("llama")
+    tc = tiny_transcoders(model, "plt", True)
+    a = attribute(model, tc, TOKENS, batch_size=1)
+    b = attribute(model, tc, TOKENS, batch_size=1000)
+    np.testing.assert_allclose(a.dense(), b.dense(), rtol=1e-12, atol=1e-14)
+
+
+def test_logit_selection_by_probability():
+    model = tiny_model("gpt2")
+    tc = tiny_transcoders(model)
+    with torch.no_grad():
+        probs = torch.softmax(model(TOKENS[None])[0, -1], -1).sort(descending=True).values
+    g = attribute(model, tc, TOKENS, max_n_logits=40, desired_logit_prob=0.5)
+    k = int((probs.cumsum(0) < 0.5).sum()) + 1
+    assert len(g.logit_tokens) == k
+    np.testing.assert_allclose(g.logit_probs, probs[:k].numpy(), rtol=1e-6)
+    assert len(attribute(model, tc, TOKENS, max_n_logits=2).logit_tokens) == 2
+
+
+def test_embedding_modes_differ_only_in_embedding_columns():
+    model = tiny_model("gpt2")
+    tc = tiny_transcoders(model)
+    a = attribute(model, tc, TOKENS, embedding="token+position").dense()
+    b = attribute(model, tc, TOKENS, embedding="token").dense()
+    n_pos = len(TOKENS)
+    np.testing.assert_allclose(a[:, n_pos:], b[:, n_pos:], rtol=1e-12, atol=1e-14)
+    assert not np.allclose(a[:, :n_pos], b[:, :n_pos])
+
+
+def test_custom_targets_logit_difference_and_direction():
+    model = tiny_model("gemma2")
+    rm = ReplacementModel(model, tiny_transcoders(model, "clt"))
+    base = attribute(model, rm, TOKENS, max_n_logits=2, desired_logit_prob=1.0)
+    a, b = (int(t) for t in base.logit_tokens)
+    diff = attribute(model, rm, TOKENS, targets=[logit_difference(model, a, b)])
+    rows = base.dense()[base.nodes.kind == "logit"]
+    np.testing.assert_allclose(diff.dense()[-1, :-1], (rows[0] - rows[1])[:-2], rtol=1e-10, atol=1e-12)
+    # a direction in the residual stream before layer 1 at position 4: edges + bias == value
+    v = torch.randn(model.cfg.d_model, dtype=torch.float64)
+    g = attribute(model, rm, TOKENS, targets=[direction("blocks.1.hook_resid_pre", 4, v)])
+    state = rm.run(TOKENS)
+    with (
+        torch.no_grad(),
+        rm.frozen(
+            state,
+            rm.constant(state, torch.zeros_like(state.acts), torch.zeros_like(state.errors)),
+            embed=torch.zeros_like(state.embed),
+            capture=("blocks.1.hook_resid_pre",),
+        ) as run,
+    ):
+        rm.model(TOKENS[None])
+        bias = float(run.captured["blocks.1.hook_resid_pre"][0, 4] @ v)
+    value = g.nodes.activation[-1]
+    assert g.nodes.layer[-1] == 1 and g.nodes.position[-1] == 4
+    np.testing.assert_allclose(g.dense()[-1].sum() + bias, value, rtol=1e-6)  # value stored as float32
+    # nothing at a later position or layer feeds it
+    src = g.dense()[-1] != 0
+    assert (g.nodes.position[src] <= 4).all() and (g.nodes.layer[src] < 1).all()
+    with pytest.raises(TargetError):
+        attribute(model, rm, TOKENS, targets=[direction("blocks.9.hook_nope", 0, v)])
+
+
+def test_bad_prompts_are_refused_before_work():
+    model = tiny_model("gpt2")
+    tc = tiny_transcoders(model)
+    with pytest.raises(PromptError, match="0 tokens"):
+        attribute(model, tc, [])
+    with pytest.raises(PromptError, match="empty"):
+        attribute(model, tc, "   ")
+    with pytest.raises(PromptError, match="context is 32"):
+        attribute(model, tc, torch.zeros(33, dtype=torch.long))
+
+
+def test_bundled_model_contract_float32():
+    if not (BUNDLED["default"] / "config.json").exists() or not BUNDLED["default-plt"].is_dir():
+        pytest.skip("the bundled model or its transcoders (data/default, data/default-plt) are not built yet")
+    from attrgraph.bundled.loading import load_model
+    from transcoders.formats import load_transcoders
+
+    model = load_model("default")
+    rm = ReplacementModel(model, load_transcoders(str(BUNDLED["default-plt"])))
+    prompt = "When Mary and John went to the store , John gave a drink to"
+    graph = attribute(model, rm, prompt, batch_size=256)
+    assert graph.n_features > 0
+    check_contracts(
+        graph,
+        rm,
+        rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=graph.meta["exclude_bos"]),
+        rtol=1e-4,
+        n_fd=3,
+    )

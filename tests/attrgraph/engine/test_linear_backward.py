@@ -1,0 +1,101 @@
+"""The fast linear backward equals the reference autograd backward, row for row (equivalence test)."""
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.engine.attribute import Injection, backward_rows, build_sources
+from attrgraph.engine.linear_backward import linear_rows, unsupported_reason
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.targets import select_logit_targets
+from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
+
+TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2])
+
+
+def injections_for(rm, state):
+    feats = build_sources(rm, state).features
+    inj = [
+        Injection(rm.tc.encoder_vectors(int(l), torch.tensor([int(f)]))[0].detach(), int(p), layer=int(l))
+        for l, p, f in feats.tolist()
+    ]
+    n = len(state.tokens)
+    for t in select_logit_targets(state.logits[-1], 5, 0.99):
+        inj.append(Injection(t.vector, n - 1, logits=True))
+    d_vocab = state.logits.shape[-1]
+    inj.append(
+        Injection(
+            torch.randn(d_vocab, generator=torch.Generator().manual_seed(0)).to(state.logits), 3, logits=True
+        )
+    )
+    return inj
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,skip", TRANSCODERS)
+@pytest.mark.parametrize("exclude_bos", [True, False])
+def test_linear_rows_equal_autograd_rows(arch, kind, skip, exclude_bos):
+    model = tiny_model(arch)
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, skip))
+    state = rm.run(TOKENS, exclude_bos=exclude_bos)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    assert unsupported_reason(rm, inj) is None
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    stats = {}
+    fast = linear_rows(rm, state, sources, inj, batch_size=7, stats=stats).toarray()
+    assert ref.shape == fast.shape and np.abs(ref).max() > 0
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+    assert stats["flops"] > 0
+
+
+def test_linear_rows_float32_one_batch_per_target():
+    model = tiny_model("gpt2", torch.float32)
+    rm = ReplacementModel(model, tiny_transcoders(model, "clt", True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    ref = backward_rows(rm, state, sources, inj).toarray()
+    fast = linear_rows(rm, state, sources, inj, batch_size=1).toarray()
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_custom_hook_targets_are_refused():
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model))
+    state = rm.run(TOKENS)
+    inj = [Injection(torch.ones(16, dtype=torch.float64), 2, hook="blocks.1.hook_resid_pre")]
+    assert "hook" in unsupported_reason(rm, inj)
+    with pytest.raises(NotImplementedError, match="autograd"):
+        linear_rows(rm, state, build_sources(rm, state), inj)
+
+
+def test_attribute_backends_agree_end_to_end():
+    from attrgraph.engine.attribute import attribute
+
+    model = tiny_model("gemma2", torch.float32)
+    rm = ReplacementModel(model, tiny_transcoders(model, "plt", True))
+    ref = attribute(model, rm, TOKENS, backend="autograd")
+    fast = attribute(model, rm, TOKENS, backend="linear")
+    assert fast.meta["backend"] == "linear" and ref.n_nodes == fast.n_nodes
+    scale = np.abs(ref.adjacency).max()
+    assert np.abs(fast.adjacency - ref.adjacency).max() <= 1e-5 * scale
+    np.testing.assert_allclose(fast.nodes.influence, ref.nodes.influence, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    whole = linear_rows(rm, state, sources, inj, batch_size=len(inj)).toarray()
+    monkeypatch.setattr(lb, "WORK_BYTES", 1)
+    monkeypatch.setattr(lb, "MIN_ROWS", 2)
+    stats = {}
+    split = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=stats).toarray()
+    np.testing.assert_allclose(split, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
+    assert stats["seconds_backward"] > 0

@@ -1,0 +1,113 @@
+"""Influence and pruning: hand-built known answers, the dense formula, and properties."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from attrgraph.errors import GraphError
+from attrgraph.graph.prune import compute_influence, find_threshold, normalize_matrix, prune_graph
+
+# e0 -> f1 (3); f1 -> f2 (-2), e0 -> f2 (2); f2 -> logit (1), e0 -> logit (1)
+CHAIN_KINDS = ["embedding", "feature", "feature", "logit"]
+CHAIN = np.array(
+    [
+        [0, 0, 0, 0],
+        [3, 0, 0, 0],
+        [2, -2, 0, 0],
+        [1, 0, 1, 0],
+    ],
+    float,
+)
+
+
+def dense_influence(graph):
+    A = normalize_matrix(graph.adjacency).toarray()
+    n = A.shape[0]
+    B = np.linalg.inv(np.eye(n) - A) - np.eye(n)
+    return B.T @ graph.logit_weights()
+
+
+def test_normalize_rows_sum_to_one_and_empty_rows_stay_zero(make_random_graph):
+    g = make_random_graph(0)
+    A = normalize_matrix(g.adjacency).toarray()
+    sums = A.sum(1)
+    has_inputs = np.abs(g.dense()).sum(1) > 0
+    np.testing.assert_allclose(sums[has_inputs], 1.0, rtol=1e-12)
+    assert np.all(sums[~has_inputs] == 0)
+    assert np.all(A >= 0)
+
+
+def test_known_chain_influence(make_graph_from_dense):
+    g = make_graph_from_dense(CHAIN_KINDS, CHAIN, layers=[-1, 0, 1, 2], logit_probs=[1.0])
+    infl = compute_influence(normalize_matrix(g.adjacency), g.logit_weights())
+    # f2 = 0.5 (direct), f1 = 0.5 * 0.5, e0 = 0.5 + 0.5 * 0.5 + 1 * 0.25
+    np.testing.assert_allclose(infl, [1.0, 0.25, 0.5, 0.0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_triangular_solve_equals_dense_inverse(make_random_graph, seed):
+    g = make_random_graph(seed, n_feat=15 + 10 * seed)
+    got = compute_influence(normalize_matrix(g.adjacency), g.logit_weights())
+    np.testing.assert_allclose(got, dense_influence(g), rtol=1e-10, atol=1e-14)
+    assert np.all(got >= 0)
+
+
+def test_non_triangular_adjacency_is_rejected():
+    A = sp.csr_array(np.array([[0.0, 1.0], [0.0, 0.0]]))
+    with pytest.raises(GraphError, match="lower-triangular"):
+        compute_influence(A, np.array([0.0, 1.0]))
+
+
+def test_find_threshold_known_answer():
+    scores = np.array([1.0, 5.0, 1.0, 3.0])
+    assert find_threshold(scores, 0.75) == 3.0  # 5 + 3 = 0.8 of 10 reaches 0.75
+    assert find_threshold(scores, 0.4) == 5.0
+    assert find_threshold(scores, 1.0) == -np.inf
+    with pytest.raises(GraphError):
+        find_threshold(scores, 1.5)
+
+
+def test_known_chain_pruning(make_graph_from_dense):
+    g = make_graph_from_dense(CHAIN_KINDS, CHAIN, layers=[-1, 0, 1, 2], logit_probs=[1.0])
+    # influences e0 1.0, f2 0.5, f1 0.25 (total 1.75): 1.5/1.75 = 0.857 >= 0.8 drops f1 only
+    p = prune_graph(g, node_threshold=0.8, edge_threshold=1.0)
+    assert p.nodes.kind.tolist() == ["embedding", "feature", "logit"]
+    np.testing.assert_allclose(p.dense(), [[0, 0, 0], [2, 0, 0], [1, 1, 0]])
+    # recomputed on the pruned graph: f2 = 0.5, e0 = 0.5 + 0.5
+    np.testing.assert_allclose(p.nodes.influence, [1.0, 0.5, 0.0])
+    # equal edge scores (all 0.5) are ties: any threshold keeps all three
+    assert prune_graph(g, 0.8, 0.3).n_edges == 3
+    # logit reads f2 with 3 and e0 with 1: scores e0->f2 0.75, f2->logit 0.75, e0->logit 0.25
+    B = CHAIN.copy()
+    B[3] = [1, 0, 3, 0]
+    g2 = make_graph_from_dense(CHAIN_KINDS, B, layers=[-1, 0, 1, 2], logit_probs=[1.0])
+    p2 = prune_graph(g2, node_threshold=0.8, edge_threshold=0.8)
+    np.testing.assert_allclose(p2.dense(), [[0, 0, 0], [2, 0, 0], [0, 3, 0]])
+
+
+def test_thresholds_of_one_keep_everything(make_random_graph):
+    g = make_random_graph(3, n_feat=40)
+    p = prune_graph(g, node_threshold=1.0, edge_threshold=1.0)
+    assert p.n_nodes == g.n_nodes
+    np.testing.assert_array_equal(p.dense(), g.dense())
+    np.testing.assert_allclose(p.nodes.influence, dense_influence(g), rtol=1e-5, atol=1e-7)
+
+
+def test_pruning_keeps_embeddings_errors_logits_and_shrinks(make_random_graph):
+    g = make_random_graph(4, n_feat=60, density=0.3)
+    p = prune_graph(g)
+    for kind in ("embedding", "error", "logit"):
+        assert (p.nodes.kind == kind).sum() == (g.nodes.kind == kind).sum()
+    assert p.n_features < g.n_features
+    assert p.n_edges < g.n_edges
+    assert np.all(p.nodes.influence >= 0)
+    assert p.meta["pruned"] and p.meta["node_threshold"] == 0.8
+    # every kept feature still has an outgoing edge
+    out_deg = (p.dense() != 0).sum(0)
+    assert np.all(out_deg[p.nodes.kind == "feature"] > 0)
+
+
+def test_more_lenient_threshold_keeps_more(make_random_graph):
+    g = make_random_graph(5, n_feat=60, density=0.3)
+    sizes = [prune_graph(g, t, 0.98).n_features for t in (0.5, 0.8, 0.95)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]

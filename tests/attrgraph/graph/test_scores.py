@@ -1,0 +1,47 @@
+"""Graph scores: known answers on hand-built graphs and the dense formula (circuit-tracer's) on random ones."""
+
+import numpy as np
+import pytest
+
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.scores import compute_graph_scores
+from tests.attrgraph.ag_helpers import graph_from_dense, random_graph
+
+
+def dense_scores(graph):
+    """circuit-tracer's compute_graph_scores, written with a dense inverse."""
+    A = np.abs(graph.dense().astype(np.float64))
+    s = A.sum(1, keepdims=True)
+    A = np.divide(A, s, out=np.zeros_like(A), where=s > 0)
+    w = graph.logit_weights()
+    influence = (np.linalg.inv(np.eye(len(A)) - A) - np.eye(len(A))).T @ w
+    k = graph.nodes.kind
+    tok, err = influence[k == "embedding"].sum(), influence[k == "error"].sum()
+    out = influence + w
+    return tok / (tok + err), ((1 - A[:, k == "error"].sum(1)) * out).sum() / out.sum()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scores_equal_dense_formula(seed):
+    g = random_graph(seed)
+    got = compute_graph_scores(g)
+    want = dense_scores(g)
+    np.testing.assert_allclose([got.replacement, got.completeness], want, rtol=1e-10)
+    assert 0 < got.replacement < 1 and 0 < got.completeness < 1
+    p = prune_graph(g, 0.5, 0.9)
+    np.testing.assert_allclose(list(compute_graph_scores(p)), dense_scores(p), rtol=1e-10)
+
+
+def test_scores_known_answers():
+    kinds = ["embedding", "error", "feature", "logit"]
+    # emb -> feature (weight 3), error -> feature (weight -1), feature -> logit (2): feature row is 3/4 non-error
+    A = np.zeros((4, 4))
+    A[2, 0], A[2, 1], A[3, 2] = 3.0, -1.0, 2.0
+    s = compute_graph_scores(graph_from_dense(kinds, A, logit_probs=[1.0]))
+    # influence: feature 1, emb 0.75, error 0.25 -> replacement 0.75
+    assert s.replacement == pytest.approx(0.75)
+    # weights I + w: emb .75, err .25, feature 1, logit 1; non-error share 1, 1, .75, 1
+    assert s.completeness == pytest.approx((0.75 + 0.25 + 0.75 + 1) / 3.0)
+    A[2, 1] = 0.0
+    s = compute_graph_scores(graph_from_dense(kinds, A, logit_probs=[1.0]))
+    assert s == (1.0, 1.0)

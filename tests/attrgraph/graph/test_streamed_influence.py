@@ -1,0 +1,42 @@
+"""The streamed influence pass equals prune.compute_influence (and scores.py's error shares)."""
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.engine.attribute import attribute
+from attrgraph.errors import GraphError
+from attrgraph.graph.prune import compute_influence, normalize_matrix
+from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
+from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
+
+
+def reference(g):
+    A = normalize_matrix(g.adjacency)
+    return compute_influence(A, g.logit_weights()), A @ (g.nodes.kind == "error").astype(float)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("chunk", [3, 10**6])
+def test_equals_dense_path_on_random_graphs(seed, chunk):
+    g = random_graph(seed, n_feat=30)
+    blocks = [(i, i + 1) for i in range(g.n_nodes)]  # one row per block is always valid
+    got = streamed_influence(
+        g.adjacency, g.logit_weights(), blocks, g.nodes.kind == "error", chunk_edges=chunk
+    )
+    want, err = reference(g)
+    np.testing.assert_allclose(got.influence, want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.error_share, err, rtol=1e-12, atol=1e-15)
+    with pytest.raises(GraphError, match="own block"):
+        streamed_influence(g.adjacency, g.logit_weights(), [(0, g.n_nodes)])
+
+
+def test_equals_dense_path_on_an_attribution_graph():
+    model = tiny_model("gpt2", n_layers=3)
+    g = attribute(model, tiny_transcoders(model, "clt"), torch.tensor([0, 5, 9, 3, 17, 22, 5, 9]))
+    blocks = layer_blocks(g.nodes)
+    assert len(blocks) == 1 + 3 + 3 + 1  # embeddings, errors of 3 layers, features of 3 layers, logits
+    got = streamed_influence(g.adjacency, g.logit_weights(), blocks, g.nodes.kind == "error", chunk_edges=50)
+    want, err = reference(g)
+    np.testing.assert_allclose(got.influence, want, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(got.error_share, err, rtol=1e-10, atol=1e-14)
