@@ -1,80 +1,52 @@
 """attrgraph: exact attribution graphs and component circuits for transformers.
 
-Public API (each name re-exported here; see the modules for the math). Names are imported on
-first use (`__getattr__`), so that `import attrgraph` does not load h5py, networkx or the
-circuits code for a user who only builds graphs:
-  load_model       bundled / local / TransformerLens models   (loading.py)
-  attribute        prompt -> attribution Graph                 (attribute.py, replacement.py, targets.py)
-  prune_graph, compute_influence                               (prune.py)
-  save_graph, load_graph, to_networkx                          (store.py, export.py)
-  intervene, generate, SetTo/Scale/Add, error_node             (intervene.py)
-  Supernode, supernode, suggest_supernodes, supernode_adjacency  (supernodes.py)
-  save_supernodes, load_supernodes                              (supernode_store.py)
-  qk_attribution   attention score -> (query, key) source pairs (qk.py)
-  attribute_inactive  what holds a feature below threshold     (inactive.py)
-  attribute_hierarchical, hierarchical_attribution  detach-during-backward (hierarchical.py)
-  attribute_adaptive  partial graphs within a feature budget   (adaptive.py)
-  compute_graph_scores  replacement / completeness scores      (scores.py)
-  discover, eap, peap, greedy, hap, prune_edges, evaluate_circuit  component circuits (circuits/)
+Layout (dependencies point one way: cli -> analysis -> engine -> graph; circuits and bundled
+beside them; errors.py below everything):
+  engine/    the frozen replacement model and the attribution methods
+  graph/     Graph, HDF5 storage, pruning and influence, scores, supernodes, export
+  analysis/  interventions, validation, QK and inactive-feature attribution
+  circuits/  component circuits: EAP, PEAP, Edge Pruning, HAP
+  bundled/   the bundled model: tasks, tokenizer, training, loading
+  cli/       the `attrgraph` command
+  errors.py  every public exception (one hierarchy under AttrgraphError)
+
+Public API, re-exported here and imported on first use (`__getattr__`), so that
+`import attrgraph` does not load torch, h5py, networkx or the circuits code up front:
+  load_model                                     bundled/loading.py
+  attribute, attribute_hierarchical, attribute_adaptive   engine/
+  Target, direction, logit_difference            engine/targets.py
+  ReplacementModel                               engine/replacement.py
+  Graph, Nodes, NODE_ORDER                       graph/graph.py
+  prune_graph, compute_influence, ...            graph/prune.py
+  save_graph, load_graph, list_graphs            graph/store.py
+  to_networkx                                    graph/export.py
+  compute_graph_scores                           graph/scores.py
+  Supernode, supernode, ... save_supernodes      graph/supernodes.py, graph/supernode_store.py
+  intervene, generate, SetTo/Scale/Add           analysis/intervene.py
+  validate_graph, ValidateConfig                 analysis/validate.py
+  qk_attribution, attribute_inactive             analysis/qk.py, analysis/inactive.py
+  discover, eap, peap, hap, prune_edges, evaluate_circuit  circuits/
+  AttrgraphError and every subclass              errors.py
 """
 
 from __future__ import annotations
 
 import importlib
 
-from attrgraph.analysis.intervene import intervene as intervene
-
-# `attribute` and `intervene` are also submodule names: bound eagerly, so that importing the
-# submodule later does not shadow the function
-from attrgraph.engine.attribute import attribute as attribute
-
 __version__ = "0.1.0"
 
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
-    "attrgraph.engine.adaptive": ["attribute_adaptive"],
-    "attrgraph.engine.attribute": ["attribute"],
-    "attrgraph.circuits": [
-        "discover",
-        "eap",
-        "greedy",
-        "hap",
-        "peap",
-        "prune_edges",
-        "evaluate_circuit=evaluate",
-    ],
-    "attrgraph.errors": [
-        "AttrgraphError",
-        "ChecksumError",
-        "CorruptWeightsError",
-        "GraphError",
-        "GraphFileError",
-        "ModelNotFoundError",
-        "PromptError",
-        "SchemaVersionError",
-        "TargetError",
-        "UnsupportedModelError",
-    ],
-    "attrgraph.graph.export": ["to_networkx"],
-    "attrgraph.graph.graph": ["NODE_ORDER", "Graph", "Nodes"],
-    "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
-    "attrgraph.analysis.inactive": ["InactiveAttribution", "attribute_inactive"],
-    "attrgraph.analysis.intervene": [
-        "Add",
-        "InterventionError",
-        "InterventionOutput",
-        "Scale",
-        "SetTo",
-        "error_node",
-        "generate",
-        "intervene",
-    ],
     "attrgraph.bundled.loading": ["load_model"],
-    "attrgraph.graph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
-    "attrgraph.analysis.qk": ["QKAttribution", "qk_attribution"],
+    "attrgraph.engine.attribute": ["attribute"],
+    "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
+    "attrgraph.engine.adaptive": ["attribute_adaptive"],
     "attrgraph.engine.replacement": ["ReplacementModel"],
-    "attrgraph.graph.scores": ["GraphScores", "compute_graph_scores"],
+    "attrgraph.engine.targets": ["Target", "direction", "logit_difference"],
+    "attrgraph.graph.graph": ["NODE_ORDER", "Graph", "Nodes"],
+    "attrgraph.graph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
     "attrgraph.graph.store": ["list_graphs", "load_graph", "save_graph"],
-    "attrgraph.graph.supernode_store": ["load_supernodes", "save_supernodes"],
+    "attrgraph.graph.export": ["to_networkx"],
+    "attrgraph.graph.scores": ["GraphScores", "compute_graph_scores"],
     "attrgraph.graph.supernodes": [
         "NodeKey",
         "Supernode",
@@ -82,7 +54,48 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "supernode",
         "supernode_adjacency",
     ],
-    "attrgraph.engine.targets": ["Target", "direction", "logit_difference"],
+    "attrgraph.graph.supernode_store": ["load_supernodes", "save_supernodes"],
+    "attrgraph.analysis.intervene": [
+        "Add",
+        "InterventionOutput",
+        "Scale",
+        "SetTo",
+        "error_node",
+        "generate",
+        "intervene",
+    ],
+    "attrgraph.analysis.validate": ["ValidateConfig", "validate_graph"],
+    "attrgraph.analysis.qk": ["QKAttribution", "qk_attribution"],
+    "attrgraph.analysis.inactive": ["InactiveAttribution", "attribute_inactive"],
+    "attrgraph.circuits.discovery": ["discover"],
+    "attrgraph.circuits.eap": ["eap"],
+    "attrgraph.circuits.peap": ["peap"],
+    "attrgraph.circuits.hap": ["hap"],
+    "attrgraph.circuits.construct": ["greedy"],
+    "attrgraph.circuits.edge_pruning": ["prune_edges"],
+    "attrgraph.circuits.evaluate": ["evaluate_circuit=evaluate"],
+    "attrgraph.errors": [
+        "AttrgraphError",
+        "ChecksumError",
+        "CircuitMethodError",
+        "ConstantMetricError",
+        "CorruptWeightsError",
+        "GraphError",
+        "GraphFileError",
+        "InterventionError",
+        "ModelNotFoundError",
+        "OptionError",
+        "PairLengthError",
+        "PromptError",
+        "QKError",
+        "SchemaError",
+        "SchemaVersionError",
+        "SparsityError",
+        "SupernodeError",
+        "TargetError",
+        "UnsupportedModelError",
+        "ValidationError",
+    ],
 }
 _WHERE = {
     name.split("=")[0]: (module, name.split("=")[-1]) for module, names in _EXPORTS.items() for name in names

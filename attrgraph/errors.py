@@ -1,4 +1,11 @@
-"""Exceptions raised for a user's mistake: one sentence saying what is wrong and what to do."""
+"""Every exception attrgraph raises on purpose: one sentence saying what is wrong and what to do.
+
+One hierarchy: `AttrgraphError` is the root of these and of the transcoders package's errors
+(`transcoders.errors.TranscoderError` derives from it), so `except AttrgraphError` catches every
+user mistake either package reports. Each class also derives from the built-in exception it
+refines (ValueError, OSError, FileNotFoundError), so code that catches those keeps working.
+All are exported from `attrgraph` (and the transcoders ones from `transcoders`).
+"""
 
 
 class AttrgraphError(Exception):
@@ -39,3 +46,43 @@ class UnsupportedModelError(AttrgraphError, ValueError):
 
 class TargetError(AttrgraphError, ValueError):
     """An attribution target that names an unknown token, hook or position."""
+
+
+class OptionError(AttrgraphError, ValueError):
+    """An option that does not apply to the method asked for, or an impossible option value."""
+
+
+class SupernodeError(AttrgraphError, ValueError):
+    """A supernode that names nodes a graph does not hold, or an empty or overlapping grouping."""
+
+
+class ValidationError(AttrgraphError, ValueError):
+    """A graph that cannot be validated with the given model and transcoders."""
+
+
+class QKError(AttrgraphError, ValueError):
+    """A head or position pair that does not exist in this model and prompt."""
+
+
+class InterventionError(AttrgraphError, ValueError):
+    """An intervention that names no node of this model and prompt, or an unusable value or range."""
+
+
+class PairLengthError(AttrgraphError, ValueError):
+    """A corrupted prompt whose length differs from its clean pair."""
+
+
+class ConstantMetricError(AttrgraphError, ValueError):
+    """A metric that takes the same value whatever the model does, so no edge can matter."""
+
+
+class SparsityError(AttrgraphError, ValueError):
+    """A target sparsity (or kept fraction) outside the open interval (0, 1)."""
+
+
+class SchemaError(AttrgraphError, ValueError):
+    """A dataset schema that does not fit its examples (missing spans, overlaps, bad positions)."""
+
+
+class CircuitMethodError(AttrgraphError, ValueError):
+    """A circuit-finding method or task name that does not exist."""

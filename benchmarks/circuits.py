@@ -29,17 +29,17 @@ import torch
 from attrgraph.bundled.loading import load_model
 from attrgraph.circuits import (
     PruneConfig,
-    eap,
-    evaluate,
     example_scores,
     greedy,
-    hap,
     ioi_schema,
-    peap,
     propose_schema,
     prune_edges,
     task_data,
 )
+from attrgraph.circuits.eap import eap
+from attrgraph.circuits.evaluate import evaluate
+from attrgraph.circuits.hap import hap
+from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import align_schema, salient_token_set
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -23,10 +23,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from attrgraph.bundled import tasks  # noqa: E402
 from attrgraph.analysis.qk import qk_attribution  # noqa: E402
 from attrgraph.analysis.validate import ValidateConfig, validate_graph  # noqa: E402
 from attrgraph.analysis.validation_report import write_report  # noqa: E402
+from attrgraph.bundled import tasks  # noqa: E402
 from attrgraph.bundled.loading import load_model  # noqa: E402
 from attrgraph.engine.attribute import attribute  # noqa: E402
 from attrgraph.engine.replacement import ReplacementModel  # noqa: E402

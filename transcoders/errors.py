@@ -1,7 +1,12 @@
-"""Exceptions the transcoders package raises on purpose: one sentence, what is wrong and what to do."""
+"""Exceptions the transcoders package raises on purpose: one sentence, what is wrong and what to do.
+
+`TranscoderError` derives from `attrgraph.errors.AttrgraphError`, the one root of both packages' errors.
+"""
+
+from attrgraph.errors import AttrgraphError
 
 
-class TranscoderError(Exception):
+class TranscoderError(AttrgraphError):
     """Base class of every error the transcoders package raises on purpose."""
 
 

@@ -24,8 +24,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from attrgraph.engine.attribute import attribute, to_tokens
+from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import to_tokens
 from attrgraph.engine.targets import Target, direction
 from attrgraph.errors import TargetError
 from attrgraph.graph.graph import Graph

@@ -37,20 +37,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor, nn
+from torch import Tensor
 
-from attrgraph.engine.attribute import to_tokens
+from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
-from attrgraph.errors import AttrgraphError
+from attrgraph.engine.sources import to_tokens
+from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import NodeKey, Supernode
-from transcoders import sites
 from transcoders.activations import apply_activation
 
 MODES = ("constrained", "iterative")
-
-
-class InterventionError(AttrgraphError, ValueError):
-    """An intervention that names no node of this model and prompt, or an unusable value or range."""
 
 
 class SetTo(NamedTuple):
@@ -200,15 +196,6 @@ def _layer_range(layers, edits: list[Edit], n_layers: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------- forward
-class _PatchedMLP(nn.Module):
-    def __init__(self, fn, layer: int):
-        super().__init__()
-        self.fn, self.layer = fn, layer
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(self.layer, x)
-
-
 def _decode_layer(tc, acts: list[Tensor | None], layer: int) -> Tensor:
     """`decode(a)[layer]` from per-layer activations [..., d_sae] (None: all zero), `b_dec` included."""
     out = tc.b_dec[layer]
@@ -247,8 +234,6 @@ def patched_forward(
     start, end = _layer_range(layers, [e for es in batch_edits for e in es], L)
     dtype = state.y_out.dtype
     tcd = tc.dtype
-    read_is_mlp_input = cfg.input_hook == sites.MLP_INPUT
-    raw_write = [sites.raw_output_needed(model, cfg, l) for l in range(L)]
 
     # step 3: the clamped outputs, computed once from the clean values
     delta = torch.zeros(B, L, P, state.y_out.shape[-1], dtype=dtype)
@@ -306,43 +291,19 @@ def patched_forward(
                 err[b, pos] = err[b, pos] * e.value
         return _decode_layer(tc, live_acts, l).to(dtype) + err + skip
 
-    originals = [block.mlp for block in model.blocks]
-
-    def mlp(l: int, x: Tensor) -> Tensor:
-        if read_is_mlp_input:
-            on_read(l, x)
-        if start <= l <= end and raw_write[l]:
-            return write(l)
-        return originals[l](x)
-
-    fwd = []
-    for name in rm.frozen_hooks:
-        if (freeze_patterns and name.endswith("hook_pattern")) or (
-            freeze_norms and name.endswith("hook_scale")
-        ):
-            fwd.append((name, lambda x, hook, v=state.frozen[name]: v.expand(x.shape)))
-    if not read_is_mlp_input:
-        fwd += [(cfg.hook_in(l), lambda x, hook, l=l: (on_read(l, x), x)[1]) for l in range(L)]
-    fwd += [
-        (cfg.hook_out(l), lambda x, hook, l=l: write(l)) for l in range(start, end + 1) if not raw_write[l]
-    ]
-    captured: dict[str, Tensor] = {}
-    for name in capture:
-
-        def keep(x, hook, name=name):
-            captured[name] = x
-            return x
-
-        fwd.append((name, keep))
-    fwd += list(hooks)
-    try:
-        for l, block in enumerate(model.blocks):
-            block.mlp = _PatchedMLP(mlp, l)
-        with model.hooks(fwd_hooks=fwd):
-            logits = model(state.tokens[None].expand(B, P))
-    finally:
-        for block, m in zip(model.blocks, originals):
-            block.mlp = m
+    with frozen_forward(
+        model,
+        cfg,
+        state.frozen,
+        read=on_read,
+        write=write,
+        layers=range(start, end + 1),
+        freeze_patterns=freeze_patterns,
+        freeze_norms=freeze_norms,
+        capture=capture,
+        hooks=hooks,
+    ) as captured:
+        logits = model(state.tokens[None].expand(B, P))
     pre = torch.stack(pre_out, 1)  # [B, L, P, S]
     act = torch.stack(act_out, 1)
     if select is not None:

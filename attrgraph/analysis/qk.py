@@ -28,13 +28,10 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from attrgraph.engine.attribute import Injection, backward_rows, build_sources, to_tokens
+from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.replacement import ReplacementModel
-from attrgraph.errors import AttrgraphError
-
-
-class QKError(AttrgraphError, ValueError):
-    """A head or position pair that does not exist in this model and prompt."""
+from attrgraph.engine.sources import Injection, build_sources, to_tokens
+from attrgraph.errors import QKError
 
 
 @dataclass(frozen=True)

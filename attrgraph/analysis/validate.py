@@ -20,32 +20,28 @@ Seed: circuit-tracing appendix, "Validating the Replacement Model" (all three ev
    (iterative patching over every layer). Per downstream layer, compare the net perturbations of
    `hook_resid_post` (positions >= the perturbed one): cosine and normalized MSE
    `|d_rep - d_model|^2 / |d_model|^2`.
-4. The CLI validates every graph of FILE (or `--name`) with the model and transcoders recorded by
+4. `attrgraph validate` (cli/validate.py) validates every graph of FILE (or `--name`) with the model and transcoders recorded by
    `attrgraph build` (or `--model` / `--transcoders`) and writes validation_report.py's report.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import spsolve_triangular
-from scipy.stats import pearsonr, spearmanr
 
 from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
+from attrgraph.analysis.stats import loglog_pearson, nan_stat, spearman
+from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
-from attrgraph.errors import AttrgraphError
+from attrgraph.engine.sources import fingerprint
+from attrgraph.errors import ValidationError
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import normalize_matrix
-
-
-class ValidationError(AttrgraphError, ValueError):
-    """A graph that cannot be validated with the given model and transcoders."""
 
 
 @dataclass(frozen=True)
@@ -72,21 +68,6 @@ class ValidateConfig:
             raise ValidationError(
                 "max_features and batch_size must be >= 1 and n_perturbations >= 0; fix the config."
             )
-
-
-def _loglog_pearson(y: np.ndarray, x: np.ndarray) -> float:
-    ok = (y > 0) & (x > 0) & np.isfinite(y) & np.isfinite(x)
-    if ok.sum() < 3:
-        return math.nan
-    return float(pearsonr(np.log(y[ok]), np.log(x[ok])).statistic)
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman correlation; NaN (without a warning) for fewer than 3 points or a constant input."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return math.nan
-    return float(spearmanr(x, y).statistic)
 
 
 def _features(graph: Graph, cfg: ValidateConfig) -> np.ndarray:
@@ -138,7 +119,7 @@ def node_to_logit(rm: ReplacementModel, state: ReplacementState, graph: Graph, c
         "direct_logit_edge": edge[feats],
     }
     for wd in cfg.windows:
-        out["windows"][str(wd)] = {k: _loglog_pearson(kl[wd], x) for k, x in predictors.items()}
+        out["windows"][str(wd)] = {k: loglog_pearson(kl[wd], x) for k, x in predictors.items()}
     out["mean"] = {
         k: nan_stat(np.mean, [out["windows"][str(wd)][k] for wd in cfg.windows]) for k in predictors
     }
@@ -192,26 +173,17 @@ def feature_to_feature(
 
 # ---------------------------------------------------------------------------------- faithfulness
 def _underlying(rm, state, hooks, capture, start_at_layer=None, resid=None) -> dict:
-    """The real model with frozen attention patterns; returns the captured hook values."""
-    model = rm.model
-    got: dict = {}
-    fwd = [
-        (n, lambda x, hook, v=state.frozen[n]: v.expand(x.shape))
-        for n in rm.frozen_hooks
-        if n.endswith("hook_pattern")
-    ]
-    for name in capture:
-
-        def keep(x, hook, name=name):
-            got[name] = x
-            return x
-
-        fwd.append((name, keep))
-    with torch.no_grad(), model.hooks(fwd_hooks=fwd + list(hooks)):
+    """The real model with frozen attention patterns (norms live); returns the captured hook values."""
+    with (
+        torch.no_grad(),
+        frozen_forward(
+            rm.model, rm.tc.cfg, state.frozen, freeze_norms=False, capture=capture, hooks=hooks
+        ) as got,
+    ):
         if start_at_layer is None:
-            model(state.tokens[None])
+            rm.model(state.tokens[None])
         else:
-            model(resid, start_at_layer=start_at_layer)
+            rm.model(resid, start_at_layer=start_at_layer)
     return got
 
 
@@ -221,13 +193,6 @@ def _replacement(rm, state, hooks, capture, edits=()) -> dict:
         rm, state, [list(edits)], "iterative", (0, L - 1), True, False, hooks=hooks, capture=capture
     )
     return run.captured
-
-
-def nan_stat(fn, values) -> float:
-    """`fn` over the finite values; NaN (without a warning) when there are none."""
-    v = np.asarray(values, float)
-    v = v[np.isfinite(v)]
-    return float(fn(v)) if len(v) else math.nan
 
 
 def _compare(
@@ -313,8 +278,6 @@ def validate_graph(model, transcoders, graph: Graph, cfg: ValidateConfig | None 
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     fp = graph.meta.get("transcoder_fingerprint")
     if fp:
-        from attrgraph.engine.attribute import fingerprint
-
         if fingerprint(rm.tc) != fp:
             raise ValidationError(
                 "the graph was built with other transcoders (fingerprint differs); pass the ones that built it."
@@ -328,45 +291,3 @@ def validate_graph(model, transcoders, graph: Graph, cfg: ValidateConfig | None 
         "feature_to_feature": feature_to_feature(rm, state, graph, cfg),
         "faithfulness": faithfulness(rm, state, cfg),
     }
-
-
-# ---------------------------------------------------------------------------------- CLI
-def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="validate stored graphs by interventions; write a report with plots")
-    p.add_argument("file")
-    p.add_argument("--name", default=None, help="graph to validate (default: every graph in the file)")
-    p.add_argument(
-        "--model", default=None, help="model (default: the one recorded in the graph, else 'default')"
-    )
-    p.add_argument(
-        "--transcoders", default=None, help="transcoders (default: recorded in the graph, else 'default-plt')"
-    )
-    p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
-    for f in ("max_features", "n_perturbations", "batch_size", "seed"):
-        p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
-
-
-def run(args) -> int:
-    from attrgraph.analysis.validation_report import write_report
-    from attrgraph.bundled.loading import load_model
-    from attrgraph.graph.store import list_graphs, load_graph
-    from transcoders import load_transcoders
-
-    names = [args.name] if args.name else list_graphs(args.file)
-    graphs = [load_graph(args.file, n) for n in names]
-    model_name = args.model or graphs[0].meta.get("model", "default")
-    tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
-    model, tc = load_model(model_name), load_transcoders(tc_name)
-    cfg = ValidateConfig(
-        max_features=args.max_features,
-        n_perturbations=args.n_perturbations,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
-    rm = ReplacementModel(model, tc)
-    results = [validate_graph(model, rm, g, cfg) for g in graphs]
-    out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
-    summary = write_report(results, names, out, title=f"validation of {args.file}")
-    print(json.dumps(summary, indent=1))
-    print(f"wrote {out}/validate.md, validate.json and 3 plots (config {asdict(cfg)})")
-    return 0

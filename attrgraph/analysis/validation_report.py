@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attrgraph.analysis.validate import nan_stat, spearman
+from attrgraph.analysis.stats import nan_stat, spearman
 
 
 def strip_private(d):

@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = add_fields(parser, ModelTrainConfig).parse_args(argv)
     cfg = ModelTrainConfig(**vars(args))
-    command = "python -m attrgraph.bundled.train_model " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m attrgraph.bundled.train_model " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     manifest = train(cfg, command=command.strip())
     print(json.dumps(manifest["metrics"], indent=1))
     if manifest["shortfalls"]:

@@ -1,118 +1,66 @@
 """Component-level circuits: EAP, position-aware EAP with schemas, Edge Pruning and HAP.
 
-Modules: graph (nodes and edges), pairs (clean/corrupted data, metric), patching
-(edge-level hooks), eap, peap, schema, construct (top-n, greedy), edge_pruning, hap,
-evaluate (faithfulness), store (HDF5, networkx), cli. `discover` runs one method on a task.
+Modules: graph (nodes and edges), pairs (clean/corrupted data, metric), patching (edge-level
+hooks), eap (`eap`, EAP and EAP-IG), attention_edges (cross-position q/k/v edge scores), peap
+(`peap`), schema, construct (top-n, greedy), edge_pruning (`prune_edges`), hap (`hap`), evaluate
+(`evaluate`, faithfulness), store (HDF5, networkx), discovery (`discover`: one method on one task).
+
+The functions named like their modules (`eap`, `peap`, `hap`, `evaluate`) are not re-exported
+here, so that `attrgraph.circuits.eap` is always the module: import them from their modules or use
+`attrgraph.eap`, `attrgraph.peap`, `attrgraph.hap` and `attrgraph.evaluate_circuit`.
 """
 
 from __future__ import annotations
 
-import time
-from typing import NamedTuple
-
 from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
 from attrgraph.circuits.construct import greedy, is_connected, top_n
-from attrgraph.circuits.eap import eap, example_scores
+from attrgraph.circuits.discovery import METHODS, Discovery, discover, task_data
+from attrgraph.circuits.eap import example_scores
 from attrgraph.circuits.edge_pruning import PruneConfig, prune_edges
-from attrgraph.circuits.evaluate import Faithfulness, evaluate
+from attrgraph.circuits.evaluate import Faithfulness
+from attrgraph.circuits.evaluate import evaluate as evaluate_circuit
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.circuits.hap import hap
 from attrgraph.circuits.pairs import Pairs, task_pairs
-from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import Schema, ioi_schema, propose_schema, read_schema
-from attrgraph.circuits.store import load_circuit, save_circuit, to_networkx
-
-
-class Discovery(NamedTuple):
-    """One method run on one task."""
-
-    circuit: Circuit
-    """The circuit found."""
-    scores: EdgeScores | None
-    """Edge scores (EAP / PEAP; the EAP scores HAP started from)."""
-    faithfulness: Faithfulness
-    """Evaluated on held-out pairs."""
-    seconds: float
-    """Wall-clock time of discovery (scores + construction or training), not evaluation."""
-
-
-def task_data(model, task: str, n: int, seed: int = 0):
-    """(discovery pairs, evaluation pairs, discovery examples, evaluation examples) for 'ioi' or 'greater-than'."""
-    from attrgraph.bundled.tasks import greater_than_pairs, ioi_pairs
-
-    make = ioi_pairs if task == "ioi" else greater_than_pairs
-    train, test = make(n, seed=seed), make(n, seed=seed + 1)
-    return task_pairs(model, train), task_pairs(model, test), train, test
-
-
-def discover(
-    model,
-    task: str,
-    method: str,
-    n: int = 100,
-    edges: int = 50,
-    sparsity: float = 0.95,
-    steps: int = 200,
-    keep_frac: float = 0.3,
-    aggregation: str = "avg",
-    schema_path: str | None = None,
-    seed: int = 0,
-) -> Discovery:
-    """Find a circuit for `task` with `method` (eap, eap-ig, peap, ep, hap) and evaluate it on fresh pairs."""
-    train_p, test_p, train, test = task_data(model, task, n, seed)
-    start = time.perf_counter()
-    scores, schema_test = None, None
-    if method in ("eap", "eap-ig"):
-        scores = eap(model, train_p, ig_steps=5 if method == "eap-ig" else 0)
-        circuit = greedy(scores, edges)
-    elif method == "peap":
-        schema = None
-        if task == "ioi":
-            schema = (
-                read_schema(schema_path, (train_p.last + 1).tolist()) if schema_path else ioi_schema(train)
-            )
-            schema_test = ioi_schema(test)
-        scores = peap(model, train_p, schema=schema, aggregation=aggregation)
-        circuit = greedy(scores, edges)
-    elif method == "ep":
-        circuit = prune_edges(model, train_p, PruneConfig(sparsity=sparsity, steps=steps, seed=seed)).circuit
-    elif method == "hap":
-        scores = eap(model, train_p)
-        circuit = hap(
-            model, train_p, PruneConfig(sparsity=sparsity, steps=steps, seed=seed), keep_frac, scores=scores
-        ).circuit
-    else:
-        raise ValueError(f"method {method!r} is unknown; use eap, eap-ig, peap, ep or hap.")
-    seconds = time.perf_counter() - start
-    return Discovery(circuit, scores, evaluate(model, test_p, circuit, schema=schema_test), seconds)
-
+from attrgraph.circuits.store import circuit_to_networkx, list_circuits, load_circuit, save_circuit
+from attrgraph.errors import (
+    CircuitMethodError,
+    ConstantMetricError,
+    PairLengthError,
+    SchemaError,
+    SparsityError,
+)
 
 __all__ = [
+    "METHODS",
     "Circuit",
+    "CircuitMethodError",
     "ComponentGraph",
+    "ConstantMetricError",
     "Discovery",
     "EdgeLayout",
     "EdgeScores",
     "Faithfulness",
+    "PairLengthError",
     "Pairs",
     "PruneConfig",
     "Schema",
+    "SchemaError",
+    "SparsityError",
+    "circuit_to_networkx",
     "discover",
-    "eap",
-    "evaluate",
+    "evaluate_circuit",
     "example_scores",
     "greedy",
-    "hap",
     "ioi_schema",
     "is_connected",
+    "list_circuits",
     "load_circuit",
-    "peap",
     "propose_schema",
     "prune_edges",
     "read_schema",
     "save_circuit",
     "task_data",
     "task_pairs",
-    "to_networkx",
     "top_n",
 ]

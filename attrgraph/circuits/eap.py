@@ -24,11 +24,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attrgraph.circuits.attention_edges import attention_edge_scores
 from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
-from attrgraph.circuits.errors import ConstantMetricError
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
+from attrgraph.errors import ConstantMetricError
 
 
 class ExampleScores(NamedTuple):
@@ -48,8 +49,6 @@ def example_scores(
     model, pairs: Pairs, ig_steps: int = 0, cross_position: bool = False, batch_size: int = 32
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
-    from attrgraph.circuits.peap import attention_edge_scores
-
     graph = ComponentGraph.from_model(model)
     valid = graph.valid.to(pairs.clean.device)
     parts: list[ExampleScores] = []

@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from attrgraph.circuits.circuit import Circuit, EdgeLayout
-from attrgraph.circuits.errors import SparsityError
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
+from attrgraph.errors import SparsityError
 
 GAMMA, ZETA = -0.1, 1.1
 

@@ -27,7 +27,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from attrgraph.circuits.errors import UnsupportedModelError
+from attrgraph.errors import UnsupportedModelError
 
 QKV = ("q", "k", "v")
 

@@ -23,8 +23,8 @@ import torch
 from attrgraph.circuits.circuit import EdgeScores
 from attrgraph.circuits.eap import eap
 from attrgraph.circuits.edge_pruning import PruneConfig, PruneResult, prune_edges
-from attrgraph.circuits.errors import SparsityError
 from attrgraph.circuits.pairs import Pairs
+from attrgraph.errors import SparsityError
 
 
 def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:

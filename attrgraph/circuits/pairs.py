@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attrgraph.circuits.errors import ConstantMetricError, PairLengthError
+from attrgraph.errors import ConstantMetricError, PairLengthError
 
 METRIC_KINDS = ("logit", "prob")
 

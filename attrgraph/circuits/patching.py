@@ -32,8 +32,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attrgraph.circuits.errors import UnsupportedModelError
 from attrgraph.circuits.graph import ComponentGraph
+from attrgraph.errors import UnsupportedModelError
 
 FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
 

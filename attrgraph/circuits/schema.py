@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from attrgraph.circuits.errors import SchemaError
+from attrgraph.errors import SchemaError
 
 AGGREGATIONS = ("avg", "sum", "maxabs")
 

@@ -122,7 +122,7 @@ def node_names(layout: EdgeLayout) -> list[str]:
     return [*names, "logits"]
 
 
-def to_networkx(circuit: Circuit, scores: EdgeScores | None = None):
+def circuit_to_networkx(circuit: Circuit, scores: EdgeScores | None = None):
     """The circuit as a networkx MultiDiGraph (module docstring, step 3)."""
     import networkx as nx
 

@@ -13,7 +13,7 @@ SUBCOMMANDS = {
     "circuit": "attrgraph.cli.circuit",
     "build": "attrgraph.cli.build",
     "show": "attrgraph.cli.show",
-    "validate": "attrgraph.analysis.validate",
+    "validate": "attrgraph.cli.validate",
     "train-transcoders": "transcoders.train",
 }
 
@@ -28,11 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         module.add_parser(sub)
     args = parser.parse_args(argv)
     from attrgraph.errors import AttrgraphError
-    from transcoders.errors import TranscoderError
 
     try:
         return modules[args.command].run(args) or 0
-    except (AttrgraphError, TranscoderError) as e:
+    except AttrgraphError as e:
         # a user's mistake: its one sentence, not a traceback
         print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
         return 2

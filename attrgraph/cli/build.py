@@ -27,12 +27,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--node-threshold", type=float, default=0.8)
     p.add_argument("--edge-threshold", type=float, default=0.98)
-    p.add_argument("--max-logits", type=int, default=10)
-    p.add_argument("--logit-prob", type=float, default=0.95)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--method", choices=("standard", "hierarchical"), default="standard")
+    p.add_argument("--max-logits", type=int, default=None, help="most logit targets (default 10)")
     p.add_argument(
-        "--tau", type=float, default=0.0, help="hierarchical: detach nodes whose attribution is below tau"
+        "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
+    )
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--method", choices=("standard", "hierarchical", "adaptive"), default="standard")
+    p.add_argument(
+        "--tau", type=float, default=None, help="hierarchical: detach nodes whose attribution is below tau"
     )
     p.add_argument(
         "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
@@ -61,18 +63,20 @@ def run(args) -> int:
     model = load_model(args.model)
     tc = load_transcoders(args.transcoders)
     t1 = time.perf_counter()
-    graph = attribute(
-        model,
-        tc,
-        args.prompt,
+    if args.max_feature_nodes is not None and args.method == "standard":
+        args.method = "adaptive"  # --max-feature-nodes alone asks for an adaptive graph
+    given = dict(
         max_n_logits=args.max_logits,
         desired_logit_prob=args.logit_prob,
-        batch_size=args.batch_size,
-        progress=not args.no_progress and not args.json,
-        method=args.method,
         tau=args.tau,
         max_feature_nodes=args.max_feature_nodes,
     )
+    options = {
+        k: v for k, v in given.items() if v is not None
+    }  # attribute() refuses what the method does not take
+    if args.method == "standard":
+        options["progress"] = not args.no_progress and not args.json
+    graph = attribute(model, tc, args.prompt, method=args.method, batch_size=args.batch_size, **options)
     graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
     t2 = time.perf_counter()
     pruned = prune_graph(graph, args.node_threshold, args.edge_threshold)

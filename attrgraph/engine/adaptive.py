@@ -30,6 +30,19 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from attrgraph.engine.linear_backward import rows_engine
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import (
+    Injection,
+    build_sources,
+    graph_provenance,
+    node_table,
+    prompt_strings,
+    resolve_exclude_bos,
+    target_values,
+    to_tokens,
+)
+from attrgraph.engine.targets import select_logit_targets
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
@@ -53,19 +66,6 @@ def attribute_adaptive(
 
     `k` features are explored per step (default `batch_size`). `trace`, when given, receives one
     dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the result."""
-    from attrgraph.engine.attribute import (
-        Injection,
-        _node_table,
-        _target_values,
-        build_sources,
-        graph_provenance,
-        prompt_strings,
-        resolve_exclude_bos,
-        to_tokens,
-    )
-    from attrgraph.engine.linear_backward import rows_engine
-    from attrgraph.engine.replacement import ReplacementModel
-    from attrgraph.engine.targets import select_logit_targets
 
     if max_feature_nodes < 0:
         raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
@@ -145,8 +145,8 @@ def attribute_adaptive(
         sp.hstack([adjacency, sp.csr_array((n_keep, n_t), dtype=np.float32)], format="csr")
     )
 
-    values = _target_values(rm, state, targets, [pos] * n_t)
-    full = _node_table(state, sources, targets, [pos] * n_t, values, L)
+    values = target_values(rm, state, targets, [pos] * n_t)
+    full = node_table(state, sources, targets, [pos] * n_t, values, L)
     nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, N)]))
     graph = Graph(
         nodes=nodes,

@@ -43,8 +43,22 @@ import scipy.sparse as sp
 import torch
 from jaxtyping import Float
 
+from attrgraph.engine.linear_backward import rows_engine
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import (
+    Injection,
+    build_sources,
+    graph_provenance,
+    node_table,
+    prompt_strings,
+    resolve_exclude_bos,
+    target_values,
+    to_tokens,
+)
+from attrgraph.engine.targets import Target, check_targets, select_logit_targets
 from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.prune import compute_influence, normalize_matrix
 
 
 class HierarchicalResult(NamedTuple):
@@ -144,19 +158,6 @@ def attribute_hierarchical(
     `logit_difference(model, " Mary", " John")`), or a feature `(layer, position, feature)` that is
     active on the prompt. `backend` picks the rows engine as in `attribute` ("auto", "linear",
     "autograd")."""
-    from attrgraph.engine.attribute import (
-        Injection,
-        _node_table,
-        _target_values,
-        build_sources,
-        graph_provenance,
-        prompt_strings,
-        resolve_exclude_bos,
-        to_tokens,
-    )
-    from attrgraph.engine.linear_backward import rows_engine
-    from attrgraph.engine.replacement import ReplacementModel
-    from attrgraph.engine.targets import Target, check_targets, select_logit_targets
 
     t0 = time.perf_counter()
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
@@ -175,7 +176,7 @@ def attribute_hierarchical(
         targets = [root] if root is not None else select_logit_targets(state.logits[-1], 1, 1.0, tokenizer)
         pos = targets[0].position % n_pos
         root_inj = Injection(targets[0].vector, pos, hook=targets[0].hook, logits=targets[0].hook is None)
-        root_value = _target_values(rm, state, targets, [pos])[0]
+        root_value = target_values(rm, state, targets, [pos])[0]
         root_col = None  # a target at a hook may read features of any layer: walk them all (root_layer = L)
     else:
         l, p, f = (int(x) for x in root)
@@ -243,7 +244,7 @@ def attribute_hierarchical(
     adjacency = sp.csr_array(sp.hstack([adjacency, sp.csr_array((N, n_t))], format="csr"), dtype=np.float32)
 
     positions = [root_inj.position] if n_t else []
-    full = _node_table(state, sources, targets, positions, [root_value] if n_t else [], L)
+    full = node_table(state, sources, targets, positions, [root_value] if n_t else [], L)
     index = np.concatenate([columns, np.arange(n_cols, n_cols + n_t)])
     nodes: Nodes = full.select(index)
     node_attr = np.concatenate([attribution[columns], [root_value] * n_t])
@@ -272,7 +273,6 @@ def attribute_hierarchical(
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),
     )
-    from attrgraph.graph.prune import compute_influence, normalize_matrix
 
     graph.nodes.influence = compute_influence(
         normalize_matrix(graph.adjacency), graph.logit_weights()

@@ -1,4 +1,4 @@
-"""The frozen backward as explicit batched matrix products (fast path of `attribute.backward_rows`).
+"""The frozen backward as explicit batched matrix products (fast path of `autograd_rows.backward_rows`).
 
 Seed: circuit-tracing appendix, "Attribution Graph Computation". With attention patterns, norm
 scales and MLP outputs frozen (replacement.py), the map from the sources to any target is linear,
@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
 from transcoders import sites
 
@@ -288,7 +289,7 @@ def linear_rows(
     progress: bool = False,
     stats: dict | None = None,
 ) -> sp.csr_array:
-    """Rows of the attribution graph for `injections` (same contract as `attribute.backward_rows`).
+    """Rows of the attribution graph for `injections` (same contract as `autograd_rows.backward_rows`).
 
     `stats`, when given, receives `flops` (multiply-adds x 2 of the backward and the contraction)."""
     reason = unsupported_reason(rm, injections)
@@ -381,10 +382,8 @@ BACKENDS = ("auto", "linear", "autograd")
 
 
 def rows_engine(backend: str, rm, injections: list):
-    """The rows function for `backend`: "linear" (this module), "autograd" (attribute.backward_rows),
+    """The rows function for `backend`: "linear" (this module), "autograd" (autograd_rows.backward_rows),
     or "auto" (linear when `unsupported_reason` is None, else autograd)."""
-    from attrgraph.engine.attribute import backward_rows
-
     if backend not in BACKENDS:
         raise ValueError(f"backend is {backend!r}; pass one of {BACKENDS}.")
     if backend == "autograd" or (backend == "auto" and unsupported_reason(rm, injections) is not None):

@@ -7,8 +7,8 @@
 2. Transcoder features `a = act(x @ W_enc + b_enc)`; the error `e[l] = y[l] - tc(x)[l]` (tc output
    including `b_dec` and the skip) is held constant. With `exclude_bos` (circuit-tracer's
    convention) position 0 has no features and no error: its MLP output is a constant.
-3. The frozen replacement forward (`forward`) runs the model with patterns and scales replaced by
-   the recorded values and every MLP output replaced by
+3. The frozen replacement forward (`forward`, in frozen.py's context) runs the model with patterns
+   and scales replaced by the recorded values and every MLP output replaced by
        `w[l, p] = decode(a)[l, p] + e[l, p] + x[l, p] @ W_skip[l]`          (p included)
        `w[l, 0] = y[l, 0] - x_rec[l, 0] @ W_skip[l] + x[l, 0] @ W_skip[l]`    (p = 0 excluded)
    where `x` is the live read value: the MLP's own nonlinearity gets no gradient (stop-gradient
@@ -32,8 +32,9 @@ from typing import NamedTuple
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor, nn
+from torch import Tensor
 
+from attrgraph.engine.frozen import frozen_forward
 from attrgraph.errors import UnsupportedModelError
 from transcoders import sites
 from transcoders.errors import TranscoderMismatchError
@@ -70,22 +71,6 @@ class ReplacementState(NamedTuple):
     """"token+position" or "token"."""
 
 
-class _FrozenMLP(nn.Module):
-    """Stands in for `blocks[l].mlp` during a frozen forward: records its input, returns the
-    replacement output at the raw write site (or zeros when the write hook is `hook_mlp_out`)."""
-
-    def __init__(self, run: _FrozenRun, layer: int):
-        super().__init__()
-        self.run, self.layer = run, layer
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.run.read_is_mlp_input:
-            self.run.reads[self.layer] = x
-        if self.run.raw_write[self.layer]:
-            return self.run.write_value(self.layer)
-        return torch.zeros_like(x)
-
-
 class _FrozenRun:
     """Bookkeeping of one frozen forward: constants, live reads, gradient probes."""
 
@@ -94,8 +79,6 @@ class _FrozenRun:
         self.rm = rm
         self.constant = constant  # [L, P, d] (or [B, L, P, d])
         self.batch = batch
-        self.read_is_mlp_input = rm.tc.cfg.input_hook == sites.MLP_INPUT
-        self.raw_write = [sites.raw_output_needed(rm.model, rm.tc.cfg, l) for l in range(L)]
         self.reads: list[Tensor | None] = [None] * L
         self.captured: dict[str, Tensor] = {}
         P, D = constant.shape[-2], constant.shape[-1]
@@ -107,6 +90,9 @@ class _FrozenRun:
         )
         self.embed_probe = make()
         self.write_probes = [make() for _ in range(L)]
+
+    def read(self, layer: int, x: Tensor) -> None:
+        self.reads[layer] = x
 
     def write_value(self, layer: int) -> Tensor:
         c = self.constant[..., layer, :, :]
@@ -238,47 +224,31 @@ class ReplacementModel:
         whose values are kept in `run.captured`; `probes` adds zero leaves whose gradients are the
         gradients at the embedding and at every write site."""
         run = _FrozenRun(self, constant, batch, probes)
-        model, cfg = self.model, self.tc.cfg
-        hooks = []
-        for name in self.frozen_hooks:
-            value = state.frozen[name]
-            hooks.append((name, lambda x, hook, v=value: v.expand(x.shape)))
 
         def embed_hook(x, hook):
             if embed is not None:
                 x = embed.to(x.dtype).expand(x.shape)
             return x if run.embed_probe is None else x + run.embed_probe
 
-        hooks.append(("hook_embed", embed_hook))
-        if embed is not None and state.embedding == "token+position" and "hook_pos_embed" in model.hook_dict:
+        hooks = [("hook_embed", embed_hook)]
+        if (
+            embed is not None
+            and state.embedding == "token+position"
+            and "hook_pos_embed" in self.model.hook_dict
+        ):
             hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
-        if not run.read_is_mlp_input:
-            for l in range(cfg.n_layers):
-
-                def read_hook(x, hook, l=l):
-                    run.reads[l] = x
-                    return x
-
-                hooks.append((cfg.hook_in(l), read_hook))
-        for l in range(cfg.n_layers):
-            if not run.raw_write[l]:
-                hooks.append((cfg.hook_out(l), lambda x, hook, l=l: run.write_value(l)))
-        for name in capture:
-
-            def capture_hook(x, hook, name=name):
-                run.captured[name] = x
-                return x
-
-            hooks.append((name, capture_hook))
-        originals = [block.mlp for block in model.blocks]
-        try:
-            for l, block in enumerate(model.blocks):
-                block.mlp = _FrozenMLP(run, l)
-            with model.hooks(fwd_hooks=hooks):
-                yield run
-        finally:
-            for block, mlp in zip(model.blocks, originals):
-                block.mlp = mlp
+        with frozen_forward(
+            self.model,
+            self.tc.cfg,
+            state.frozen,
+            read=run.read,
+            write=run.write_value,
+            layers=range(self.cfg.n_layers),
+            capture=capture,
+            hooks=hooks,
+        ) as captured:
+            run.captured = captured
+            yield run
 
     def forward(
         self,

@@ -72,7 +72,7 @@ def select_logit_targets(
     for p, i in zip(top_p[:k].tolist(), top_i[:k].tolist()):
         vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=logits.dtype)
         vec[i] += 1.0
-        out.append(Target(name=_token_str(tokenizer, i), vector=vec, token=i, weight=p))
+        out.append(Target(name=token_str(tokenizer, i), vector=vec, token=i, weight=p))
     return out
 
 
@@ -83,7 +83,7 @@ def logit_difference(model, token_a: str | int, token_b: str | int, position: in
     vec[a] += 1.0
     vec[b] -= 1.0
     tok = getattr(model, "tokenizer", None)
-    return Target(name=f"{_token_str(tok, a)} - {_token_str(tok, b)}", vector=vec, position=position, token=a)
+    return Target(name=f"{token_str(tok, a)} - {token_str(tok, b)}", vector=vec, position=position, token=a)
 
 
 def direction(
@@ -133,7 +133,7 @@ def _token_id(model, token: str | int) -> int:
         ) from None
 
 
-def _token_str(tokenizer, i: int) -> str:
+def token_str(tokenizer, i: int) -> str:
     if tokenizer is None:
         return str(i)
     try:

@@ -15,9 +15,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from attrgraph.errors import GraphFileError
+from attrgraph.errors import GraphFileError, SupernodeError
 from attrgraph.graph.store import edit_h5
-from attrgraph.graph.supernodes import NodeKey, Supernode, SupernodeError
+from attrgraph.graph.supernodes import NodeKey, Supernode
 
 SCHEMA_VERSION = 1
 """Version of the `/supernodes` layout."""

@@ -26,12 +26,8 @@ import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float
 
-from attrgraph.errors import AttrgraphError
+from attrgraph.errors import SupernodeError
 from attrgraph.graph.graph import Graph
-
-
-class SupernodeError(AttrgraphError, ValueError):
-    """A supernode that names nodes a graph does not hold, or an empty or overlapping grouping."""
 
 
 class NodeKey(NamedTuple):

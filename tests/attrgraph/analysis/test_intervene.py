@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from attrgraph.analysis.intervene import Add, InterventionError, Scale, SetTo, error_node, generate, intervene
+from attrgraph.analysis.intervene import Add, Scale, SetTo, error_node, generate, intervene
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import supernode
 from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
 from transcoders.activations import apply_activation

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from attrgraph.analysis.qk import QKError, attention_score, qk_attribution
+from attrgraph.analysis.qk import attention_score, qk_attribution
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.errors import QKError
 from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
 
 TOKENS = [3, 17, 5, 9, 17, 5, 22, 8]

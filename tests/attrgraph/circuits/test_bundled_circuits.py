@@ -51,9 +51,10 @@ def test_cli_finds_evaluates_and_stores_a_circuit(tmp_path, capsys):
 
 
 def test_peap_on_ioi_with_the_builtin_schema_recovers_the_model(model):
-    from attrgraph.circuits import greedy, ioi_schema, peap, task_data
+    from attrgraph.circuits import greedy, ioi_schema, task_data
     from attrgraph.circuits.circuit import Circuit
     from attrgraph.circuits.evaluate import evaluate
+    from attrgraph.circuits.peap import peap
 
     train_p, test_p, train, test = task_data(model, "ioi", 12)
     scores = peap(model, train_p, schema=ioi_schema(train))

@@ -9,7 +9,6 @@ from attrgraph.circuits.circuit import Circuit
 from attrgraph.circuits.construct import greedy, is_connected, top_n
 from attrgraph.circuits.eap import eap, example_scores
 from attrgraph.circuits.edge_pruning import PruneConfig, prune_edges
-from attrgraph.circuits.errors import ConstantMetricError, PairLengthError, SchemaError, SparsityError
 from attrgraph.circuits.evaluate import evaluate
 from attrgraph.circuits.hap import hap, hap_subgraph
 from attrgraph.circuits.pairs import Pairs
@@ -23,7 +22,8 @@ from attrgraph.circuits.schema import (
     read_schema,
     write_schema_json,
 )
-from attrgraph.circuits.store import load_circuit, save_circuit, to_networkx
+from attrgraph.circuits.store import circuit_to_networkx, load_circuit, save_circuit
+from attrgraph.errors import ConstantMetricError, PairLengthError, SchemaError, SparsityError
 from tests.attrgraph.circuits.circuit_helpers import make_pairs, tiny_model
 
 
@@ -121,7 +121,7 @@ def test_store_round_trip_and_networkx(tmp_path, data):
         back, back_scores = load_circuit(path, name)
         assert torch.equal(back.flat(), c.flat()) and back.layout.positions == c.layout.positions
         assert torch.allclose(back_scores.flat(), scores.flat().float())
-        nxg = to_networkx(back, back_scores)
+        nxg = circuit_to_networkx(back, back_scores)
         assert nxg.number_of_edges() == c.n_edges and "logits" in nxg
 
 

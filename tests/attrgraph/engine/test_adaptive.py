@@ -102,7 +102,7 @@ def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
     from attrgraph.graph.summary import format_summary, summarize
 
     model, rm, full = setup
-    g = attribute(model, rm, TOKENS, max_feature_nodes=10, exclude_bos=True)
+    g = attribute(model, rm, TOKENS, method="adaptive", max_feature_nodes=10, exclude_bos=True)
     assert g.meta["method"] == "adaptive" and g.n_features == 10
     s = compute_graph_scores(full)
     assert full.meta["unpruned_replacement_score"] == pytest.approx(s.replacement, rel=1e-9)

@@ -9,7 +9,7 @@ from attrgraph.bundled.paths import BUNDLED
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.targets import direction, logit_difference
-from attrgraph.errors import PromptError, TargetError
+from attrgraph.errors import OptionError, PromptError, TargetError
 from attrgraph.graph.graph import NODE_ORDER
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
 
@@ -184,6 +184,29 @@ def test_bad_prompts_are_refused_before_work():
         attribute(model, tc, "   ")
     with pytest.raises(PromptError, match="context is 32"):
         attribute(model, tc, torch.zeros(33, dtype=torch.long))
+
+
+def test_options_that_do_not_apply_to_the_method_are_refused():
+    model = tiny_model("gpt2")
+    tc = tiny_transcoders(model)
+    target = logit_difference(model, 1, 2)
+    cases = [
+        (dict(tau=0.1), "does not take tau .*method='hierarchical'"),
+        (dict(max_feature_nodes=8), "does not take max_feature_nodes .*method='adaptive'"),
+        (dict(method="hierarchical", max_n_logits=3), "does not take max_n_logits"),
+        (dict(method="hierarchical", progress=True), "does not take progress"),
+        (dict(method="hierarchical", targets=[target, target]), "one root; got 2 targets"),
+        (dict(method="adaptive", targets=[target], max_feature_nodes=8), "does not take targets"),
+        (dict(method="adaptive"), "needs max_feature_nodes"),
+        (dict(method="greedy"), "method is 'greedy'"),
+        (dict(batch_size=0), "batch_size is 0"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(OptionError, match=message):
+            attribute(model, tc, TOKENS, **kwargs)
+    # the same options are taken by the method they belong to
+    g = attribute(model, tc, TOKENS, method="hierarchical", tau=0.0, targets=[target], exclude_bos=True)
+    assert g.meta["method"] == "hierarchical"
 
 
 def test_bundled_model_contract_float32():

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from attrgraph.engine.attribute import Injection, backward_rows, build_sources
+from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.linear_backward import linear_rows, unsupported_reason
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import Injection, build_sources
 from attrgraph.engine.targets import select_logit_targets
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
 

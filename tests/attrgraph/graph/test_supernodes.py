@@ -3,13 +3,12 @@
 import numpy as np
 import pytest
 
-from attrgraph.errors import GraphFileError
+from attrgraph.errors import GraphFileError, SupernodeError
 from attrgraph.graph.store import save_graph
 from attrgraph.graph.supernode_store import load_supernodes, save_supernodes
 from attrgraph.graph.supernodes import (
     NodeKey,
     Supernode,
-    SupernodeError,
     node_indices,
     suggest_supernodes,
     supernode,

@@ -1,0 +1,53 @@
+"""`attrgraph validate FILE`: validate stored graphs by interventions (analysis/validate.py) and
+write the report with plots (analysis/validation_report.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from attrgraph.analysis.validate import ValidateConfig
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="validate stored graphs by interventions; write a report with plots")
+    p.add_argument("file")
+    p.add_argument("--name", default=None, help="graph to validate (default: every graph in the file)")
+    p.add_argument(
+        "--model", default=None, help="model (default: the one recorded in the graph, else 'default')"
+    )
+    p.add_argument(
+        "--transcoders", default=None, help="transcoders (default: recorded in the graph, else 'default-plt')"
+    )
+    p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
+    for f in ("max_features", "n_perturbations", "batch_size", "seed"):
+        p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
+
+
+def run(args) -> int:
+    from attrgraph.analysis.validate import validate_graph
+    from attrgraph.analysis.validation_report import write_report
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.replacement import ReplacementModel
+    from attrgraph.graph.store import list_graphs, load_graph
+    from transcoders import load_transcoders
+
+    names = [args.name] if args.name else list_graphs(args.file)
+    graphs = [load_graph(args.file, n) for n in names]
+    model_name = args.model or graphs[0].meta.get("model", "default")
+    tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
+    model, tc = load_model(model_name), load_transcoders(tc_name)
+    cfg = ValidateConfig(
+        max_features=args.max_features,
+        n_perturbations=args.n_perturbations,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    rm = ReplacementModel(model, tc)
+    results = [validate_graph(model, rm, g, cfg) for g in graphs]
+    out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
+    summary = write_report(results, names, out, title=f"validation of {args.file}")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out}/validate.md, validate.json and 3 plots (config {asdict(cfg)})")
+    return 0

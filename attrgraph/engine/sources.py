@@ -1,0 +1,215 @@
+"""What every attribution method shares: source nodes, target injections, the node table, provenance.
+
+1. Sources (`build_sources`): in node order, an embedding node per position, an error node per
+   (layer, position >= n_excluded), and a feature node per active (layer, position, feature); each
+   feature's output vectors `a_s * W_dec_s^l` (one per written layer for a CLT) grouped by
+   (layer, position).
+2. Injections (`feature_injections`, and one per target): the vector each target's row is read
+   against, and where it is read: a feature's encoder vector `W_enc[:, f]` at its layer's read
+   site, a logit's `e_tok - 1/V` on the logits, a custom direction at its hook.
+3. The node table (`node_table`) and the provenance record (`graph_provenance`) every method
+   stores with its graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from attrgraph.engine.replacement import ReplacementModel, ReplacementState
+from attrgraph.engine.targets import Target, token_str
+from attrgraph.errors import PromptError
+from attrgraph.graph.graph import Nodes
+
+
+@dataclass
+class Sources:
+    """Output vectors of every source node, in node order."""
+
+    embed: Float[Tensor, "n_pos d_model"]
+    """Embedding nodes' vectors (columns 0..n_pos-1)."""
+    errors: Float[Tensor, "n_layers n_pos d_model"]
+    """Error vectors; nodes exist for positions >= n_excluded, layer-major."""
+    n_excluded: int
+    """Positions without error or feature nodes."""
+    features: Int[Tensor, "n_features 3"]
+    """(layer, position, feature) of each feature node, sorted."""
+    decoders: Float[Tensor, "n_features n_out d_model"] | list
+    """Per (layer, position) group: `a_s * W_dec_s` [k, n_layers - layer (CLT) or 1, d_model]."""
+    groups: list[tuple[int, int, int, int]]
+    """(layer, position, first column, end column) of each feature group."""
+
+    @property
+    def n_errors(self) -> int:
+        return self.errors.shape[0] * (self.errors.shape[1] - self.n_excluded)
+
+    @property
+    def n_columns(self) -> int:
+        return self.embed.shape[0] + self.n_errors + len(self.features)
+
+
+@dataclass
+class Injection:
+    """Where a target's input vector goes: a read site (`layer` >= 0), the logits, or a hook."""
+
+    vector: Tensor
+    position: int
+    layer: int = -1
+    hook: str | None = None
+    logits: bool = False
+
+
+def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
+    """Step 2 (sources) and the scaled decoders of step 5."""
+    L, P = state.acts.shape[:2]
+    active = state.acts > 0
+    features = active.nonzero()  # sorted by (layer, position, feature)
+    offset = P + L * (P - state.n_excluded)
+    decoders, groups = [], []
+    if len(features):
+        keys = features[:, 0] * P + features[:, 1]
+        bounds = torch.cat(
+            [torch.tensor([0]), (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1, torch.tensor([len(keys)])]
+        )
+        for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            l, p = int(features[i0, 0]), int(features[i0, 1])
+            f = features[i0:i1, 2]
+            a = state.acts[l, p, f]
+            with torch.no_grad():
+                dec = rm.tc.decoder_vectors(l, f.to(rm.tc.device)).to(state.errors.dtype)
+            decoders.append(dec * a[:, None, None])
+            groups.append((l, p, offset + i0, offset + i1))
+    return Sources(state.embed, state.errors, state.n_excluded, features, decoders, groups)
+
+
+def feature_injections(rm: ReplacementModel, features: Int[Tensor, "n_features 3"]) -> list[Injection]:
+    """One injection per feature node: its encoder vector at its layer's read site and position."""
+    out = []
+    with torch.no_grad():
+        for l in range(rm.cfg.n_layers):  # encoder vectors of one layer's features in one gather
+            at = features[:, 0] == l
+            enc = rm.tc.encoder_vectors(l, features[at, 2].to(rm.tc.device))
+            out += [Injection(v, int(p), layer=l) for v, p in zip(enc, features[at, 1].tolist())]
+    return out
+
+
+def to_tokens(model, prompt: str | list[int] | Tensor | np.ndarray) -> Int[Tensor, " n_pos"]:
+    """The prompt as ids (a string is tokenized with the model's default BOS handling); raises
+    `PromptError` for an empty prompt or one longer than the model's context."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError("prompt is empty; pass at least one token of text.")
+        if getattr(model, "tokenizer", None) is None:
+            raise PromptError("the model has no tokenizer; pass the prompt as token ids.")
+        tokens = model.to_tokens(prompt)[0]
+    else:
+        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long).flatten()
+    if tokens.numel() == 0:
+        raise PromptError("prompt has 0 tokens; pass at least one.")
+    n_ctx = model.cfg.n_ctx
+    if tokens.numel() > n_ctx:
+        raise PromptError(
+            f"prompt has {tokens.numel()} tokens but the model's context is {n_ctx}; shorten it."
+        )
+    if int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab:
+        raise PromptError(
+            f"prompt has token ids outside [0, {model.cfg.d_vocab}); pass ids of this model's vocabulary."
+        )
+    return tokens
+
+
+def fingerprint(module: torch.nn.Module) -> str:
+    """A cheap identity hash: sha256 over parameter names, shapes and a strided sample of values."""
+    h = hashlib.sha256()
+    for name, p in sorted(module.state_dict().items()):
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 4096)].double().cpu().numpy()
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(sample.tobytes())
+    return h.hexdigest()[:16]
+
+
+def resolve_exclude_bos(model, tokens: Tensor, exclude_bos: bool | None) -> bool:
+    """`exclude_bos`, or when it is None whether position 0 holds the tokenizer's BOS token
+    (circuit-tracer's convention: no feature or error nodes there)."""
+    if exclude_bos is not None:
+        return bool(exclude_bos)
+    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    return bos is not None and int(tokens[0]) == int(bos)
+
+
+def graph_provenance(
+    model, rm: ReplacementModel, state: ReplacementState, exclude_bos: bool, embedding: str
+) -> dict:
+    """The `meta` entries every attribution method records: which model and transcoders, and how."""
+    cfg = rm.tc.cfg
+    return dict(
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        model_fingerprint=fingerprint(model),
+        transcoder_kind=cfg.kind,
+        transcoder_d_sae=int(cfg.d_sae),
+        transcoder_hooks=f"{cfg.input_hook} -> {cfg.output_hook}",
+        transcoder_model_name=str(cfg.model_name),
+        transcoder_fingerprint=fingerprint(rm.tc),
+        n_layers=int(model.cfg.n_layers),
+        exclude_bos=bool(exclude_bos),
+        embedding=embedding,
+        dtype=str(state.errors.dtype).replace("torch.", ""),
+    )
+
+
+def prompt_strings(model, tokens: Tensor) -> list[str]:
+    """Each prompt token as text (ids as text when the model has no tokenizer)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    return [token_str(tokenizer, int(t)) for t in tokens.tolist()]
+
+
+@torch.no_grad()
+def target_values(
+    rm: ReplacementModel, state: ReplacementState, targets: list[Target], positions: list[int]
+) -> list[float]:
+    """Each target's value `v_in . read value` on the recorded forward (the demeaned logit for logits)."""
+    hooks = tuple(sorted({t.hook for t in targets if t.hook is not None}))
+    captured = {}
+    if hooks:
+        with rm.frozen(state, rm.constant(state), capture=hooks) as run:
+            rm.model(state.tokens[None])
+            captured = {k: v[0] for k, v in run.captured.items()}
+    out = []
+    for t, p in zip(targets, positions):
+        value = state.logits[p] if t.hook is None else captured[t.hook][p]
+        out.append(float(value.double() @ t.vector.to(value.device).double()))
+    return out
+
+
+def node_table(state, sources: Sources, targets, positions, values, n_layers: int) -> Nodes:
+    """The node table in node order: embeddings, errors, features, targets (graph.NODE_ORDER)."""
+    P, L, n_exc = state.tokens.shape[0], n_layers, sources.n_excluded
+    feats = sources.features.cpu().numpy().reshape(-1, 3)
+    err_l, err_p = np.meshgrid(np.arange(L), np.arange(n_exc, P), indexing="ij")
+    n_err, n_feat, n_t = err_l.size, len(feats), len(targets)
+    err_norm = state.errors[:, n_exc:].norm(dim=-1).reshape(-1)
+    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0)
+    return Nodes(
+        kind=np.array(["embedding"] * P + ["error"] * n_err + ["feature"] * n_feat + ["logit"] * n_t),
+        layer=np.concatenate([np.full(P, -1), err_l.ravel(), feats[:, 0], [t.layer(L) for t in targets]]),
+        position=np.concatenate([np.arange(P), err_p.ravel(), feats[:, 1], positions]),
+        feature=np.concatenate([np.full(P + n_err, -1), feats[:, 2], np.full(n_t, -1)]),
+        activation=np.concatenate(
+            [
+                state.embed.norm(dim=-1).double().cpu().numpy(),
+                err_norm.double().cpu().numpy(),
+                acts.double().cpu().numpy(),
+                values,
+            ]
+        ),
+        token=np.concatenate(
+            [state.tokens.cpu().numpy(), np.full(n_err + n_feat, -1), [t.token for t in targets]]
+        ),
+    )
