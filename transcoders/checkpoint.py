@@ -14,12 +14,18 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
-def save_checkpoint(folder: Path, tc, opt, step: int, scales: dict, fired: torch.Tensor, cfg) -> None:
+
+def save_checkpoint(
+    folder: Path, tc: SparseCoder, opt, step: int, scales: dict, fired: torch.Tensor, cfg
+) -> None:
     """Weights, Adam state, step and scales as safetensors + json; written to a temp dir, then renamed."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -49,7 +55,7 @@ def save_checkpoint(folder: Path, tc, opt, step: int, scales: dict, fired: torch
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(folder: Path, tc, opt) -> tuple[int, dict, torch.Tensor]:
+def load_checkpoint(folder: Path, tc: SparseCoder, opt) -> tuple[int, dict, torch.Tensor]:
     meta = json.loads((folder / "meta.json").read_text())
     t = load_file(str(folder / "state.safetensors"))
     tc.load_state_dict({k[3:]: v for k, v in t.items() if k.startswith("tc.")})

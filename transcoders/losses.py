@@ -17,9 +17,14 @@ their RMS scale, so that `E ||x[l]||^2 = d_model`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 
 def mse_loss(
@@ -56,7 +61,7 @@ def sparsity_schedule(step: int, total_steps: int, final: float) -> float:
 
 
 def topk_aux_loss(
-    tc,
+    tc: SparseCoder,
     pre_acts: Float[Tensor, "batch n_layers d_sae"],
     residual: Float[Tensor, "batch n_layers d_model"],
     dead: Float[Tensor, "n_layers d_sae"],

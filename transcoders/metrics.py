@@ -17,6 +17,8 @@ Seed: circuit-tracing appendix ("Validating the Replacement Model"; the (MSE, L0
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -24,9 +26,14 @@ from torch import Tensor
 from transcoders.activations import apply_activation
 from transcoders.sites import MLP_INPUT, read_value
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
+
 
 @torch.no_grad()
-def reconstruction_metrics(tc, x: Tensor, y: Tensor, batch_size: int = 4096) -> dict:
+def reconstruction_metrics(tc: SparseCoder, x: Tensor, y: Tensor, batch_size: int = 4096) -> dict:
     """Step 1 on `x, y` of shape [tokens, n_layers, d_model]."""
     L = tc.n_layers
     err = torch.zeros(L, dtype=torch.float64)
@@ -92,7 +99,9 @@ def _replacement_hooks(model, tc, mode: str):
 
 
 @torch.no_grad()
-def replacement_metrics(model, tc, tokens: Int[Tensor, "batch n_pos"], batch_size: int = 16) -> dict:
+def replacement_metrics(
+    model: HookedTransformer, tc: SparseCoder, tokens: Int[Tensor, "batch n_pos"], batch_size: int = 16
+) -> dict:
     """Step 2: CE of the original, replaced and zero-ablated model, CE loss recovered and KL."""
     if tc.cfg.output_hook != "blocks.{layer}.hook_mlp_out":
         raise ValueError("replacement metrics need transcoders that write blocks.{layer}.hook_mlp_out")

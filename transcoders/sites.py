@@ -17,6 +17,8 @@ One convention, implemented once here and used by the trainer and the replacemen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -24,23 +26,28 @@ from torch import Tensor
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
+
 MLP_INPUT = "blocks.{layer}.ln2.hook_normalized"
 MLP_OUTPUT = "blocks.{layer}.hook_mlp_out"
 
 
-def post_norm(model, layer: int):
+def post_norm(model: HookedTransformer, layer: int):
     """The block's post-MLP norm module (`ln2_post`), or None when it has none."""
     return getattr(model.blocks[layer], "ln2_post", None)
 
 
-def raw_output_needed(model, cfg: TranscoderConfig, layer: int) -> bool:
+def raw_output_needed(model: HookedTransformer, cfg: TranscoderConfig, layer: int) -> bool:
     """True when the write target is the MLP's output before a post-MLP norm."""
     return (
         cfg.output_before_post_norm and cfg.output_hook == MLP_OUTPUT and post_norm(model, layer) is not None
     )
 
 
-def cache_hooks(model, cfg: TranscoderConfig) -> list[str]:
+def cache_hooks(model: HookedTransformer, cfg: TranscoderConfig) -> list[str]:
     """The hook names a cache must hold for `read_value`, `write_target` and `to_write_site`."""
     names = []
     for l in range(cfg.n_layers):
@@ -52,7 +59,9 @@ def cache_hooks(model, cfg: TranscoderConfig) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def read_value(model, cache, layer: int, hook_template: str = MLP_INPUT) -> Float[Tensor, "... d_model"]:
+def read_value(
+    model: HookedTransformer, cache, layer: int, hook_template: str = MLP_INPUT
+) -> Float[Tensor, "... d_model"]:
     """The value a transcoder reads at `layer`, from a TransformerLens cache (step 1)."""
     value = cache[hook_template.format(layer=layer)]
     if hook_template == MLP_INPUT:
@@ -64,25 +73,27 @@ def read_value(model, cache, layer: int, hook_template: str = MLP_INPUT) -> Floa
     return value
 
 
-def mlp_input(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+def mlp_input(model: HookedTransformer, cache, layer: int) -> Float[Tensor, "... d_model"]:
     """What `blocks.{layer}.mlp` receives, from a cache holding `blocks.{layer}.ln2.hook_normalized`."""
     return read_value(model, cache, layer, MLP_INPUT)
 
 
-def mlp_output_raw(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+def mlp_output_raw(model: HookedTransformer, cache, layer: int) -> Float[Tensor, "... d_model"]:
     """The MLP's output before any post-MLP norm: `mlp.hook_post @ W_out + b_out`."""
     mlp = model.blocks[layer].mlp
     return cache[f"blocks.{layer}.mlp.hook_post"] @ mlp.W_out + mlp.b_out
 
 
-def write_target(model, cache, layer: int, cfg: TranscoderConfig) -> Float[Tensor, "... d_model"]:
+def write_target(
+    model: HookedTransformer, cache, layer: int, cfg: TranscoderConfig
+) -> Float[Tensor, "... d_model"]:
     """What the transcoder's output of `layer` should equal (step 2)."""
     if raw_output_needed(model, cfg, layer):
         return mlp_output_raw(model, cache, layer)
     return cache[cfg.hook_out(layer)]
 
 
-def to_write_site(model, cache, layer: int, out: Tensor, cfg: TranscoderConfig) -> Tensor:
+def to_write_site(model: HookedTransformer, cache, layer: int, out: Tensor, cfg: TranscoderConfig) -> Tensor:
     """Map a transcoder output of `layer` to the value of its write hook (the identity unless step 2's
     post-norm applies, where `ln2_post` runs with the scale from `cache` frozen)."""
     if not raw_output_needed(model, cfg, layer):
@@ -101,7 +112,7 @@ def to_write_site(model, cache, layer: int, out: Tensor, cfg: TranscoderConfig) 
 
 @torch.no_grad()
 def collect(
-    model, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
+    model: HookedTransformer, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
 ) -> tuple[Float[Tensor, "batch n_pos n_layers d_model"], Float[Tensor, "batch n_pos n_layers d_model"]]:
     """Read values and write targets of every layer from one forward pass (step 3)."""
     names = set(cache_hooks(model, cfg))
@@ -111,7 +122,7 @@ def collect(
     return x, y
 
 
-def check_fits(model, tc) -> None:
+def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
     """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
     cfg: TranscoderConfig = tc.cfg
     mcfg = model.cfg

@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,6 +53,11 @@ from transcoders.losses import (
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 HELD_OUT_SEED = 987_654
 RESUME_FREE = (
@@ -117,7 +123,7 @@ class TrainConfig:
             )
 
 
-def transcoder_config(cfg: TrainConfig, model) -> TranscoderConfig:
+def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderConfig:
     """The set a TrainConfig trains, for `model`."""
     hooks = (cfg.hook, cfg.hook) if cfg.kind == "sae" else (MLP_INPUT, MLP_OUTPUT)
     return TranscoderConfig(
@@ -161,7 +167,7 @@ def corpus_items(corpus: str, seed: int):
     return (line.rstrip("\n") for line in path.open() if line.strip())
 
 
-def sequence_source(model, corpus: str, seed: int):
+def sequence_source(model: HookedTransformer, corpus: str, seed: int):
     """A callable returning a fresh iterator of `n_ctx`-token sequences (activation_store step 1)."""
     tok = model.tokenizer
     n_ctx = model.cfg.n_ctx
@@ -185,7 +191,7 @@ def sequence_source(model, corpus: str, seed: int):
     return lambda: pack_sequences(items(), n_ctx, tok.bos_token_id, tok.eos_token_id, tokenize)
 
 
-def held_out_tokens(model, corpus: str, n_seq: int) -> torch.Tensor:
+def held_out_tokens(model: HookedTransformer, corpus: str, n_seq: int) -> torch.Tensor:
     if corpus.endswith(".npy"):
         src = sequence_source(model, corpus, 0)
         if isinstance(src, torch.Tensor):
@@ -202,7 +208,13 @@ def lr_at(step: int, total: int, lr: float) -> float:
     return lr * (total - step) / max(1, total - decay_start)
 
 
-def train(cfg: TrainConfig, model=None, sequences=None, progress: bool = True, stop_after: int | None = None):
+def train(
+    cfg: TrainConfig,
+    model: HookedTransformer = None,
+    sequences=None,
+    progress: bool = True,
+    stop_after: int | None = None,
+):
     """Run (or resume) training; returns the trained, folded set and its metrics.
 
     `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
@@ -316,7 +328,7 @@ def _progress(total: int, start: int, enabled: bool):
     return tqdm(total=total, initial=start, disable=not enabled, desc="train", mininterval=5.0)
 
 
-def evaluate(model, tc, cfg: TrainConfig, n_seq: int = 64) -> dict:
+def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq: int = 64) -> dict:
     """metrics.py on held-out sequences."""
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}

@@ -19,7 +19,7 @@ features). No peer offers this for features that did not fire.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +31,11 @@ from attrgraph.engine.targets import Target, direction
 from attrgraph.errors import TargetError
 from attrgraph.graph.graph import Graph
 from transcoders import sites
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 
 class InactiveAttribution(NamedTuple):
@@ -71,7 +76,13 @@ class InactiveAttribution(NamedTuple):
         ]
 
 
-def preactivation_target(model, transcoders, layer: int, position: int, feature: int) -> tuple[Target, float]:
+def preactivation_target(
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
+    layer: int,
+    position: int,
+    feature: int,
+) -> tuple[Target, float]:
     """The target of step 1 and its constant offset (`h = target value + offset`)."""
     cfg = transcoders.cfg
     if not 0 <= layer < cfg.n_layers or not 0 <= feature < cfg.d_sae:
@@ -96,7 +107,13 @@ def preactivation_target(model, transcoders, layer: int, position: int, feature:
 
 
 def attribute_inactive(
-    model, transcoders, prompt, layer: int, position: int, feature: int, **options
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
+    prompt,
+    layer: int,
+    position: int,
+    feature: int,
+    **options,
 ) -> InactiveAttribution:
     """Attribute the pre-activation of feature `feature` of `layer` at `position` (module docstring).
 

@@ -32,7 +32,7 @@ Patching" and "Details of Interventions".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -45,6 +45,11 @@ from attrgraph.engine.sources import to_tokens
 from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import NodeKey, Supernode
 from transcoders.activations import apply_activation
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 MODES = ("constrained", "iterative")
 
@@ -318,8 +323,8 @@ def _context(model, transcoders, prompt) -> tuple[ReplacementModel, ReplacementS
 
 
 def intervene(
-    model,
-    transcoders,
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
     prompt: str | list[int] | Tensor | np.ndarray,
     interventions: dict,
     mode: str = "constrained",
@@ -347,8 +352,8 @@ def intervene(
 
 @torch.no_grad()
 def generate(
-    model,
-    transcoders,
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
     prompt: str | list[int] | Tensor | np.ndarray,
     interventions: dict,
     n_tokens: int = 10,

@@ -23,6 +23,7 @@ everything upstream frozen both `q_i` and `k_j` are affine in the graph's source
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +33,11 @@ from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import Injection, build_sources, to_tokens
 from attrgraph.errors import QKError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,8 @@ def _hook(model, layer: int, side: str) -> str:
 
 
 def qk_attribution(
-    model,
-    transcoders,
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
     prompt,
     layer: int,
     head: int,
@@ -169,7 +175,9 @@ def _source_labels(state, sources, tokenizer) -> tuple[list[str], np.ndarray]:
     return labels, np.array(keys, np.int64)
 
 
-def attention_score(model, prompt, layer: int, head: int, query_position: int, key_position: int) -> float:
+def attention_score(
+    model: HookedTransformer, prompt, layer: int, head: int, query_position: int, key_position: int
+) -> float:
     """The model's own attention score (`hook_attn_scores`, after any soft cap), for checking `qk_attribution`."""
     tokens = to_tokens(model, prompt)
     name = f"blocks.{layer}.attn.hook_attn_scores"

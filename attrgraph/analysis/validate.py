@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -42,6 +43,11 @@ from attrgraph.engine.sources import fingerprint
 from attrgraph.errors import ValidationError
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import normalize_matrix
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,12 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
 
 
 # ---------------------------------------------------------------------------------- whole graph
-def validate_graph(model, transcoders, graph: Graph, cfg: ValidateConfig | None = None) -> dict:
+def validate_graph(
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
+    graph: Graph,
+    cfg: ValidateConfig | None = None,
+) -> dict:
     """All three evaluations of one graph (module docstring); keys starting with `_` hold plot data."""
     cfg = cfg or ValidateConfig()
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)

@@ -11,14 +11,19 @@ BOS + instance, teacher-forced, and graded at their `graded` positions:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from attrgraph.bundled import tasks
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
 EVAL_SEED = 1_000_003  # training streams use small seeds; this keeps evaluation held out
 
 
-def encode(model, examples: list[tasks.Example]) -> tuple[torch.Tensor, list[list[int]]]:
+def encode(model: HookedTransformer, examples: list[tasks.Example]) -> tuple[torch.Tensor, list[list[int]]]:
     """Right-padded token ids [n, 1 + max_len] (BOS first) for word-level examples."""
     vocab = model.tokenizer.get_vocab()
     rows = [[model.tokenizer.bos_token_id] + [vocab[w] for w in ex.tokens] for ex in examples]
@@ -28,7 +33,9 @@ def encode(model, examples: list[tasks.Example]) -> tuple[torch.Tensor, list[lis
 
 
 @torch.no_grad()
-def logits_for(model, examples: list[tasks.Example], batch_size: int = 128) -> list[torch.Tensor]:
+def logits_for(
+    model: HookedTransformer, examples: list[tasks.Example], batch_size: int = 128
+) -> list[torch.Tensor]:
     """Per-example logits [len, d_vocab] predicting each instance token (position i predicts token i)."""
     out = []
     for start in range(0, len(examples), batch_size):
@@ -40,7 +47,7 @@ def logits_for(model, examples: list[tasks.Example], batch_size: int = 128) -> l
     return out
 
 
-def top1(model, examples: list[tasks.Example]) -> float:
+def top1(model: HookedTransformer, examples: list[tasks.Example]) -> float:
     vocab = model.tokenizer.get_vocab()
     hits = total = 0
     for ex, lg in zip(examples, logits_for(model, examples)):
@@ -50,7 +57,7 @@ def top1(model, examples: list[tasks.Example]) -> float:
     return hits / max(total, 1)
 
 
-def evaluate_tasks(model, n: int = 200, seed: int = EVAL_SEED) -> dict[str, float]:
+def evaluate_tasks(model: HookedTransformer, n: int = 200, seed: int = EVAL_SEED) -> dict[str, float]:
     """The quality-bar metrics on `n` held-out examples per task."""
     vocab = model.tokenizer.get_vocab()
     metrics: dict[str, float] = {}

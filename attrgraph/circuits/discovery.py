@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from attrgraph.circuits.circuit import Circuit, EdgeScores
 from attrgraph.circuits.construct import greedy
@@ -15,6 +15,9 @@ from attrgraph.circuits.pairs import task_pairs
 from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import ioi_schema, read_schema
 from attrgraph.errors import CircuitMethodError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 METHODS = ("eap", "eap-ig", "peap", "ep", "hap")
 
@@ -32,7 +35,7 @@ class Discovery(NamedTuple):
     """Wall-clock time of discovery (scores + construction or training), not evaluation."""
 
 
-def task_data(model, task: str, n: int, seed: int = 0):
+def task_data(model: HookedTransformer, task: str, n: int, seed: int = 0):
     """(discovery pairs, evaluation pairs, discovery examples, evaluation examples) for 'ioi' or 'greater-than'."""
     from attrgraph.bundled.tasks import greater_than_pairs, ioi_pairs
 
@@ -42,7 +45,7 @@ def task_data(model, task: str, n: int, seed: int = 0):
 
 
 def discover(
-    model,
+    model: HookedTransformer,
     task: str,
     method: str,
     n: int = 100,

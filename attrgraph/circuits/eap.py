@@ -18,7 +18,7 @@ first-order term:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from jaxtyping import Float
@@ -30,6 +30,9 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
 from attrgraph.errors import ConstantMetricError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 class ExampleScores(NamedTuple):
@@ -46,7 +49,11 @@ class ExampleScores(NamedTuple):
 
 
 def example_scores(
-    model, pairs: Pairs, ig_steps: int = 0, cross_position: bool = False, batch_size: int = 32
+    model: HookedTransformer,
+    pairs: Pairs,
+    ig_steps: int = 0,
+    cross_position: bool = False,
+    batch_size: int = 32,
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
     graph = ComponentGraph.from_model(model)
@@ -86,7 +93,7 @@ def example_scores(
     return out
 
 
-def eap(model, pairs: Pairs, ig_steps: int = 0, batch_size: int = 32) -> EdgeScores:
+def eap(model: HookedTransformer, pairs: Pairs, ig_steps: int = 0, batch_size: int = 32) -> EdgeScores:
     """Non-positional EAP (EAP-IG when `ig_steps > 0`) scores, `[n_up, n_down]`, mean over examples."""
     ex = example_scores(model, pairs, ig_steps=ig_steps, batch_size=batch_size)
     graph = ComponentGraph.from_model(model)

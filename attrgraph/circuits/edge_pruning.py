@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -35,6 +35,9 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
 from attrgraph.errors import SparsityError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 GAMMA, ZETA = -0.1, 1.1
 
@@ -102,7 +105,11 @@ def _slice(acts: Activations, idx) -> Activations:
 
 
 def prune_edges(
-    model, pairs: Pairs, config: PruneConfig, allowed: Tensor | None = None, init: Tensor | None = None
+    model: HookedTransformer,
+    pairs: Pairs,
+    config: PruneConfig,
+    allowed: Tensor | None = None,
+    init: Tensor | None = None,
 ) -> PruneResult:
     """Train edge masks at `config.sparsity` (module docstring). allowed/init: flat over the graph's edges."""
     start = time.perf_counter()

@@ -13,13 +13,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from attrgraph.circuits.circuit import Circuit
 from attrgraph.circuits.pairs import Pairs, last_logits, metric
 from attrgraph.circuits.patching import record_run, run_edges
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 class Faithfulness(NamedTuple):
@@ -44,7 +47,9 @@ class Faithfulness(NamedTuple):
 
 
 @torch.no_grad()
-def circuit_logits(model, pairs: Pairs, circuit: Circuit, schema=None, corrupt=None, batch_size: int = 64):
+def circuit_logits(
+    model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, corrupt=None, batch_size: int = 64
+):
     """Next-token logits at each example's scored position with everything outside `circuit` ablated."""
     out = []
     for i in range(0, len(pairs), batch_size):
@@ -58,7 +63,9 @@ def circuit_logits(model, pairs: Pairs, circuit: Circuit, schema=None, corrupt=N
 
 
 @torch.no_grad()
-def evaluate(model, pairs: Pairs, circuit: Circuit, schema=None, batch_size: int = 64) -> Faithfulness:
+def evaluate(
+    model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, batch_size: int = 64
+) -> Faithfulness:
     """Faithfulness of `circuit` on `pairs` (module docstring). Positional circuits over spans need `schema`."""
     full, corr_logits = [], []
     for i in range(0, len(pairs), batch_size):

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attrgraph.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 QKV = ("q", "k", "v")
 
@@ -44,7 +48,7 @@ class ComponentGraph:
     """False for attention-only models (no MLP nodes)."""
 
     @classmethod
-    def from_model(cls, model) -> ComponentGraph:
+    def from_model(cls, model: HookedTransformer) -> ComponentGraph:
         cfg = model.cfg
         if cfg.parallel_attn_mlp:
             raise UnsupportedModelError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from attrgraph.circuits.eap import eap
 from attrgraph.circuits.edge_pruning import PruneConfig, PruneResult, prune_edges
 from attrgraph.circuits.pairs import Pairs
 from attrgraph.errors import SparsityError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:
@@ -38,7 +42,7 @@ def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:
 
 
 def hap(
-    model,
+    model: HookedTransformer,
     pairs: Pairs,
     config: PruneConfig,
     keep_frac: float = 0.3,

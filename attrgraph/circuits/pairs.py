@@ -15,12 +15,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from attrgraph.errors import ConstantMetricError, PairLengthError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 METRIC_KINDS = ("logit", "prob")
 
@@ -113,7 +117,7 @@ def _ids(model, words) -> list[int]:
     return [tok.bos_token_id, *ids]
 
 
-def task_pairs(model, examples) -> Pairs:
+def task_pairs(model: HookedTransformer, examples) -> Pairs:
     """`Pairs` for IOI (logit difference IO - S) or greater-than (probability difference) examples."""
     task = examples[0].task
     clean, corrupt = [], []

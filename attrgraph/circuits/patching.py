@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -34,6 +34,9 @@ from torch import Tensor
 
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
 
@@ -70,7 +73,7 @@ class EdgeRun(NamedTuple):
 
 
 @contextmanager
-def component_hooks(model) -> Iterator[ComponentGraph]:
+def component_hooks(model: HookedTransformer) -> Iterator[ComponentGraph]:
     """Turn on the TransformerLens hooks the component graph needs, and restore the flags after."""
     graph = ComponentGraph.from_model(model)
     old = {f: getattr(model.cfg, f) for f in FLAGS}
@@ -93,7 +96,7 @@ def _as4(keep: Tensor | None) -> Tensor | None:
 
 
 def run_edges(
-    model,
+    model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
     corrupt: Activations | None = None,
     keep: Tensor | None = None,
@@ -238,7 +241,7 @@ def run_edges(
 
 
 @torch.no_grad()
-def record_run(model, tokens: Int[Tensor, "batch pos"]) -> Activations:
+def record_run(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Activations:
     """Activations of an unpatched run (use on the corrupted prompts, then patch toward them)."""
     return run_edges(model, tokens, record=True).acts
 

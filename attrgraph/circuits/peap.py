@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
@@ -19,9 +21,12 @@ from attrgraph.circuits.pairs import Pairs
 from attrgraph.circuits.schema import aggregate
 from attrgraph.errors import SchemaError
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
 
 def peap(
-    model,
+    model: HookedTransformer,
     pairs: Pairs,
     schema=None,
     aggregation: str = "avg",

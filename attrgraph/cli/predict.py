@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from attrgraph.errors import PromptError
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
 
 @torch.no_grad()
-def top_predictions(model, prompt: str, k: int = 5) -> list[tuple[str, float]]:
+def top_predictions(model: HookedTransformer, prompt: str, k: int = 5) -> list[tuple[str, float]]:
     """The `k` most likely next tokens after `prompt`, with their probabilities."""
     tokens = model.to_tokens(prompt)
     if tokens.shape[1] <= 1:

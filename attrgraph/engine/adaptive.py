@@ -25,6 +25,7 @@ targets have rows), never `n_active^2`; each backward batch adds `k x n_active`.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,10 +47,15 @@ from attrgraph.engine.targets import select_logit_targets
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
+
 
 def attribute_adaptive(
-    model,
-    transcoders,
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
     prompt,
     *,
     max_feature_nodes: int = 1024,

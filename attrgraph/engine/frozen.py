@@ -22,11 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from transcoders import sites
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 class _MLPStandIn(nn.Module):
@@ -47,7 +51,7 @@ class _MLPStandIn(nn.Module):
 
 @contextmanager
 def frozen_forward(
-    model,
+    model: HookedTransformer,
     tc_cfg,
     frozen: dict[str, Tensor],
     *,

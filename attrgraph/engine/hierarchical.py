@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -59,6 +59,11 @@ from attrgraph.engine.targets import Target, check_targets, select_logit_targets
 from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.prune import compute_influence, normalize_matrix
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from transcoders.base import SparseCoder
 
 
 class HierarchicalResult(NamedTuple):
@@ -140,8 +145,8 @@ def hierarchical_attribution(
 
 
 def attribute_hierarchical(
-    model,
-    transcoders,
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
     prompt,
     *,
     tau: float = 0.0,

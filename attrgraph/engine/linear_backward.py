@@ -40,6 +40,7 @@ Only models and targets whose frozen backward is covered by steps 1-3 take this 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -50,6 +51,9 @@ from tqdm.auto import tqdm
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
 from transcoders import sites
+
+if TYPE_CHECKING:
+    from attrgraph.engine.replacement import ReplacementModel
 
 RESID_MID = "blocks.{layer}.hook_resid_mid"
 WORK_BYTES = 1 << 20
@@ -95,7 +99,7 @@ class _Norm:
         return g if self.identity else g.mul_(self.inv[: g.shape[-2]])
 
 
-def unsupported_reason(rm, injections) -> str | None:
+def unsupported_reason(rm: ReplacementModel, injections) -> str | None:
     """Why the fast path cannot compute these rows (None when it can)."""
     cfg = rm.cfg
     if rm.tc.cfg.input_hook not in _READS:
@@ -281,7 +285,7 @@ class _LayerDecoders:
 
 
 def linear_rows(
-    rm,
+    rm: ReplacementModel,
     state,
     sources,
     injections: list,
@@ -381,7 +385,7 @@ def linear_rows(
 BACKENDS = ("auto", "linear", "autograd")
 
 
-def rows_engine(backend: str, rm, injections: list):
+def rows_engine(backend: str, rm: ReplacementModel, injections: list):
     """The rows function for `backend`: "linear" (this module), "autograd" (autograd_rows.backward_rows),
     or "auto" (linear when `unsupported_reason` is None, else autograd)."""
     if backend not in BACKENDS:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,9 @@ from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
 from attrgraph.errors import PromptError
 from attrgraph.graph.graph import Nodes
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 @dataclass
@@ -98,7 +102,9 @@ def feature_injections(rm: ReplacementModel, features: Int[Tensor, "n_features 3
     return out
 
 
-def to_tokens(model, prompt: str | list[int] | Tensor | np.ndarray) -> Int[Tensor, " n_pos"]:
+def to_tokens(
+    model: HookedTransformer, prompt: str | list[int] | Tensor | np.ndarray
+) -> Int[Tensor, " n_pos"]:
     """The prompt as ids (a string is tokenized with the model's default BOS handling); raises
     `PromptError` for an empty prompt or one longer than the model's context."""
     if isinstance(prompt, str):
@@ -135,7 +141,7 @@ def fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def resolve_exclude_bos(model, tokens: Tensor, exclude_bos: bool | None) -> bool:
+def resolve_exclude_bos(model: HookedTransformer, tokens: Tensor, exclude_bos: bool | None) -> bool:
     """`exclude_bos`, or when it is None whether position 0 holds the tokenizer's BOS token
     (circuit-tracer's convention: no feature or error nodes there)."""
     if exclude_bos is not None:
@@ -145,7 +151,7 @@ def resolve_exclude_bos(model, tokens: Tensor, exclude_bos: bool | None) -> bool
 
 
 def graph_provenance(
-    model, rm: ReplacementModel, state: ReplacementState, exclude_bos: bool, embedding: str
+    model: HookedTransformer, rm: ReplacementModel, state: ReplacementState, exclude_bos: bool, embedding: str
 ) -> dict:
     """The `meta` entries every attribution method records: which model and transcoders, and how."""
     cfg = rm.tc.cfg
@@ -164,7 +170,7 @@ def graph_provenance(
     )
 
 
-def prompt_strings(model, tokens: Tensor) -> list[str]:
+def prompt_strings(model: HookedTransformer, tokens: Tensor) -> list[str]:
     """Each prompt token as text (ids as text when the model has no tokenizer)."""
     tokenizer = getattr(model, "tokenizer", None)
     return [token_str(tokenizer, int(t)) for t in tokens.tolist()]

@@ -17,12 +17,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from attrgraph.errors import TargetError
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,9 @@ def select_logit_targets(
     return out
 
 
-def logit_difference(model, token_a: str | int, token_b: str | int, position: int = -1) -> Target:
+def logit_difference(
+    model: HookedTransformer, token_a: str | int, token_b: str | int, position: int = -1
+) -> Target:
     """Target `logit_a - logit_b` at `position` (e.g. " Mary" minus " John")."""
     a, b = _token_id(model, token_a), _token_id(model, token_b)
     vec = torch.zeros(model.cfg.d_vocab_out, dtype=model.cfg.dtype)
@@ -99,7 +105,7 @@ def direction(
     )
 
 
-def check_targets(targets: list[Target], model, n_pos: int) -> None:
+def check_targets(targets: list[Target], model: HookedTransformer, n_pos: int) -> None:
     """Raise `TargetError` for an unknown hook, a wrong vector size or a position outside the prompt."""
     if not targets:
         raise TargetError("no targets were given; pass at least one Target or leave targets=None for logits.")

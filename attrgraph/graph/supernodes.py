@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,6 +28,9 @@ from jaxtyping import Float
 
 from attrgraph.errors import SupernodeError
 from attrgraph.graph.graph import Graph
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 
 class NodeKey(NamedTuple):
@@ -154,7 +157,11 @@ def _cluster(vectors: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def suggest_supernodes(
-    graph: Graph, by: str = "edges", transcoders=None, threshold: float = 0.8, min_size: int = 2
+    graph: Graph,
+    by: str = "edges",
+    transcoders: SparseCoder | None = None,
+    threshold: float = 0.8,
+    min_size: int = 2,
 ) -> list[Supernode]:
     """Groups of feature nodes with cosine similarity >= `threshold` (step 2), largest first.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_t
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
 from transcoders.formats.native import is_native, load_native, save_native
 from transcoders.paths import BUNDLED
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 READ_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
 WRITE_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
@@ -99,7 +103,7 @@ def _load(name_or_path, format, device, dtype, **kwargs):
     return load_gemmascope(folder, device=device, dtype=dtype, **kwargs)
 
 
-def save_transcoders(tc, path: str | os.PathLike, format: str = "native") -> Path:
+def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "native") -> Path:
     """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens" or "gemmascope")."""
     from transcoders.formats.sae_lens import save_sae_lens
 

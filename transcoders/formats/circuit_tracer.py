@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -32,6 +33,9 @@ from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.formats.native import read_safetensors
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 PLT_KIND = "transcoder_set"
 CLT_KIND = "cross_layer_transcoder"
@@ -214,7 +218,7 @@ def _check_shapes(state: dict, folder: Path) -> None:
         )
 
 
-def save_circuit_tracer(tc, path: str | os.PathLike, scan: str | None = None) -> Path:
+def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | None = None) -> Path:
     """Write `tc` (a PLT or CLT) in circuit-tracer's format; returns the directory."""
     import yaml
 

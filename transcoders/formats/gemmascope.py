@@ -15,6 +15,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ import torch
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")
 
@@ -109,7 +113,7 @@ def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:
             )
 
 
-def save_gemmascope(tc, folder: str | os.PathLike) -> list[Path]:
+def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
     """Write `layer_{i}/params.npz` per layer (for tests and for interchange); returns the files."""
     if tc.threshold is None or tc.cfg.kind == "clt":
         raise UnknownFormatError(

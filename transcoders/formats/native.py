@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -21,6 +22,9 @@ from safetensors.torch import load_file, save_file
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
 from transcoders.manifest import verify_manifest
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 FORMAT_NAME = "attrgraph-transcoders"
 FORMAT_VERSION = 1
@@ -37,7 +41,7 @@ def is_native(folder: Path) -> bool:
         return False
 
 
-def save_native(tc, path: str | os.PathLike) -> Path:
+def save_native(tc: SparseCoder, path: str | os.PathLike) -> Path:
     """Write `tc` to the directory `path` (created); returns the directory."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,7 +88,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         ) from e
 
 
-def load_state(tc, state: dict[str, torch.Tensor], source) -> None:
+def load_state(tc: SparseCoder, state: dict[str, torch.Tensor], source) -> None:
     """`tc.load_state_dict(state)`, with missing keys or wrong shapes reported as `CorruptTranscoderError`."""
     want = tc.state_dict()
     missing = sorted(set(want) - set(state))

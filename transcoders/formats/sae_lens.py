@@ -36,12 +36,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.sites import MLP_OUTPUT
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
 
 ACTIVATIONS = {
     "standard": ("relu", False),
@@ -217,7 +221,7 @@ def _hook_name(template: str, layer: int, what: str) -> str:
     return template.format(layer=layer)
 
 
-def save_sae_lens(tc, path: str | os.PathLike) -> Path:
+def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
     """Write the SAE or PLT set `tc` as sae_lens `save_model` directories `layer_{l}/` (steps 5-6).
 
     1. Pick the architecture and check hooks and thresholds, before writing anything.
