@@ -12,7 +12,7 @@ circuits code for a user who only builds graphs:
   save_supernodes, load_supernodes                              (supernode_store.py)
   qk_attribution   attention score -> (query, key) source pairs (qk.py)
   attribute_inactive  what holds a feature below threshold     (inactive.py)
-  attribute_hierarchical, hierarchical_attribution  detach-during-backward (hierarchical.py)
+  attribute_hierarchical, hierarchical_attribution, node_biases  detach-during-backward (hierarchical.py)
   attribute_adaptive  partial graphs within a feature budget   (adaptive.py)
   compute_graph_scores  replacement / completeness scores      (scores.py)
   discover, eap, peap, greedy, hap, prune_edges, evaluate_circuit  component circuits (circuits/)
@@ -55,7 +55,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     ],
     "attrgraph.export": ["to_networkx"],
     "attrgraph.graph": ["NODE_ORDER", "Graph", "Nodes"],
-    "attrgraph.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
+    "attrgraph.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],
     "attrgraph.inactive": ["InactiveAttribution", "attribute_inactive"],
     "attrgraph.intervene": [
         "Add",
