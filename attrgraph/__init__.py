@@ -13,7 +13,7 @@ beside them; errors.py below everything):
 Public API, re-exported here and imported on first use (`__getattr__`), so that
 `import attrgraph` does not load torch, h5py, networkx or the circuits code up front:
   load_model                                     bundled/loading.py
-  attribute, attribute_hierarchical, attribute_adaptive   engine/
+  attribute, attribute_hierarchical, attribute_adaptive, node_biases   engine/
   Target, direction, logit_difference            engine/targets.py
   ReplacementModel                               engine/replacement.py
   Graph, Nodes, NODE_ORDER                       graph/graph.py
@@ -38,7 +38,7 @@ __version__ = "0.1.0"
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
     "attrgraph.bundled.loading": ["load_model"],
     "attrgraph.engine.attribute": ["attribute"],
-    "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution"],
+    "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],
     "attrgraph.engine.adaptive": ["attribute_adaptive"],
     "attrgraph.engine.replacement": ["ReplacementModel"],
     "attrgraph.engine.targets": ["Target", "direction", "logit_difference"],

@@ -16,26 +16,34 @@ source's activation a_v, attribute.py step 5), so the seed's `k_{v,u} = A[u, v] 
    through it. A kept node gets `grad_v = attr_v / a_v`, and only now are its incoming edges
    computed (one backward per kept node; the full graph is never built).
 4. Leaves and Theorem 3.1. The leaves of the kept subgraph are (a) the embedding nodes, (b) the
-   error nodes, with `attr_s = sum_{u kept} A[u, s] grad_u`, and (c) the constant term of the root
-   and of every kept feature, `bias_u = value_u - sum_s A[u, s]` (encoder bias and every bias of
-   the frozen model), with `attr = grad_u bias_u`; their total is `bias_attribution`. Because
-   every kept node's value is the sum of its inputs plus its bias (the exactness contract),
+   error nodes, with `attr_s = sum_{u kept} A[u, s] grad_u`, and (c) the constant term `bias_u` of
+   the root and of every kept feature (encoder bias and every bias of the frozen model), with
+   `attr = grad_u bias_u`; their total is `bias_attribution`. The constant terms are measured, not
+   inferred from the edges: the frozen replacement model is affine in its sources, so running it
+   with every source (embeddings, feature activations, errors) at zero leaves exactly each node's
+   constant term (`node_biases`). Because every kept node's value is the sum of its inputs plus
+   its bias (the exactness contract),
        `root_value = sum_{embeddings, errors} attr + bias_attribution + detached_attribution`
    where `detached_attribution` is the total attribution the detached nodes had when they were
-   detached (it is 0 when nothing is detached, e.g. `tau = -inf`: the seed's theorem). The kept
+   detached (it is 0 when nothing is detached, e.g. `tau = -inf`: the seed's theorem). The
+   difference of the two sides is reported as `theorem_residual`: it is rounding error when every
+   edge is right, and shows a wrong edge or traversal instead of absorbing it. The kept
    subgraph's share of the root ("logit recovered", seed Figure 2b) is `root_value -
    detached_attribution`.
 
 `hierarchical_attribution` runs steps 1-4 on a graph already built (a pure function, also the
 "standard attribution, then threshold" baseline); `attribute_hierarchical` runs them on a model,
 computing rows only for kept nodes, and returns a `Graph` whose `meta` carries `root_value`,
-`bias_attribution`, `detached_attribution`, `tau` and `attribution` (one value per node).
+`bias_attribution`, `detached_attribution`, `theorem_residual`, `tau`, and per node `attribution`
+and `bias`. On a graph the constant terms come from `bias=` (e.g. `node_biases`); without it they
+are inferred as `value_u - sum_s A[u, s]`, and then the identity holds by construction.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -63,6 +71,7 @@ from attrgraph.graph.prune import compute_influence, normalize_matrix
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+    from attrgraph.engine.replacement import ReplacementState
     from transcoders.base import SparseCoder
 
 
@@ -87,6 +96,91 @@ class HierarchicalResult(NamedTuple):
         leaves = (kinds == "embedding") | (kinds == "error")
         return float(self.attribution[leaves].sum() + self.bias_attribution)
 
+    def theorem_residual(self, kinds: np.ndarray) -> float:
+        """`root_value - leaf_sum - detached_attribution`: rounding error when the biases were
+        measured and every edge is right (exactly 0 with biases inferred from the edges)."""
+        return self.root_value - self.leaf_sum(kinds) - self.detached_attribution
+
+
+class _ConstantTerms(NamedTuple):
+    """The frozen replacement model with every source at zero (`_constant_terms`)."""
+
+    logits: torch.Tensor
+    pre_acts: torch.Tensor
+    captured: dict[str, torch.Tensor]
+
+    def features(self, feats: np.ndarray) -> np.ndarray:
+        """Constant terms of features given as rows `(layer, position, feature)`."""
+        feats = np.asarray(feats, np.int64).reshape(-1, 3)
+        return self.pre_acts[feats[:, 0], feats[:, 1], feats[:, 2]].double().cpu().numpy()
+
+    def target(self, target: Target, position: int) -> float:
+        """Constant term of a target read at `position` (its value on the zero-source forward)."""
+        value = self.logits[position] if target.hook is None else self.captured[target.hook][position]
+        return float(value.double() @ target.vector.to(value.device).double())
+
+
+@torch.no_grad()
+def _constant_terms(
+    rm: ReplacementModel, state: ReplacementState, hooks: tuple[str, ...] = ()
+) -> _ConstantTerms:
+    """Run the frozen replacement model with every source (embedding outputs, feature activations,
+    errors) set to zero. It is affine in the sources, so what every node reads is its constant term:
+    the biases of the model and the transcoders, and the fixed MLP outputs of excluded positions."""
+    acts, errors, embed = (
+        torch.zeros_like(state.acts),
+        torch.zeros_like(state.errors),
+        torch.zeros_like(state.embed),
+    )
+    out = rm.forward(state, acts, errors, embed)
+    captured = {}
+    if hooks:
+        with rm.frozen(state, rm.constant(state, acts, errors), embed=embed, capture=tuple(hooks)) as run:
+            rm.model(state.tokens[None])
+            captured = {k: v[0] for k, v in run.captured.items()}
+    return _ConstantTerms(out.logits, out.pre_acts, captured)
+
+
+def node_biases(
+    rm: ReplacementModel, graph: Graph, targets: Sequence[Target] = ()
+) -> Float[np.ndarray, " n_nodes"]:
+    """Each node's constant term, measured on the frozen replacement model with every source at
+    zero (module docstring, step 4): a feature's encoder pre-activation there, a logit node's
+    `target.vector . value` there, and 0 for embeddings and errors (sources have no bias). `rm`
+    is the `ReplacementModel` the graph was built with; the i-th logit node reads `targets[i]`
+    (default: the demeaned logit of its token; a graph with custom targets needs them)."""
+    m, nodes = graph.meta, graph.nodes
+    if "exclude_bos" not in m or "embedding" not in m:
+        raise GraphError(
+            "the graph's meta does not say how it was built (exclude_bos, embedding); "
+            "pass a graph from attribute or attribute_hierarchical."
+        )
+    state = rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=m["exclude_bos"], embedding=m["embedding"])
+    logit_idx = np.flatnonzero(nodes.kind == "logit")
+    targets = list(targets)
+    if not targets:
+        if m.get("custom_targets") or m.get("method") == "hierarchical":
+            raise GraphError(
+                "the graph's root or logit nodes are custom targets; pass targets= the targets it was built with."
+            )
+        d_vocab = state.logits.shape[-1]
+        for tok in nodes.token[logit_idx].tolist():
+            vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=torch.float64)
+            vec[tok] += 1.0
+            targets.append(Target(name=str(tok), vector=vec, token=tok))
+    if len(targets) != len(logit_idx):
+        raise GraphError(
+            f"the graph has {len(logit_idx)} logit nodes but {len(targets)} targets were given; pass one target per logit node."
+        )
+    hooks = tuple(sorted({t.hook for t in targets if t.hook is not None}))
+    const = _constant_terms(rm, state, hooks)
+    bias = np.zeros(len(nodes))
+    f = np.flatnonzero(nodes.kind == "feature")
+    bias[f] = const.features(np.stack([nodes.layer[f], nodes.position[f], nodes.feature[f]], axis=1))
+    for i, t in zip(logit_idx, targets):
+        bias[i] = const.target(t, int(nodes.position[i]))
+    return bias
+
 
 def _detach(attr: np.ndarray, tau: float, absolute: bool) -> np.ndarray:
     """Step 3: which of these attributions are kept."""
@@ -100,11 +194,14 @@ def hierarchical_attribution(
     root: int | None = None,
     absolute: bool = False,
     keep: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
 ) -> HierarchicalResult:
     """Steps 1-4 on a built graph, rooted at node `root` (default: the first logit node).
 
     `keep` (bool per node) replaces the threshold by a fixed set of features to keep: with the
-    set chosen by a plain `attribution >= tau` after one pass, it is standard attribution."""
+    set chosen by a plain `attribution >= tau` after one pass, it is standard attribution.
+    `bias` (one constant term per node, e.g. `node_biases`) gives the bias leaves; without it they
+    are inferred as `value_u - sum_s A[u, s]`, so that `theorem_residual` is 0 by construction."""
     n = graph.nodes
     kinds = n.kind
     if root is None:
@@ -117,13 +214,17 @@ def hierarchical_attribution(
     A = sp.csr_array(graph.adjacency, dtype=np.float64)
     N = graph.n_nodes
     value = n.activation.astype(np.float64)
+    if bias is not None:
+        bias = np.asarray(bias, np.float64)
+        if bias.shape != (N,):
+            raise GraphError(f"bias has shape {bias.shape}; pass one constant term per node, shape ({N},).")
     attribution = np.zeros(N)
     kept = (kinds == "embedding") | (kinds == "error")
     kept[root] = True
     attribution[root] = value[root]
     row = A[[root]].toarray()[0]
     acc = row.copy()
-    bias = value[root] - row.sum()
+    bias_attr = value[root] - row.sum() if bias is None else bias[root]
     detached = 0.0
     feats = np.flatnonzero((kinds == "feature") & (np.arange(N) < root))
     for layer in sorted(set(n.layer[feats].tolist()), reverse=True):
@@ -138,10 +239,11 @@ def hierarchical_attribution(
             grad = attr / value[idx]
             rows = A[idx]
             acc += rows.T @ grad
-            bias += float(grad @ (value[idx] - np.asarray(rows.sum(axis=1)).ravel()))
+            b = value[idx] - np.asarray(rows.sum(axis=1)).ravel() if bias is None else bias[idx]
+            bias_attr += float(grad @ b)
     leaves = (kinds == "embedding") | (kinds == "error")
     attribution[leaves] = acc[leaves]
-    return HierarchicalResult(attribution, kept, float(value[root]), float(bias), detached)
+    return HierarchicalResult(attribution, kept, float(value[root]), float(bias_attr), detached)
 
 
 def attribute_hierarchical(
@@ -195,15 +297,21 @@ def attribute_hierarchical(
         root_value = float(state.pre_acts[l, p, f])
         root_layer = l
     engine = rows_engine(backend, rm, [root_inj])
+    hooks = (root.hook,) if isinstance(root, Target) and root.hook is not None else ()
+    const = _constant_terms(rm, state, hooks)
+    root_bias = (
+        const.target(targets[0], pos) if root_col is None else float(const.features(feats[match[0]])[0])
+    )
 
     def rows_for(injections):
         return sp.csr_array(engine(rm, state, sources, injections, batch_size=batch_size), dtype=np.float64)
 
     root_row = rows_for([root_inj])
     acc = root_row.toarray()[0]
-    bias = root_value - acc.sum()
+    bias = root_bias
     n_cols = sources.n_columns
     attribution = np.zeros(n_cols)
+    node_bias = np.zeros(n_cols)
     kept_rows, kept_cols, detached, n_detached = [], [], 0.0, 0
     acts = state.acts[tuple(sources.features.T)].double().cpu().numpy() if len(feats) else np.zeros(0)
     for layer in range(root_layer - 1, -1, -1):
@@ -224,17 +332,19 @@ def attribute_hierarchical(
         rows = rows_for(inj)
         grad = attr / acts[sel]
         acc += rows.T @ grad
-        pre = state.pre_acts[feats[sel, 0], feats[sel, 1], feats[sel, 2]].double().cpu().numpy()
-        bias += float(grad @ (pre - np.asarray(rows.sum(axis=1)).ravel()))
+        node_bias[cols] = const.features(feats[sel])
+        bias += float(grad @ node_bias[cols])
         kept_rows.append(rows)
         kept_cols.append(cols)
     attribution[:n_src] = acc[:n_src]
+    residual = root_value - (float(acc[:n_src].sum()) + bias + detached)
 
     # the kept graph: embeddings, errors, kept features (node order), and the root
     if root_col is not None:
         kept_rows.append(root_row)
         kept_cols.append(np.array([root_col]))
         attribution[root_col] = root_value
+        node_bias[root_col] = root_bias
     fcols = np.concatenate(kept_cols) if kept_cols else np.zeros(0, np.int64)
     order = np.argsort(fcols, kind="stable")
     fcols = fcols[order]
@@ -253,6 +363,7 @@ def attribute_hierarchical(
     index = np.concatenate([columns, np.arange(n_cols, n_cols + n_t)])
     nodes: Nodes = full.select(index)
     node_attr = np.concatenate([attribution[columns], [root_value] * n_t])
+    node_b = np.concatenate([node_bias[columns], [root_bias] * n_t])
     graph = Graph(
         nodes=nodes,
         adjacency=adjacency,
@@ -272,8 +383,10 @@ def attribute_hierarchical(
             root_value=float(root_value),
             bias_attribution=float(bias),
             detached_attribution=float(detached),
+            theorem_residual=float(residual),
             n_detached=int(n_detached),
             attribution=[float(x) for x in node_attr],
+            bias=[float(x) for x in node_b],
             **graph_provenance(model, rm, state, exclude_bos, embedding),
             attribution_seconds=round(time.perf_counter() - t0, 4),
         ),

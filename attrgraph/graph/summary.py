@@ -68,6 +68,7 @@ def format_summary(summary: dict, title: str = "graph") -> str:
         lines.append(
             f"  hierarchical (tau {meta['tau']:.4g}): root {meta['root_value']:.4f} = leaves + bias "
             f"{meta['bias_attribution']:.4f} + detached {meta['detached_attribution']:.4f}"
+            + (f" (mismatch {meta['theorem_residual']:.1e})" if "theorem_residual" in meta else "")
         )
     if meta.get("method") == "adaptive":
         lines.append(

@@ -1,5 +1,7 @@
-"""Hierarchical attribution: Theorem 3.1 to 1e-5, agreement with the same algorithm on the full
-graph, a finite-difference check of leaf attributions, and the roots it accepts."""
+"""Hierarchical attribution: Theorem 3.1 with the bias leaves measured from the model's bias
+parameters (not inferred from the edges, so a wrong edge or traversal breaks it), agreement with
+the same algorithm on the full graph, hierarchical vs standard thresholding on a graph whose
+answer is known, a finite-difference check of leaf attributions, and the roots it accepts."""
 
 import math
 
@@ -8,12 +10,17 @@ import pytest
 import torch
 
 from attrgraph.engine.attribute import attribute
-from attrgraph.engine.hierarchical import attribute_hierarchical, hierarchical_attribution, result_from_graph
+from attrgraph.engine.hierarchical import (
+    attribute_hierarchical,
+    hierarchical_attribution,
+    node_biases,
+    result_from_graph,
+)
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.targets import logit_difference
-from attrgraph.errors import TargetError
+from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.store import load_graph, save_graph
-from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import graph_from_dense, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2])
 
@@ -27,34 +34,68 @@ def setup(request):
     return model, rm, full
 
 
-def independent_bias_attribution(rm, g, root_vector=None):
-    """Leaves of kind (c) from biases measured by the frozen model with every source set to zero
-    (the exactness contract's `bias_t`), not from `value - sum of edges`."""
-    state = rm.run(TOKENS, exclude_bos=True)
-    z = rm.forward(
-        state, torch.zeros_like(state.acts), torch.zeros_like(state.errors), torch.zeros_like(state.embed)
-    )
+def bias_through_parameters(rm, state, g, read):
+    """`bias_attribution` measured from the model's own biases, independently of the edges and of
+    the library's zero-source forward. The frozen replacement model is linear in its sources and
+    in every additive constant jointly, so for `F = root + sum_{kept u} grad_u pre_u` (grad_u =
+    attr_u / a_u) the constant part is `sum_b b . dF/db` over the bias parameters (LayerNorm, b_V,
+    b_O, b_U, b_enc) plus `c . dF/dc` for the fixed MLP outputs `c`: b_dec at included positions,
+    the recorded output minus skip at excluded ones. `read(logits, captured, pre)` is the root."""
     n, attr = g.nodes, np.asarray(g.meta["attribution"])
-    f = n.kind == "feature"
-    bias = z.pre_acts[n.layer[f], n.position[f], n.feature[f]].double().numpy()
-    grad = attr[f] / n.activation[f].astype(np.float64)
+    f = np.flatnonzero(n.kind == "feature")
     root = g.meta["root_index"]
-    if n.kind[root] == "feature":
-        grad[np.flatnonzero(f) == root] = 1.0
-        return float(grad @ bias)
-    last = z.logits[-1].double()
-    return float(grad @ bias + last @ root_vector.double())
+    f = f[f != root]
+    lpf = (n.layer[f], n.position[f], n.feature[f])
+    grad = torch.tensor(attr[f]) / state.acts[lpf].double()  # a_v in float64, not the stored float32
+    named = [
+        p
+        for name, p in list(rm.model.named_parameters()) + list(rm.tc.named_parameters())
+        if name.split(".")[-1] in ("b", "b_Q", "b_K", "b_V", "b_O", "b_U", "b_enc")
+    ]
+    hooks = tuple(getattr(read, "hooks", ()))
+    with torch.enable_grad(), rm.frozen(state, rm.constant(state), probes=True, capture=hooks) as run:
+        logits = rm.model(state.tokens[None])[0]
+        x = torch.stack([r[0] for r in run.reads]).transpose(0, 1).to(rm.tc.dtype)
+        pre = rm.tc.encode(x).transpose(0, 1)
+        F = read(logits, {k: v[0] for k, v in run.captured.items()}, pre) + (pre[lpf].double() * grad).sum()
+        grads = torch.autograd.grad(F, named + run.write_probes, allow_unused=True)
+    total = sum(float((p.detach().double() * d).sum()) for p, d in zip(named, grads) if d is not None)
+    k = state.n_excluded
+    for l, d in enumerate(grads[len(named) :]):
+        if d is None:  # a root below the last layer does not read the last writes
+            continue
+        total += float((rm.tc.b_dec[l].detach().double() * d[0, k:]).sum())
+        total += float(((state.y_out - state.skip)[l, :k].double() * d[0, :k]).sum())
+    return total
 
 
-def theorem(g, rm=None, root_vector=None):
-    """root value, leaves (embeddings + errors + bias), detached total, from a hierarchical graph;
-    with `rm`, the bias leaves come from the zero-source forward (an independent measurement)."""
+def read_logits(vector, position=-1):
+    return lambda logits, captured, pre: logits[position].double() @ vector.double()
+
+
+def read_feature(l, p, f):
+    return lambda logits, captured, pre: pre[l, p, f].double()
+
+
+def read_hook(hook, position, vector):
+    read = lambda logits, captured, pre: captured[hook][position].double() @ vector.double()  # noqa: E731
+    read.hooks = (hook,)
+    return read
+
+
+def theorem(g, rm, read, rel=1e-9):
+    """Theorem 3.1 on a graph from `attribute_hierarchical`: the library's bias leaves equal the
+    ones measured from the parameters; returns (root value, leaves, detached)."""
     m, kinds = g.meta, g.nodes.kind
+    state = rm.run(torch.as_tensor(g.prompt_ids), exclude_bos=m["exclude_bos"], embedding=m["embedding"])
+    assert m["bias_attribution"] == pytest.approx(
+        bias_through_parameters(rm, state, g, read), rel=rel, abs=1e-12
+    )
     attr = np.asarray(m["attribution"])
-    bias = m["bias_attribution"] if rm is None else independent_bias_attribution(rm, g, root_vector)
-    if rm is not None:
-        assert bias == pytest.approx(m["bias_attribution"], rel=1e-6, abs=1e-9)
-    leaves = attr[(kinds == "embedding") | (kinds == "error")].sum() + bias
+    leaves = attr[(kinds == "embedding") | (kinds == "error")].sum() + m["bias_attribution"]
+    assert m["theorem_residual"] == pytest.approx(
+        m["root_value"] - leaves - m["detached_attribution"], abs=1e-12
+    )
     return m["root_value"], leaves, m["detached_attribution"]
 
 
@@ -67,9 +108,9 @@ def demeaned(model, tok):
 def test_theorem_3_1_without_detaching(setup):
     model, rm, full = setup
     g = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, exclude_bos=True)
-    root, leaves, detached = theorem(g, rm, demeaned(model, int(g.logit_tokens[0])))
-    assert detached == 0.0 and abs(root) > 0.1
-    assert abs(leaves - root) <= 1e-5 * abs(root)
+    root, leaves, detached = theorem(g, rm, read_logits(demeaned(model, int(g.logit_tokens[0]))))
+    assert detached == 0.0 and abs(root) > 0.1 and abs(g.meta["bias_attribution"]) > 1e-3
+    assert abs(leaves - root) <= 1e-9 * abs(root)
     # the root is the model's demeaned logit of its most likely token
     last = rm.run(TOKENS, exclude_bos=True).logits[-1].double()
     assert root == pytest.approx(float(last.max() - last.mean()), rel=1e-9)
@@ -78,16 +119,19 @@ def test_theorem_3_1_without_detaching(setup):
 @pytest.mark.parametrize("quantile", [0.5, 0.9])
 def test_theorem_3_1_with_detaching_and_graph_version(setup, quantile):
     model, rm, full = setup
-    everything = hierarchical_attribution(full, -math.inf)
-    feats = full.nodes.kind == "feature"
+    bias = node_biases(rm, full)
+    everything = hierarchical_attribution(full, -math.inf, bias=bias)
+    kinds = full.nodes.kind
+    assert abs(everything.theorem_residual(kinds)) <= 1e-5 * abs(everything.root_value)  # float32 edges
+    feats = kinds == "feature"
     tau = float(np.quantile(everything.attribution[feats], quantile))
     g = attribute_hierarchical(model, rm, TOKENS, tau=tau, exclude_bos=True)
-    root, leaves, detached = theorem(g, rm, demeaned(model, int(g.logit_tokens[0])))
-    assert g.meta["n_detached"] > 0 and detached != 0.0
-    assert abs(leaves + detached - root) <= 1e-5 * abs(root)
+    root, leaves, detached = theorem(g, rm, read_logits(demeaned(model, int(g.logit_tokens[0]))))
+    assert abs(leaves + detached - root) <= 1e-9 * abs(root)
+    assert g.meta["n_detached"] > 0 and abs(detached) > 1e-3
     assert g.n_features < full.n_features
     # the same algorithm on the full graph keeps the same features with the same attributions
-    ref = hierarchical_attribution(full, tau)
+    ref = hierarchical_attribution(full, tau, bias=bias)
     kept = ref.kept & feats
     key = lambda n, m: set(zip(n.layer[m], n.position[m], n.feature[m]))  # noqa: E731
     assert key(full.nodes, kept) == key(g.nodes, g.nodes.kind == "feature")
@@ -97,22 +141,79 @@ def test_theorem_3_1_with_detaching_and_graph_version(setup, quantile):
         rtol=1e-6,
         atol=1e-9,
     )
+    np.testing.assert_allclose(np.asarray(g.meta["bias"])[g.nodes.kind == "feature"], bias[kept], rtol=1e-12)
     assert ref.detached_attribution == pytest.approx(detached, rel=1e-6)
-    assert ref.leaf_sum(full.nodes.kind) == pytest.approx(root - detached, rel=1e-5)
-    # every kept feature passed the threshold; the graph's rows are exactly the full graph's rows
+    assert ref.bias_attribution == pytest.approx(g.meta["bias_attribution"], rel=1e-6)
+    assert abs(ref.theorem_residual(kinds)) <= 1e-5 * abs(root)
+    # every kept feature passed the threshold
     assert (np.asarray(g.meta["attribution"])[g.nodes.kind == "feature"] >= tau).all()
 
 
-def test_hierarchical_keeps_more_than_standard_at_equal_size_is_measurable(setup):
-    """Standard attribution = one pass, then threshold; both obey the identity on their kept set."""
-    _, _, full = setup
-    one = hierarchical_attribution(full, -math.inf)
-    feats = full.nodes.kind == "feature"
-    tau = float(np.quantile(one.attribution[feats], 0.8))
-    standard = hierarchical_attribution(full, keep=one.attribution >= tau)
-    assert abs(
-        standard.leaf_sum(full.nodes.kind) + standard.detached_attribution - standard.root_value
-    ) <= 1e-5 * abs(standard.root_value)
+def hand_graph():
+    """Embedding X; layer-0 features D, E; layer-1 features K, S; root R (node values a, biases b):
+        D = X (a 1)                       E = X (a 1)
+        K = 0.5 D + 0.0625 E + 0.4375 X (a 1)
+        S = 8 E - 7.5 X + 0.5 (a 1)       R = K + 0.0625 S + 0.25 X + 0.6875 (value 2)
+    One pass: attr K 1, S 0.0625, D 0.5, E 0.0625 + 8 * 0.0625 = 0.5625 (mostly through S)."""
+    kinds = ["embedding", "feature", "feature", "feature", "feature", "logit"]
+    X, D, E, K, S, R = range(6)
+    A = np.zeros((6, 6))
+    A[D, X] = A[E, X] = 1.0
+    A[K, [D, E, X]] = 0.5, 0.0625, 0.4375
+    A[S, [E, X]] = 8.0, -7.5
+    A[R, [K, S, X]] = 1.0, 0.0625, 0.25
+    bias = np.array([0, 0, 0, 0, 0.5, 0.6875])
+    g = graph_from_dense(kinds, A, layers=[-1, 0, 0, 1, 1, 2])
+    g.nodes.activation[:] = [1.0, 1.0, 1.0, 1.0, 1.0, 2.0]
+    return g, bias
+
+
+def test_hierarchical_recovers_more_than_standard_at_equal_size():
+    """Standard attribution thresholds the one-pass attribution; hierarchical detaches during the
+    pass. On `hand_graph` the answer is known: E's one-pass attribution (0.5625) comes through S,
+    which neither method keeps. With room for two features standard keeps {K, E} and recovers
+    2 - 0.0625 (S) - 0.5 (D) = 1.4375 of the root; hierarchical (tau 0.25) sees E at 0.0625, keeps
+    {K, D} and recovers 2 - 0.0625 (S) - 0.0625 (E) = 1.875. At the same tau standard keeps E too."""
+    g, bias = hand_graph()
+    kinds = g.nodes.kind
+    names = np.array(list("XDEKSR"))
+    one = hierarchical_attribution(g, bias=bias)
+    np.testing.assert_array_equal(one.attribution[1:5], [0.5, 0.5625, 1.0, 0.0625])
+    assert one.theorem_residual(kinds) == 0.0 and one.detached_attribution == 0.0
+    top2 = np.isin(np.arange(6), np.argsort(-np.where(kinds == "feature", one.attribution, -np.inf))[:2])
+    standard = hierarchical_attribution(g, keep=top2, bias=bias)
+    hier = hierarchical_attribution(g, 0.25, bias=bias)
+    assert list(names[standard.kept & (kinds == "feature")]) == ["E", "K"]
+    assert list(names[hier.kept & (kinds == "feature")]) == ["D", "K"]
+    assert standard.root_value - standard.detached_attribution == 1.4375
+    assert hier.root_value - hier.detached_attribution == 1.875
+    assert hier.attribution[2] == 0.0625  # E from its kept successor K only
+    for r in (standard, hier):  # the recovered share is the leaves' sum (Theorem 3.1, biases given)
+        assert r.theorem_residual(kinds) == 0.0
+    same_tau = hierarchical_attribution(g, keep=one.attribution >= 0.25, bias=bias)
+    assert list(names[same_tau.kept & (kinds == "feature")]) == ["D", "E", "K"]
+    assert same_tau.root_value - same_tau.detached_attribution == 1.9375
+    # a wrong bias is not absorbed: the identity shows it
+    wrong = bias.copy()
+    wrong[4] += 1.0
+    assert hierarchical_attribution(g, bias=wrong).theorem_residual(kinds) == -0.0625
+
+
+def test_bias_inputs_are_checked(setup):
+    model, rm, full = setup
+    with pytest.raises(GraphError, match="one constant term per node"):
+        hierarchical_attribution(full, bias=np.zeros(3))
+    with pytest.raises(GraphError, match="one target per logit node"):
+        node_biases(rm, full, [logit_difference(model, 5, 9)] * 2)
+    diff = logit_difference(model, 5, 9)
+    g = attribute(model, rm, TOKENS, exclude_bos=True, targets=[diff])
+    with pytest.raises(GraphError, match="custom targets"):
+        node_biases(rm, g)
+    with pytest.raises(GraphError, match="how it was built"):
+        node_biases(rm, hand_graph()[0])
+    # with its target, the logit difference's constant term: its value less its incoming edges
+    value, edges = float(g.nodes.activation[-1]), float(g.adjacency[[-1]].sum())
+    assert node_biases(rm, g, [diff])[-1] == pytest.approx(value - edges, rel=1e-5)
 
 
 def linearized_root(rm, state, errors, embed, vec):
@@ -151,15 +252,15 @@ def test_other_roots_and_storage(setup, tmp_path):
     model, rm, full = setup
     diff = logit_difference(model, 5, 9)
     g = attribute_hierarchical(model, rm, TOKENS, tau=0.0, root=diff, exclude_bos=True)
-    root, leaves, detached = theorem(g, rm, diff.vector)
-    assert abs(leaves + detached - root) <= 1e-5 * max(abs(root), 1e-3)
+    root, leaves, detached = theorem(g, rm, read_logits(diff.vector))
+    assert abs(root) > 0.1 and abs(leaves + detached - root) <= 1e-9 * abs(root)
     n = full.nodes
     top = np.flatnonzero((n.kind == "feature") & (n.layer == 2))[0]
     feat = (int(n.layer[top]), int(n.position[top]), int(n.feature[top]))
     g = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, root=feat, exclude_bos=True)
-    root, leaves, detached = theorem(g, rm)
+    root, leaves, detached = theorem(g, rm, read_feature(*feat))
     assert root == pytest.approx(float(n.activation[top]), rel=1e-6)
-    assert abs(leaves - root) <= 1e-5 * abs(root)
+    assert abs(leaves - root) <= 1e-9 * abs(root)
     assert (g.nodes.kind != "logit").all() and g.nodes.kind[g.meta["root_index"]] == "feature"
     save_graph(g, tmp_path / "h.h5")
     back = result_from_graph(load_graph(tmp_path / "h.h5"))
@@ -183,19 +284,8 @@ def test_theorem_3_1_on_the_bundled_model():
     target = logit_difference(model, ex.meta["io"], ex.meta["s"])
     tokens = model.to_tokens(ex.prompt)[0]
     g = attribute_hierarchical(model, rm, tokens, tau=0.01, root=target)
-    state = rm.run(tokens, exclude_bos=g.meta["exclude_bos"])
-    z = rm.forward(
-        state, torch.zeros_like(state.acts), torch.zeros_like(state.errors), torch.zeros_like(state.embed)
-    )
-    n, attr = g.nodes, np.asarray(g.meta["attribution"])
-    f = n.kind == "feature"
-    grad = attr[f] / n.activation[f].astype(np.float64)
-    bias = grad @ z.pre_acts[n.layer[f], n.position[f], n.feature[f]].double().numpy() + float(
-        z.logits[-1].double() @ target.vector.double()
-    )
-    leaves = attr[(n.kind == "embedding") | (n.kind == "error")].sum() + bias + g.meta["detached_attribution"]
-    root = g.meta["root_value"]
-    assert g.meta["n_detached"] > 0 and abs(leaves - root) <= 1e-5 * abs(root)
+    root, leaves, detached = theorem(g, rm, read_logits(target.vector), rel=1e-4)  # float32 model
+    assert g.meta["n_detached"] > 0 and abs(leaves + detached - root) <= 1e-5 * abs(root)
 
 
 def test_direction_root_at_a_hook_keeps_the_identity(setup):
@@ -205,9 +295,9 @@ def test_direction_root_at_a_hook_keeps_the_identity(setup):
     v = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     root = direction("blocks.1.hook_resid_post", 6, v)
     g = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, root=root, exclude_bos=True)
-    root_value, leaves, detached = theorem(g)
+    root_value, leaves, detached = theorem(g, rm, read_hook(root.hook, 6, v))
     assert detached == 0.0 and (g.nodes.layer[g.nodes.kind == "feature"] <= 1).all()
-    assert abs(leaves - root_value) <= 1e-5 * abs(root_value)
+    assert abs(leaves - root_value) <= 1e-9 * abs(root_value)
 
 
 def test_attribute_dispatches_hierarchical(setup):
