@@ -1,7 +1,7 @@
 """Faithfulness against circuit size for EAP, PEAP, Edge Pruning and HAP on IOI and greater-than.
 
-Run: `python -m benchmarks.circuits [--model default] [--n 64] [--steps 150]`.
-Writes benchmarks/results/circuits_{task}.json, circuits_{task}.md, circuits_{task}.png and
+Run: `python -m benchmarks.circuits [--model default] [--n 48] [--steps 120] [--threads 1] [--out-dir DIR]`.
+Writes (by default into benchmarks/results/) circuits_{task}.json, circuits_{task}.md, circuits_{task}.png and
 circuits_summary.md (runtimes). Discovery uses `--n` pairs, evaluation `--n` fresh ones.
 
 Methods:
@@ -11,7 +11,12 @@ Methods:
   ep         Edge Pruning at target sparsities matching a few edge counts
   hap        EAP keeps 30% of edges, EP (initialised from the scores) decides
 EP and HAP run at most `--steps` steps and stop early once their circuit has been stable for
-15 steps after the warm-up (the same rule for both). Edge counts of positional circuits count each (edge, position) once; the tables also give,
+15 steps after the warm-up (the same rule for both).
+Times (the `seconds` column) cover discovery only, never evaluation, each method from scratch:
+eap its scores; peap and peap-auto the per-example scores they share (counted in both), then the
+schema (peap-auto: proposed from the discovery set) and their positional scores; ep and hap the
+training loop as `prune_edges` and `hap` report it, hap's including its own EAP pass.
+Edge counts of positional circuits count each (edge, position) once; the tables also give,
 for every circuit, the number of position-expanded edges (a non-positional edge counts once
 per position, plus every cross-position q/k/v edge of a head it feeds).
 """
@@ -97,25 +102,29 @@ def run_task(model, task: str, n: int, steps: int) -> dict:
 
     t = time.perf_counter()
     ex = example_scores(model, train_p, cross_position=True)
+    t_example = time.perf_counter() - t  # shared by peap and peap-auto; counted in both
+    t = time.perf_counter()
     schema, schema_test = (ioi_schema(train), ioi_schema(test)) if task == "ioi" else (None, None)
     s_peap = peap(model, train_p, schema=schema, example=ex)
-    runtime["peap"] = time.perf_counter() - t
+    runtime["peap"] = t_example + time.perf_counter() - t
     for k in SIZES:
         c = greedy(s_peap, k)
         rows.append(row("peap", c, evaluate(model, test_p, c, schema=schema_test), runtime["peap"], n_pos))
     if task == "ioi":
         # the automatic schema is proposed on the discovery set; the evaluation set gets the same
         # rule with the discovery set's salient tokens, aligned onto the circuit's spans
+        t = time.perf_counter()
         words = [[model.tokenizer.bos_token, *e.tokens[: e.graded[0]]] for e in train]
         auto = propose_schema(train_p, ex, tokens=words)
         s_auto = peap(model, train_p, schema=auto, example=ex)
+        runtime["peap-auto"] = t_example + time.perf_counter() - t
         salient = salient_token_set(train_p, ex, words)
         test_words = [[model.tokenizer.bos_token, *e.tokens[: e.graded[0]]] for e in test]
         auto_test = align_schema(propose_schema(test_p, None, test_words, salient_tokens=salient), auto.spans)
         for k in SIZES:
             c = greedy(s_auto, k)
             rows.append(
-                row("peap-auto", c, evaluate(model, test_p, c, schema=auto_test), runtime["peap"], n_pos)
+                row("peap-auto", c, evaluate(model, test_p, c, schema=auto_test), runtime["peap-auto"], n_pos)
             )
         runtime["peap-auto spans"] = list(auto.spans)
 
@@ -125,18 +134,8 @@ def run_task(model, task: str, n: int, steps: int) -> dict:
         cfg = PruneConfig(sparsity=sparsity, steps=steps, batch_size=16, patience=PATIENCE)
         r = prune_edges(model, train_p, cfg)
         rows.append(row("ep", r.circuit, evaluate(model, test_p, r.circuit), r.seconds, n_pos, len(r.kl)))
-        t = time.perf_counter()
-        r = hap(model, train_p, cfg, keep_frac=0.3)  # includes its own EAP pass
-        rows.append(
-            row(
-                "hap",
-                r.circuit,
-                evaluate(model, test_p, r.circuit),
-                time.perf_counter() - t,
-                n_pos,
-                len(r.kl),
-            )
-        )
+        r = hap(model, train_p, cfg, keep_frac=0.3)  # its seconds include its own EAP pass
+        rows.append(row("hap", r.circuit, evaluate(model, test_p, r.circuit), r.seconds, n_pos, len(r.kl)))
     full = evaluate(model, test_p, greedy(s_eap, n_edges))
     return {
         "task": task,
@@ -151,9 +150,9 @@ def run_task(model, task: str, n: int, steps: int) -> dict:
     }
 
 
-def write_task(result: dict) -> None:
+def write_task(result: dict, out: Path = RESULTS) -> None:
     task = result["task"]
-    (RESULTS / f"circuits_{task}.json").write_text(json.dumps(result, indent=1))
+    (out / f"circuits_{task}.json").write_text(json.dumps(result, indent=1))
     lines = [
         f"# Circuits on {task} (n={result['n']} discovery + {result['n']} evaluation pairs)",
         "",
@@ -168,7 +167,7 @@ def write_task(result: dict) -> None:
             f"| {r['method']} | {r['edges']} | {r['edges_expanded']} | {r['soft']:.3f} | {r['normalized']:.3f} "
             f"| {r['hard']:.3f} | {r['kl']:.4f} | {r['seconds']:.1f} | {r['steps'] or ''} |"
         )
-    (RESULTS / f"circuits_{task}.md").write_text("\n".join(lines) + "\n")
+    (out / f"circuits_{task}.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
 
@@ -190,47 +189,54 @@ def write_task(result: dict) -> None:
         ax.set_title(task)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / f"circuits_{task}.png", dpi=120)
+    fig.savefig(out / f"circuits_{task}.png", dpi=120)
     plt.close(fig)
 
 
-def write_summary(results: list[dict]) -> None:
+def write_summary(results: list[dict], out: Path = RESULTS) -> None:
     lines = [
         "# Circuit discovery runtimes (seconds, this machine)",
         "",
-        "| task | EAP | PEAP | EP (mean per sparsity) | HAP (mean, incl. EAP) | HAP / EP |",
-        "|---|---|---|---|---|---|",
+        f"torch threads {torch.get_num_threads()}, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (other processes share the cores: times vary "
+        "from run to run; steps are in the per-task tables).",
+        "",
+        "| task | EAP | PEAP | PEAP-auto | EP (mean per sparsity) | HAP (mean, incl. EAP) | HAP / EP |",
+        "|---|---|---|---|---|---|---|",
     ]
     for res in results:
         ep = [r["seconds"] for r in res["rows"] if r["method"] == "ep"]
         hp = [r["seconds"] for r in res["rows"] if r["method"] == "hap"]
         e, h = sum(ep) / len(ep), sum(hp) / len(hp)
+        auto = res["runtime"].get("peap-auto")
         lines.append(
-            f"| {res['task']} | {res['runtime']['eap']:.2f} | {res['runtime']['peap']:.2f} | {e:.1f} | {h:.1f} | {h / e:.2f} |"
+            f"| {res['task']} | {res['runtime']['eap']:.2f} | {res['runtime']['peap']:.2f} | "
+            f"{'-' if auto is None else f'{auto:.2f}'} | {e:.1f} | {h:.1f} | {h / e:.2f} |"
         )
-    (RESULTS / "circuits_summary.md").write_text("\n".join(lines) + "\n")
+    (out / "circuits_summary.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default")
-    p.add_argument("--n", type=int, default=48)
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--n", type=int, default=48, help="discovery pairs, and as many evaluation pairs")
+    p.add_argument("--steps", type=int, default=120, help="most EP / HAP training steps")
     p.add_argument("--tasks", default="ioi,greater-than")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="folder for the results files")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model)
     results = []
     for task in args.tasks.split(","):
         t = time.perf_counter()
         res = run_task(model, task, args.n, args.steps)
-        write_task(res)
+        write_task(res, args.out_dir)
         results.append(res)
         print(f"{task}: done in {time.perf_counter() - t:.0f}s", flush=True)
-    write_summary(results)
+    write_summary(results, args.out_dir)
     return 0
 
 

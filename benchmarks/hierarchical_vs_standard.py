@@ -11,9 +11,14 @@ section 3, Figure 2b).
    Per method and tau, average over prompts the number of kept features and the logit recovered
    (kept share / root value). Also check on one prompt that the model-based
    `attribute_hierarchical` keeps the same features as the graph-based pass.
-5. Print a table; write benchmarks/results/hierarchical_vs_standard.{md,json,png}.
+5. At equal size, per (prompt, tau) point of the hierarchical curve: interpolate standard's curve
+   at the same feature count and count both the points where hierarchical recovers at least as
+   much and those where its recovered share is at least as close to 1 (recovering more is not
+   better once both over-shoot 1); ties count for both and are reported.
+6. Print a table; write benchmarks/results/hierarchical_vs_standard.{md,json,png}
+   (hierarchical_vs_standard_abs.* with --absolute).
 
-Usage: python benchmarks/hierarchical_vs_standard.py [--n 20] [--transcoders default-plt]
+Usage: python benchmarks/hierarchical_vs_standard.py [--n 20] [--transcoders default-plt] [--absolute]
 """
 
 from __future__ import annotations
@@ -40,8 +45,16 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--absolute", action="store_true", help="threshold |attribution| instead of the seed's signed rule"
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hierarchical_vs_standard"))
+    ap.add_argument(
+        "--out",
+        help="results path without suffix (default: benchmarks/results/hierarchical_vs_standard, "
+        "with _abs appended under --absolute)",
+    )
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = str(
+            ROOT / "benchmarks" / "results" / f"hierarchical_vs_standard{'_abs' if args.absolute else ''}"
+        )
     torch.set_num_threads(args.threads)
     from attrgraph.bundled.loading import load_model
     from attrgraph.bundled.tasks import ioi_pairs
@@ -115,7 +128,8 @@ def main(argv=None) -> int:
             )
         )
     # at equal size: interpolate each method's recovered share at the other's node counts
-    better = closer = n_pts = 0
+    # (ties, where both recover the same share, e.g. both keep no feature, count for both shares)
+    better = closer = ties = n_pts = 0
     for i in range(args.n):
         xs, ys = std[i, ::-1, 0], std[i, ::-1, 1]
         for x, y in hier[i]:
@@ -124,6 +138,7 @@ def main(argv=None) -> int:
                 n_pts += 1
                 better += int(y >= y_std - 1e-9)
                 closer += int(abs(1 - y) <= abs(1 - y_std) + 1e-9)
+                ties += int(abs(y - y_std) <= 1e-9)
     meta = dict(
         n_prompts=args.n,
         transcoders=args.transcoders,
@@ -133,6 +148,8 @@ def main(argv=None) -> int:
         model_vs_graph=check,
         hier_at_least_standard_share=better / max(1, n_pts),
         hier_closer_to_one_share=closer / max(1, n_pts),
+        tie_share=ties / max(1, n_pts),
+        n_points=n_pts,
         absolute=args.absolute,
     )
     out = Path(args.out)
@@ -144,7 +161,8 @@ def main(argv=None) -> int:
         f"mean active features {meta['mean_features']:.0f}, mean root {meta['mean_root']:.3f}; "
         f"share of (prompt, tau) points where hierarchical recovers at least what standard recovers at the same size: "
         f"{meta['hier_at_least_standard_share']:.2f}; where its recovered share is at least as close to 1: "
-        f"{meta['hier_closer_to_one_share']:.2f}. Threshold rule: {'|attr| >= tau' if args.absolute else 'attr >= tau (seed)'}.",
+        f"{meta['hier_closer_to_one_share']:.2f} (both counts include the {meta['tie_share']:.2f} of ties, "
+        f"out of {n_pts} points). Threshold rule: {'|attr| >= tau' if args.absolute else 'attr >= tau (seed)'}.",
         "",
         "| tau / root | standard: features | standard: logit recovered | hierarchical: features | hierarchical: logit recovered |",
         "|---|---|---|---|---|",

@@ -1,8 +1,10 @@
 """Compare attrgraph's attribution with circuit-tracer's on identical weights: adjacency, time, peak RSS.
 
-1. For each case, run the peer harness (`/work/shared/peer/ct_graph.py --out DIR`, in its own venv
-   with circuit-tracer) on a seeded random model and transcoders; it saves the weights, the prompt
-   and circuit-tracer's adjacency, wall time and peak RSS.
+1. For each case, run the peer harness (`ct_graph.py --out DIR` in `../shared/peer/`, beside the
+   project folder; `--peer-harness` names another folder) with the Python of its own venv, which has
+   circuit-tracer (`--peer-python`; `../shared/peer/install_env.sh VENV` creates it), on a seeded
+   random model and transcoders; it saves the weights, the prompt and circuit-tracer's adjacency,
+   wall time and peak RSS.
 2. In a fresh process of ours: `attrgraph.load_model(DIR)`, `transcoders.load_transcoders(DIR/transcoders)`,
    `attribute(...)` on `DIR/input_tokens.npy` with circuit-tracer's conventions (BOS excluded, token-only
    embedding nodes, same logit selection and batch size); time it and read the peak RSS.
@@ -18,11 +20,13 @@
 peak RSS and thread count) instead of running circuit-tracer again for that timing case.
 
 Timing cases run `--repeats` times on each side (fresh processes); the table gives the median time
-and the median peak RSS (circuit-tracer's peak varies by ~10% from run to run), the JSON every sample.
+and the median peak RSS (circuit-tracer's peak varied by up to 7% between runs), the JSON every sample.
 
-Usage: python benchmarks/peer_compare.py [--quick] [--no-large] [--threads N] [--repeats N]
+Usage: python benchmarks/peer_compare.py --peer-python VENV/bin/python [--peer-harness DIR]
+[--quick] [--no-large] [--threads N] [--repeats N]
 (correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
-PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features with ~32 tokens at the largest).
+PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features on prompts of 16, 24 and 32
+tokens, BOS not counted).
 """
 
 from __future__ import annotations
@@ -40,8 +44,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_PY = os.environ.get("PEER_PYTHON", "/tmp/peer/venv/bin/python")
-PEER_SCRIPT = os.environ.get("PEER_SCRIPT", "/work/shared/peer/ct_graph.py")
+PEER_HARNESS = ROOT.parent / "shared" / "peer"  # the project's ../shared/peer/
 TOL = 1e-4
 
 CORRECTNESS = [  # (label, harness arguments)
@@ -198,10 +201,12 @@ def ours_bundled(batch_size: int, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
-def run_peer(args: list[str], out: str, threads: int, batch_size: int) -> dict:
+def run_peer(
+    args: list[str], out: str, threads: int, batch_size: int, peer_python: str, harness: Path
+) -> dict:
     cmd = [
-        PEER_PY,
-        PEER_SCRIPT,
+        peer_python,
+        str(harness / "ct_graph.py"),
         *args,
         "--out",
         out,
@@ -235,7 +240,7 @@ def peer_from_dir(d: str) -> dict:
         nodes=int(st["nodes"]),
         active_features=int(st["active_features"]),
         threads=int(st["torch_threads"]),
-        reused=str(d),
+        reused=Path(d).name,  # the folder's name only: results hold no machine paths
     )
 
 
@@ -298,6 +303,17 @@ def main(argv=None) -> int:
         help="reuse a harness output folder for a timing case instead of running circuit-tracer again",
     )
     ap.add_argument("--only", help="comma-separated case labels to run (default: all)")
+    ap.add_argument(
+        "--peer-python",
+        help="Python of the peer venv with circuit-tracer (../shared/peer/install_env.sh VENV "
+        "creates it; then VENV/bin/python)",
+    )
+    ap.add_argument(
+        "--peer-harness",
+        type=Path,
+        default=PEER_HARNESS,
+        help="folder of the peer harness ct_graph.py (default: ../shared/peer/ beside the project)",
+    )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -309,7 +325,6 @@ def main(argv=None) -> int:
         return 0
 
     rows = []
-    work = tempfile.mkdtemp(prefix="peer_compare_")
     cases = [] if args.no_correctness else [(label, SMALL + a, "correctness") for label, a in CORRECTNESS]
     if not args.quick:
         cases += [
@@ -318,13 +333,30 @@ def main(argv=None) -> int:
     reuse = dict(x.split("=", 1) for x in args.peer_dir)
     if args.only:
         cases = [c for c in cases if c[0] in args.only.split(",")]
+    if any(label not in reuse for label, _, _ in cases):
+        if not args.peer_python:
+            ap.error("--peer-python is required: pass the Python of the peer venv (VENV/bin/python).")
+        if not Path(args.peer_python).is_file():
+            ap.error(f"--peer-python {args.peer_python} is not a file; pass the peer venv's bin/python.")
+        if not (args.peer_harness / "ct_graph.py").is_file():
+            ap.error(
+                f"{args.peer_harness} holds no ct_graph.py; pass --peer-harness, the peer harness folder."
+            )
+    work = tempfile.mkdtemp(prefix="peer_compare_")
     for label, harness_args, kind in cases:
         out = os.path.join(work, label.replace("/", "_"))
         n = args.repeats if kind == "timing" else 1
         if label in reuse:
             out, ct = reuse[label], peer_from_dir(reuse[label])
         else:
-            ct = median_run([run_peer(harness_args, out, args.threads, args.batch_size) for _ in range(n)])
+            ct = median_run(
+                [
+                    run_peer(
+                        harness_args, out, args.threads, args.batch_size, args.peer_python, args.peer_harness
+                    )
+                    for _ in range(n)
+                ]
+            )
             ct["threads"] = args.threads
         us = median_run(
             [run_ours("peer", out, ct["threads"], args.batch_size, args.backend) for _ in range(n)]

@@ -8,7 +8,7 @@ node-to-logit log-log Pearson (influence, activation, direct logit edge), featur
 Spearman, local replacement faithfulness per layer, and the top QK pairs of the induction head
 (query: a repeated token; key: the token after its first occurrence) and of the IOI name-mover
 head (query: the last token; key: the indirect object). The heads are found from attention
-patterns on held-out task examples, not hard-coded.
+patterns on task examples drawn with their own seeds, not hard-coded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Held-out task metrics for a model trained on `attrgraph.bundled.tasks` (the bundled model's quality bar).
+"""Task metrics on fresh examples for a model trained on `attrgraph.bundled.tasks` (the bundled model's quality bar).
 
-For each task, `n` fresh examples (a seed disjoint from training) are run as
-BOS + instance, teacher-forced, and graded at their `graded` positions:
+For each task, `n` fresh examples (drawn with a seed the training stream does not use) are run as
+BOS + instance, teacher-forced, and graded at their `graded` positions. Fresh draws are not held
+out: the generators draw from small pools, so many are training instances (every facts and
+addition example for the bundled model; `benchmarks/eval_overlap.py` counts them per task).
 
 1. induction, brackets, addition, facts: top-1 accuracy over graded tokens.
 2. ioi: top-1 == indirect object at the final position, and the mean logit
@@ -20,7 +22,16 @@ from attrgraph.bundled import tasks
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-EVAL_SEED = 1_000_003  # training streams use small seeds; this keeps evaluation held out
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+EVAL_SEED = 1_000_003  # training streams use small seeds; evaluation draws its own examples with this one
+EVALUATION_NOTE = (
+    "Metrics on fresh draws from the task generators with a seed training does not use. They are not "
+    f"held out: the generators draw from small pools (facts: the same {len(tasks.CAPITALS)} capitals as "
+    "in training; addition: 8100 sums), so many are training instances (benchmarks/eval_overlap.py "
+    "counts them per task for the bundled model)."
+)
 
 
 def encode(model: HookedTransformer, examples: list[tasks.Example]) -> tuple[torch.Tensor, list[list[int]]]:
@@ -58,7 +69,7 @@ def top1(model: HookedTransformer, examples: list[tasks.Example]) -> float:
 
 
 def evaluate_tasks(model: HookedTransformer, n: int = 200, seed: int = EVAL_SEED) -> dict[str, float]:
-    """The quality-bar metrics on `n` held-out examples per task."""
+    """The quality-bar metrics on `n` fresh examples per task (not held out: module docstring)."""
     vocab = model.tokenizer.get_vocab()
     metrics: dict[str, float] = {}
     for task in ("induction", "brackets", "addition", "facts"):

@@ -6,9 +6,10 @@
 3. Train a TransformerLens HookedTransformer (GPT-2 style: LayerNorm, GELU,
    learned positions) with AdamW, linear warm-up and cosine decay, next-token
    cross-entropy on every position.
-4. Evaluate the quality bar (`task_eval.evaluate_tasks`) on held-out examples and
-   write config.json, model.safetensors, tokenizer/ and manifest.json (command,
-   seed, config, corpus spec, token count, wall time, sha256 of each file, metrics).
+4. Evaluate the quality bar (`task_eval.evaluate_tasks`) on fresh examples (a seed training
+   does not use; not held out, see task_eval) and write config.json, model.safetensors,
+   tokenizer/ and manifest.json (command, seed, config, corpus spec, token count, wall time,
+   sha256 of each file, metrics and how they were evaluated).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tqdm.auto import tqdm
 
 from attrgraph.bundled import tasks
 from attrgraph.bundled.paths import BUNDLED
-from attrgraph.bundled.task_eval import evaluate_tasks, shortfalls
+from attrgraph.bundled.task_eval import EVAL_SEED, EVALUATION_NOTE, evaluate_tasks, shortfalls
 from attrgraph.bundled.tokenizer import build_tokenizer
 from transcoders.config_cli import add_fields
 from transcoders.manifest import sha256
@@ -62,11 +63,11 @@ class ModelTrainConfig:
     seed: int = 0
     """Seeds the weights and the corpus stream."""
     eval_n: int = 300
-    """Held-out examples per task for the final metrics."""
+    """Fresh examples per task for the final metrics (task_eval; drawn anew, not held out)."""
     threads: int = 2
     """torch CPU threads."""
     log_every: int = 500
-    """Steps between quick held-out evaluations in the log (0: never)."""
+    """Steps between quick evaluations (50 fresh examples per task) in the log (0: never)."""
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -193,6 +194,12 @@ def train(cfg: ModelTrainConfig, command: str = "") -> dict:
         wall_time_s=round(train_s, 1),
         torch_version=torch.__version__,
         metrics={k: round(v, 4) for k, v in metrics.items()},
+        evaluation=dict(
+            function="attrgraph.bundled.task_eval.evaluate_tasks",
+            examples_per_task=cfg.eval_n,
+            seed=EVAL_SEED,
+            note=EVALUATION_NOTE,
+        ),
         shortfalls=shortfalls(metrics),
         files={str(p.relative_to(tmp)): sha256(p) for p in files},
     )

@@ -1,0 +1,194 @@
+"""The README's figures are the ones in the results files they cite (benchmarks/results/, data/*/manifest.json).
+
+Each test formats figures from a results file the way the README writes them and looks for that
+text in the README, so a re-run benchmark or an edited README that disagree fail here.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def load(path: Path) -> dict:
+    if not path.exists():
+        pytest.fail(f"{path.relative_to(ROOT)} is missing; it holds figures the README quotes.")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def readme() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())  # line breaks do not matter
+
+
+def quoted(readme: str, text: str) -> None:
+    assert " ".join(text.split()) in readme, f"README does not quote {text!r}"
+
+
+def sci(x: float, digits: int) -> str:
+    """3.6e-07 -> '4e-7' (digits=0), as the README writes small numbers."""
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def seconds(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def test_bundled_model_metrics(readme):
+    m = load(ROOT / "data" / "default" / "manifest.json")
+    x = m["metrics"]
+    row = (
+        f"| {x['induction_top1']:.3f} | {x['ioi_top1']:.3f} | {x['ioi_logit_diff']:.1f} | "
+        f"{x['greater_than_prob_mass']:.3f} | {x['brackets_top1']:.3f} | {x['addition_top1']:.3f} | "
+        f"{x['facts_top1']:.3f} |"
+    )
+    quoted(readme, row)
+    quoted(readme, f"{m['tokens_seen'] / 1e6:.1f}M tokens) took {m['wall_time_s'] / 60:.1f} min")
+
+
+def test_evaluation_overlap(readme):
+    rows = {r["task"]: r["share"] for r in load(RESULTS / "eval_overlap.json")["rows"]}
+    assert rows["facts"] == rows["addition"] == 1.0
+    quoted(readme, "all facts examples")
+    quoted(readme, "and all addition examples")
+    for task, name in (("greater_than", "greater-than"), ("brackets", "brackets"), ("ioi", "IOI")):
+        quoted(readme, f"{rows[task]:.2f} of {name}")
+    assert rows["induction"] == 0.0
+    quoted(readme, "none of induction")
+
+
+@pytest.mark.parametrize("name,label", [("default-plt", "PLT"), ("default-clt", "CLT")])
+def test_transcoder_table(readme, name, label):
+    m = load(ROOT / "data" / name / "manifest.json")
+    x = m["metrics"]
+    l0 = " / ".join(f"{v:.0f}" for v in x["l0"])
+    quoted(
+        readme,
+        f"| {label} (`{name}`) | {x['ce_loss_recovered']:.3f} | {x['kl_to_orig']:.2f} | {x['fvu_mean']:.3f} "
+        f"| {l0} |",
+    )
+    quoted(readme, f"{m['wall_time_s']:.0f} s |")
+
+
+def test_transcoder_mean_l0(readme):
+    plt = load(ROOT / "data" / "default-plt" / "manifest.json")["metrics"]["l0_mean"]
+    clt = load(ROOT / "data" / "default-clt" / "manifest.json")["metrics"]["l0_mean"]
+    quoted(readme, f"({clt:.1f} against {plt:.1f} features per layer)")
+
+
+def test_validation_table(readme):
+    cells = {}
+    for name in ("plt", "clt"):
+        s = load(RESULTS / f"validate_{name}.json")["summary"]
+        p = s["node_to_logit_loglog_pearson"]
+        enc = s["faithfulness_by_layer_after"]["encoder"]
+        cells[name] = (
+            f"{p['influence']:.2f} / {p['activation']:.2f} / {p['direct_logit_edge']:.2f}",
+            f"{s['feature_to_feature_spearman_mean']:.2f}",
+            " / ".join(f"{v:.2f}" for v in enc["cosine"]),
+            " / ".join(f"{v:.2g}" for v in enc["nmse"]),
+        )
+    for i in range(4):
+        quoted(readme, f"| {cells['plt'][i]} | {cells['clt'][i]} |")
+
+
+def test_peer_tables(readme):
+    both = [load(RESULTS / f"{f}.json") for f in ("peer_compare", "peer_compare_2threads")]
+    worst = max(r["ours"]["max_rel_diff"] for res in both for r in res["rows"])
+    quoted(readme, f"max relative difference {sci(worst, 0)})")
+    assert len(both[0]["rows"]) == 13 and all(r["ours"]["match"] for r in both[0]["rows"])
+    quoted(readme, "in all 13 configurations")
+    for r in both[1]["rows"]:
+        ct, us = r["ct"], r["ours"]
+        quoted(
+            readme,
+            f"| {seconds(ct['seconds'])} s | {seconds(us['seconds'])} s | {ct['seconds'] / us['seconds']:.1f}x | "
+            f"{ct['peak_rss_mb'] / 1024:.2f} -> {us['peak_rss_mb'] / 1024:.2f} GB "
+            f"({us['peak_rss_mb'] / ct['peak_rss_mb']:.2f}) | yes ({sci(us['max_rel_diff'], 0)}) |",
+        )
+    timing = [r for r in both[0]["rows"] if r["kind"] == "timing"]
+    quoted(readme, ", ".join(f"{r['ct']['seconds'] / r['ours']['seconds']:.1f}x" for r in timing[:2]))
+
+
+def test_hierarchical_shares(readme):
+    signed = load(RESULTS / "hierarchical_vs_standard.json")["meta"]
+    absolute = load(RESULTS / "hierarchical_vs_standard_abs.json")["meta"]
+    assert not signed["absolute"] and absolute["absolute"]
+    quoted(readme, f"at {signed['hier_at_least_standard_share']:.0%} of the (prompt, tau) points")
+    quoted(
+        readme,
+        f"at only {signed['hier_closer_to_one_share']:.0%} of them ({signed['tie_share']:.0%} are ties",
+    )
+    quoted(
+        readme,
+        f"the two shares are {absolute['hier_at_least_standard_share']:.0%} and "
+        f"{absolute['hier_closer_to_one_share']:.0%} ({absolute['tie_share']:.0%} ties)",
+    )
+    quoted(readme, f"to {sci(signed['model_vs_graph']['theorem_rel_error'], 1)} relative")
+
+
+def test_long_prompt(readme):
+    rows = {r["budget"]: r for r in load(RESULTS / "long_prompt.json")["rows"]}
+    a, b = rows[1024], rows[4096]
+    quoted(readme, f"{a['n_active']:,} active features")
+    quoted(
+        readme,
+        f"budget 1,024 captures {a['replacement']:.2f} of the influence (replacement score) at "
+        f"{a['peak_rss_mb'] / 1024:.2f} GB peak RSS; 4,096 captures {b['replacement']:.2f} at "
+        f"{b['peak_rss_mb'] / 1024:.2f} GB in {b['seconds']:.1f} s",
+    )
+
+
+def circuit_rows(task: str) -> dict:
+    res = load(RESULTS / f"circuits_{task}.json")
+    return {(r["method"], r["edges"]): r for r in res["rows"]}
+
+
+def test_circuits(readme):
+    ioi, gt = circuit_rows("ioi"), circuit_rows("greater-than")
+    quoted(
+        readme, f"PEAP reaches {ioi['peap', 20]['normalized']:.2f} normalized faithfulness with 20 span edges"
+    )
+    quoted(readme, f"expand to {ioi['eap', 20]['edges_expanded']:,} per-position")
+    quoted(
+        readme,
+        f"{gt['peap', 40]['normalized']:.3f} with 40 PEAP edges vs {gt['eap', 41]['normalized']:.3f} "
+        f"with {gt['eap', 41]['edges_expanded']:,} expanded EAP edges",
+    )
+    quoted(
+        readme,
+        f"(IOI {ioi['hap', 40]['normalized']:.3f} vs {ioi['ep', 40]['normalized']:.3f}, greater-than "
+        f"{gt['hap', 40]['normalized']:.3f} vs {gt['ep', 40]['normalized']:.3f})",
+    )
+    quoted(
+        readme,
+        f"on greater-than its circuit reaches {gt['hap', 15]['normalized']:.3f} against EP's "
+        f"{gt['ep', 15]['normalized']:.3f} (on IOI it is the reverse, {ioi['hap', 15]['normalized']:.3f} "
+        f"against {ioi['ep', 15]['normalized']:.3f})",
+    )
+    ratios = []
+    for rows in (ioi, gt):
+        ep = [r["seconds"] for (m, _), r in rows.items() if m == "ep"]
+        hap = [r["seconds"] for (m, _), r in rows.items() if m == "hap"]
+        ratios.append(sum(hap) / sum(ep))
+    quoted(readme, f"{ratios[0]:.2f}x EP's time on IOI and {ratios[1]:.2f}x on greater-than")
+    steps = lambda m: sorted(r["steps"] for rows in (ioi, gt) for (k, _), r in rows.items() if k == m)  # noqa: E731
+    quoted(readme, f"({steps('hap')[0]}-{steps('hap')[-1]} vs {steps('ep')[0]}-{steps('ep')[-1]})")
+
+
+def test_quickstart_output(readme):
+    path = RESULTS / "quickstart_build.txt"
+    if not path.exists():
+        pytest.fail(
+            "benchmarks/results/quickstart_build.txt is missing; it holds the README's example output."
+        )
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith(("$", "#"))]
+    shown = [ln for ln in lines if not re.match(r"\s+L\d+/F\d+", ln)]
+    shown += [ln for ln in lines if re.match(r"\s+L\d+/F\d+", ln)][:2]
+    for ln in shown:
+        quoted(readme, ln)
