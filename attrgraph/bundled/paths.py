@@ -1,10 +1,9 @@
-"""Where the bundled artefacts live: `data/` at the repository root."""
+"""Where the bundled artefacts live: `data/` in a checkout, `attrgraph/_data/` in a wheel.
 
-from pathlib import Path
+One lookup for both packages: `transcoders.paths.data_dir()`.
+"""
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-BUNDLED = {
-    "default": DATA_DIR / "default",
-    "default-plt": DATA_DIR / "default-plt",
-    "default-clt": DATA_DIR / "default-clt",
-}
+from transcoders.paths import BUNDLED as _TRANSCODER_SETS
+from transcoders.paths import DATA_DIR
+
+BUNDLED = {"default": DATA_DIR / "default", **_TRANSCODER_SETS}
