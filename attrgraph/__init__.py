@@ -20,6 +20,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
   prune_graph, compute_influence, ...            graph/prune.py
   save_graph, load_graph, list_graphs            graph/store.py
   to_networkx                                    graph/export.py
+  export_json, load_json, graph_to_json          graph/neuronpedia.py
   compute_graph_scores                           graph/scores.py
   Supernode, supernode, ... save_supernodes      graph/supernodes.py, graph/supernode_store.py
   intervene, generate, SetTo/Scale/Add           analysis/intervene.py
@@ -46,6 +47,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.graph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
     "attrgraph.graph.store": ["list_graphs", "load_graph", "save_graph"],
     "attrgraph.graph.export": ["to_networkx"],
+    "attrgraph.graph.neuronpedia": ["export_json", "graph_to_json", "load_json"],
     "attrgraph.graph.scores": ["GraphScores", "compute_graph_scores"],
     "attrgraph.graph.supernodes": [
         "NodeKey",
@@ -80,6 +82,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "CircuitMethodError",
         "ConstantMetricError",
         "CorruptWeightsError",
+        "ExportError",
         "GraphError",
         "GraphFileError",
         "InterventionError",

@@ -36,6 +36,10 @@ class GraphFileError(AttrgraphError, OSError):
     """A graph file that is missing, not HDF5, truncated, or lacks the graph asked for."""
 
 
+class ExportError(AttrgraphError, ValueError):
+    """An export that cannot be written: an output folder that is a file, a slug that is no plain name."""
+
+
 class SchemaVersionError(GraphFileError):
     """A graph file written with a storage schema this version cannot read."""
 

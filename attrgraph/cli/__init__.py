@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "build": "attrgraph.cli.build",
     "show": "attrgraph.cli.show",
     "validate": "attrgraph.cli.validate",
+    "export": "attrgraph.cli.export",
     "train-transcoders": "transcoders.train",
 }
 

@@ -7,6 +7,7 @@ streamed_influence.py  influence and error shares without copying a large adjace
 scores.py              replacement and completeness scores
 summary.py             the text summary `attrgraph build` and `show` print
 export.py              to networkx
+neuronpedia.py         to and from the graph JSON of circuit-tracer's frontend and Neuronpedia
 supernodes.py          groups of nodes and their adjacency
 supernode_store.py     supernodes in the HDF5 file
 """

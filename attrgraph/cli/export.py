@@ -1,0 +1,81 @@
+"""`attrgraph export FILE[:NAME] --format neuronpedia -o DIR`: stored graphs as the graph JSON of
+circuit-tracer's local frontend and Neuronpedia (graph/neuronpedia.py).
+
+1. Pick the graphs: NAME, or every graph in FILE; check them all before writing anything.
+2. For each, its supernodes (supernode_store.py) go to `qParams.supernodes`; with `--node-threshold`
+   / `--edge-threshold` it is pruned first, as circuit-tracer's `create_graph_files` does.
+3. Write `DIR/graph-metadata.json`, `DIR/<slug>.json` and `DIR/features/...`; print one line per graph.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from attrgraph.errors import ExportError, GraphFileError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export", help="write stored graphs as circuit-tracer / Neuronpedia graph JSON (FILE[:NAME])"
+    )
+    p.add_argument("file", metavar="FILE[:NAME]", help="graph file, optionally :NAME of one graph in it")
+    p.add_argument("--format", choices=("neuronpedia",), default="neuronpedia", help="output format")
+    p.add_argument("-o", "--output", required=True, help="folder to write (created if missing)")
+    p.add_argument("--slug", default=None, help="file name of the graph JSON (default: the graph's name)")
+    p.add_argument(
+        "--scan", default=None, help="metadata.scan (default ./data/features/<transcoders>: local features)"
+    )
+    p.add_argument("--node-threshold", type=float, default=None, help="prune before export (e.g. 0.8)")
+    p.add_argument("--edge-threshold", type=float, default=None, help="prune before export (e.g. 0.98)")
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """`FILE[:NAME]` -> (FILE, NAME or None); a path that exists as given is a file without a name."""
+    if os.path.exists(spec) or ":" not in spec:
+        return spec, None
+    path, name = spec.rsplit(":", 1)
+    return path, name or None
+
+
+def run(args) -> int:
+    from attrgraph.graph.neuronpedia import export_json
+    from attrgraph.graph.store import list_graphs, load_graph
+    from attrgraph.graph.supernode_store import load_supernodes
+
+    path, name = split_spec(args.file)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
+    names = list_graphs(path)
+    if not names:
+        raise GraphFileError(f"{path} holds no graphs; write one with `attrgraph build` first.")
+    if name is not None and name not in names:
+        raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
+    chosen = [name] if name is not None else names
+    if args.slug is not None and len(chosen) > 1:
+        raise ExportError(
+            f"--slug names one graph but {path} holds {len(chosen)}; pick one with {path}:NAME."
+        )
+    for graph_name in chosen:
+        graph = load_graph(path, graph_name)
+        result = export_json(
+            graph,
+            out,
+            slug=args.slug or graph_name,
+            scan=args.scan,
+            supernodes=load_supernodes(path, graph_name),
+            node_threshold=args.node_threshold,
+            edge_threshold=args.edge_threshold,
+        )
+        dropped = (
+            f", {result.n_dropped_members} supernode members not in the graph left out"
+            if result.n_dropped_members
+            else ""
+        )
+        print(
+            f"wrote {result.path}: {result.n_nodes} nodes, {result.n_links} links, "
+            f"{result.n_feature_files} feature files{dropped}"
+        )
+    print(f"index: {out / 'graph-metadata.json'}")
+    return 0

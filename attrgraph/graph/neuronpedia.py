@@ -1,0 +1,512 @@
+"""The graph JSON of circuit-tracer's local frontend and Neuronpedia: export, and load back.
+
+Seed: circuit-tracer's `frontend/graph_models.py` (the graph file), `frontend/feature_models.py`
+(one file per feature), `utils/create_graph_files.py` and `frontend/local_server.py` (what it
+writes and serves); Neuronpedia's graph schema (the same file, extra keys allowed).
+
+1. Nodes, one per graph node, with circuit-tracer's ids (`ctx_idx` = position):
+     embedding  node_id `E_{token}_{pos}`, layer "E", feature = pos, jsNodeId `E_{token}-{pos}`
+     error      node_id `{layer}_-1_{pos}`, feature -1, "mlp reconstruction error"
+     feature    node_id `{layer}_{feature}_{pos}`, feature = cantor(layer, feature),
+                "cross layer transcoder" (circuit-tracer's name for every transcoder feature)
+     logit      node_id `{layer + 1}_{token}_{pos}` (layer "n_layers + 1"), feature = token,
+                token_prob, is_target_logit on the most probable, clerp `Output "tok" (p=0.123)`
+   `activation` is the Graph's. `influence` is circuit-tracer's cumulative share: nodes sorted by
+   logit influence (prune.compute_influence), descending; a node's value is the running sum up to
+   it over the total, so the frontend's slider at `t` keeps the nodes that make up `t`.
+2. Links: one per nonzero `adjacency[t, s]`: `{"source": id(s), "target": id(t), "weight":
+   adjacency[t, s]}`, the signed direct effect of source on target (float32, shortest repr).
+3. `clerp` of a feature: `labels[(layer, feature)]`, else the name of its supernode, else
+   `L{layer}/F{feature}`. Supernodes go to `qParams.supernodes` as `[name, *member node_ids]`
+   (members the graph lacks are dropped); their members and the logits are pinned.
+4. metadata: slug, scan, prompt_tokens, prompt, node_threshold (the viewer's pruning default,
+   only when the export prunes), pruning_settings (the thresholds the graph was pruned with),
+   generation_settings (the Graph's plain `meta`), info.generator.
+5. Folder, as circuit-tracer's `local_server.serve(data_dir=DIR)` reads it (both `/data/X` and
+   `/graph_data/X` are `DIR/X`):
+     DIR/graph-metadata.json          `{"graphs": [metadata, ...]}`, entries replaced by slug
+     DIR/<slug>.json                  the graph
+     DIR/features/<set>/<index>.json  one per feature, index = cantor(layer, feature); the
+                                      default scan `./data/features/<set>` makes the frontend
+                                      read them from DIR instead of the internet.
+   Feature files carry what a graph knows (index; act_min 0 and act_max the largest activation
+   of its nodes; the share of prompt positions holding it); examples, logits and histograms stay
+   empty until dashboards fill them.
+6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
+   ids too), sorts them into `NODE_ORDER` and rebuilds the adjacency from the links; influence is
+   recomputed (compute_influence), since the file holds only cumulative shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import importlib.metadata
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from attrgraph.errors import ExportError, GraphError, GraphFileError
+from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes
+from attrgraph.graph.prune import compute_influence, normalize_matrix, prune_graph
+from attrgraph.graph.supernodes import Supernode, node_key
+
+SCHEMA_VERSION = 1
+"""circuit-tracer's `Metadata.schema_version` for this file layout."""
+FEATURE_TYPES = {
+    "embedding": "embedding",
+    "error": "mlp reconstruction error",
+    "feature": "cross layer transcoder",
+    "logit": "logit",
+}
+"""Our node kind -> circuit-tracer's `feature_type`."""
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_LOGIT_CLERP = re.compile(r'^Output "(.*)" \(p=[^)]*\)$', re.S)
+
+
+class JsonExport(NamedTuple):
+    """What `export_json` wrote."""
+
+    path: Path
+    """The graph file, `DIR/<slug>.json`."""
+    n_nodes: int
+    n_links: int
+    n_feature_files: int
+    n_dropped_members: int
+    """Supernode members the exported graph lacks (pruned away), left out of `qParams`."""
+
+
+def cantor(x: int, y: int) -> int:
+    """circuit-tracer's feature index of (layer, feature): the Cantor pairing."""
+    return (x + y) * (x + y + 1) // 2 + y
+
+
+def _uncantor(z: int) -> tuple[int, int]:
+    w = (math.isqrt(8 * z + 1) - 1) // 2
+    y = z - w * (w + 1) // 2
+    return w - y, y
+
+
+def cumulative_influence(graph: Graph) -> np.ndarray:
+    """[n_nodes] circuit-tracer's node `influence`: running share of the sorted logit influence (step 1)."""
+    influence = compute_influence(normalize_matrix(graph.adjacency), graph.logit_weights())
+    order = np.argsort(-influence, kind="stable")
+    total = influence.sum()
+    out = np.zeros(graph.n_nodes)
+    out[order] = np.cumsum(influence[order]) / (total if total > 0 else 1.0)
+    return out
+
+
+def _node_ids(graph: Graph) -> list[str]:
+    n, used, ids = graph.nodes, set(), []
+    for i in range(graph.n_nodes):
+        kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
+        node_id = {
+            "embedding": f"E_{int(n.token[i])}_{pos}",
+            "error": f"{layer}_-1_{pos}",
+            "feature": f"{layer}_{int(n.feature[i])}_{pos}",
+            "logit": f"{layer + 1}_{int(n.token[i])}_{pos}",
+        }[kind]
+        if node_id in used:  # custom targets may share a token; ids must stay unique
+            node_id = f"{node_id}_{i}"
+        used.add(node_id)
+        ids.append(node_id)
+    return ids
+
+
+def _short(x: np.ndarray) -> list[float]:
+    """float32 values as the shortest decimals that read back to the same float32."""
+    return [float(s) for s in np.asarray(x, np.float32).astype(str)]
+
+
+def _prompt(graph: Graph) -> str:
+    if isinstance(graph.meta.get("prompt"), str):
+        return graph.meta["prompt"]
+    tokens = list(graph.prompt_tokens)
+    if tokens and re.fullmatch(r"<[^<>\s]+>", tokens[0]):  # a BOS such as <bos> is not prompt text
+        tokens = tokens[1:]
+    spaced = any(t[:1].isspace() for t in tokens[1:])  # BPE tokens carry their spaces, words do not
+    return ("" if spaced else " ").join(tokens)
+
+
+def _transcoder_set(graph: Graph) -> str:
+    name = Path(str(graph.meta.get("transcoders", "transcoders")).rstrip("/\\")).name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "transcoders"
+
+
+def _plain(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and v == v}
+
+
+def graph_to_json(
+    graph: Graph,
+    slug: str = "graph",
+    scan: str | None = None,
+    supernodes: Sequence[Supernode] = (),
+    labels: Mapping[tuple[int, int], str] | None = None,
+    influence: np.ndarray | None = None,
+    node_threshold: float | None = None,
+) -> tuple[dict, int]:
+    """The graph JSON (steps 1-4) and the number of supernode members left out.
+
+    `influence`: cumulative shares per node (default: `cumulative_influence(graph)`);
+    `node_threshold`: the viewer's pruning default (metadata.node_threshold)."""
+    _check_slug(slug)
+    n = graph.nodes
+    ids = _node_ids(graph)
+    share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
+    activation = _short(n.activation)
+    group = {}
+    for sn in supernodes:
+        for m in sn.members:
+            group.setdefault(tuple(m), sn.name)
+    labels = labels or {}
+    logit_rank = np.cumsum(n.kind == "logit") - 1
+    nodes = []
+    for i in range(graph.n_nodes):
+        kind, layer, pos, feat = str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i])
+        node = {
+            "node_id": ids[i],
+            "feature": {"embedding": pos, "error": -1, "feature": cantor(layer, feat)}.get(
+                kind, int(n.token[i])
+            ),
+            "layer": "E" if kind == "embedding" else str(layer + 1 if kind == "logit" else layer),
+            "ctx_idx": pos,
+            "feature_type": FEATURE_TYPES[kind],
+            "token_prob": 0.0,
+            "is_target_logit": False,
+            "run_idx": 0,
+            "reverse_ctx_idx": 0,
+            "jsNodeId": {
+                "embedding": f"E_{int(n.token[i])}-{pos}",
+                "error": f"{layer}_-1-{pos}",
+                "feature": f"{layer}_{feat}-0",
+            }.get(kind, f"L_{int(n.token[i])}-{pos}"),
+            "clerp": "",
+            "influence": float(share[i]),
+            "activation": None if np.isnan(activation[i]) else activation[i],
+        }
+        if kind == "feature":
+            node["clerp"] = (
+                labels.get((layer, feat)) or group.get(tuple(node_key(graph, i))) or f"L{layer}/F{feat}"
+            )
+        elif kind == "logit":
+            k = int(logit_rank[i])
+            p = float(graph.logit_probs[k])
+            node.update(
+                token_prob=p, is_target_logit=k == 0, clerp=f'Output "{graph.logit_strings[k]}" (p={p:.3f})'
+            )
+        nodes.append(node)
+    adj = sp.coo_array(graph.adjacency)
+    keep = adj.data != 0
+    links = [
+        {"source": ids[s], "target": ids[t], "weight": w}
+        for t, s, w in zip(adj.row[keep].tolist(), adj.col[keep].tolist(), _short(adj.data[keep]))
+    ]
+    index = {tuple(node_key(graph, i)): ids[i] for i in range(graph.n_nodes)}
+    sn_json, dropped = [], 0
+    for sn in supernodes:
+        members = [index[tuple(m)] for m in sn.members if tuple(m) in index]
+        dropped += len(sn.members) - len(members)
+        if members:
+            sn_json.append([sn.name, *members])
+    pinned = [m for s in sn_json for m in s[1:]]
+    if pinned:
+        pinned += [ids[i] for i in np.flatnonzero(n.kind == "logit")]
+    meta = graph.meta
+    metadata = {
+        "slug": slug,
+        "scan": scan or f"./data/features/{_transcoder_set(graph)}",
+        "transcoder_list": [],
+        "prompt_tokens": list(graph.prompt_tokens),
+        "prompt": _prompt(graph),
+        "node_threshold": node_threshold,
+        "schema_version": SCHEMA_VERSION,
+        "info": {
+            "generator": {"name": "attrgraph", "version": _version()},
+            "create_time_ms": int(time.time() * 1000),
+        },
+        "generation_settings": _plain(meta),
+    }
+    if meta.get("pruned") or node_threshold is not None:
+        metadata["pruning_settings"] = {
+            k: float(meta[k]) for k in ("node_threshold", "edge_threshold") if k in meta
+        }
+    q = {
+        "pinnedIds": list(dict.fromkeys(pinned)),
+        "supernodes": sn_json,
+        "linkType": "both",
+        "clickedId": "",
+        "sg_pos": "",
+    }
+    return {"metadata": metadata, "qParams": q, "nodes": nodes, "links": links}, dropped
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("attrgraph")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _check_slug(slug: str) -> None:
+    if not isinstance(slug, str) or not _SLUG.fullmatch(slug):
+        raise ExportError(
+            f"slug {slug!r} is not a plain name; use letters, digits, '.', '_' and '-' (it names the file <slug>.json)."
+        )
+
+
+def feature_files(graph: Graph, transcoder_id: str) -> dict[int, dict]:
+    """One feature file (feature_models.Model) per feature of the graph, by circuit-tracer index (step 5)."""
+    n = graph.nodes
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in np.flatnonzero(n.kind == "feature"):
+        groups.setdefault((int(n.layer[i]), int(n.feature[i])), []).append(i)
+    out = {}
+    for (layer, feat), rows in groups.items():
+        acts = n.activation[rows].astype(np.float64)
+        out[cantor(layer, feat)] = {
+            "transcoder_id": f"{transcoder_id}/{layer}",
+            "index": cantor(layer, feat),
+            "examples_quantiles": [],
+            "top_logits": [],
+            "bottom_logits": [],
+            "act_min": float(np.nanmin(acts, initial=0.0)),
+            "act_max": float(np.nanmax(acts, initial=0.0)),
+            "quantile_values": [],
+            "histogram": [],
+            "activation_frequency": len(set(n.position[rows].tolist())) / max(graph.n_pos, 1),
+        }
+    return out
+
+
+@contextlib.contextmanager
+def _atomic(path: Path):
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def export_json(
+    graph: Graph,
+    out_dir: str | os.PathLike,
+    slug: str = "graph",
+    scan: str | None = None,
+    supernodes: Sequence[Supernode] = (),
+    labels: Mapping[tuple[int, int], str] | None = None,
+    node_threshold: float | None = None,
+    edge_threshold: float | None = None,
+) -> JsonExport:
+    """Write `graph` into the folder `out_dir` as circuit-tracer's local frontend reads it (step 5).
+
+    With `node_threshold` / `edge_threshold` the graph is pruned first (prune.prune_graph, 1.0 for the
+    one not given) and node influence is the cumulative share in the unpruned graph, as circuit-tracer's
+    `create_graph_files` does; without them it is exported as it is."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
+    _check_slug(slug)
+    share = None
+    if node_threshold is not None or edge_threshold is not None:
+        nt = 1.0 if node_threshold is None else node_threshold
+        et = 1.0 if edge_threshold is None else edge_threshold
+        full = cumulative_influence(graph)
+        pruned = prune_graph(graph, nt, et)
+        where = {k: i for i, k in enumerate(_keys(graph))}
+        share = full[[where[k] for k in _keys(pruned)]]
+        graph, node_threshold = pruned, nt
+    data, dropped = graph_to_json(graph, slug, scan, supernodes, labels, share, node_threshold)
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / "graph-metadata.json"
+    index = _read_index(index_path)
+    graph_path = out / f"{slug}.json"
+    with _atomic(graph_path) as f:
+        json.dump(data, f, separators=(",", ":"))
+    keys = ("slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "node_threshold", "schema_version")
+    entry = {k: data["metadata"][k] for k in keys}
+    index["graphs"] = [g for g in index["graphs"] if g.get("slug") != slug] + [entry]
+    with _atomic(index_path) as f:
+        json.dump(index, f, indent=2)
+    files = feature_files(graph, _transcoder_set(graph))
+    fdir = out / _feature_dir(data["metadata"]["scan"])
+    fdir.mkdir(parents=True, exist_ok=True)
+    for idx, feature in files.items():
+        (fdir / f"{idx}.json").write_text(json.dumps(feature), encoding="utf-8")
+    return JsonExport(graph_path, len(data["nodes"]), len(data["links"]), len(files), dropped)
+
+
+def _feature_dir(scan: str) -> Path:
+    """Where the frontend looks for a scan's feature files, relative to the served folder."""
+    local = scan.startswith("./data/")  # a local scan: the frontend reads `{scan}/{index}.json` from DIR
+    parts = [p for p in scan[len("./data/") :].split("/") if p not in ("", ".", "..")] if local else [scan]
+    parts = [re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in parts]
+    return Path(*parts) if local and parts else Path("features", *parts)
+
+
+def _keys(graph: Graph) -> list[tuple]:
+    n, rank = graph.nodes, np.cumsum(graph.nodes.kind == "logit") - 1
+    return [
+        ("logit", int(rank[i])) if n.kind[i] == "logit" else tuple(node_key(graph, i))
+        for i in range(graph.n_nodes)
+    ]
+
+
+def _read_index(path: Path) -> dict:
+    if not path.exists():
+        return {"graphs": []}
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ExportError(
+            f"{path} is not a readable graph index ({e}); remove it or export into another folder."
+        ) from None
+    if not isinstance(index, dict) or not isinstance(index.get("graphs"), list):
+        raise ExportError(f"{path} has no 'graphs' list; remove it or export into another folder.")
+    return index
+
+
+# ------------------------------------------------------------------------------------ load
+def load_json(path: str | os.PathLike) -> Graph:
+    """A `Graph` from a circuit-tracer / Neuronpedia graph JSON (`.json` or `.json.gz`), step 6."""
+    path = Path(path)
+    if not path.is_file():
+        raise GraphFileError(
+            f"{path} does not exist or is not a file; pass a graph JSON such as DIR/<slug>.json."
+        )
+    try:
+        with (
+            gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+        ) as f:
+            data = json.load(f)
+    except (OSError, ValueError, EOFError) as e:
+        raise GraphFileError(
+            f"{path} is not a JSON file ({e}); pass a graph JSON written by export_json or circuit-tracer."
+        ) from None
+    missing = [k for k in ("metadata", "nodes", "links") if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise GraphFileError(f"{path} lacks {missing}; it is not a circuit-tracer / Neuronpedia graph JSON.")
+    try:
+        return _graph_from_json(data)
+    except GraphFileError as e:
+        raise GraphFileError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise GraphFileError(
+            f"{path} has a malformed node or link ({type(e).__name__}: {e}); it does not follow the graph schema."
+        ) from None
+
+
+def _graph_from_json(data: dict) -> Graph:
+    meta_json = data["metadata"]
+    prompt_tokens = [str(t) for t in meta_json["prompt_tokens"]]
+    n_pos = len(prompt_tokens)
+    kind_of = {v: k for k, v in FEATURE_TYPES.items()}
+    rows, by_id = [], {}
+    for node in data["nodes"]:
+        ftype, node_id, pos = node["feature_type"], str(node["node_id"]), int(node["ctx_idx"])
+        kind = kind_of.get(ftype, "error" if "error" in ftype else None)
+        if kind is None:
+            raise GraphFileError(
+                f"node {node_id} has feature_type {ftype!r}; attrgraph reads {sorted(FEATURE_TYPES.values())}."
+            )
+        if not 0 <= pos < n_pos:
+            raise GraphFileError(f"node {node_id} sits at ctx_idx {pos}, outside the {n_pos} prompt tokens.")
+        parts = node_id.split("_")
+        layer, feature, token = -1, -1, -1
+        if kind == "embedding":
+            token = int(parts[1]) if len(parts) == 3 and parts[0] == "E" else -1
+        elif kind == "error":
+            layer = int(node["layer"])
+        elif kind == "feature":
+            layer = int(node["layer"])
+            feature = (
+                int(parts[1])
+                if len(parts) == 3 and parts[0] == str(layer)
+                else _uncantor(int(node["feature"]))[1]
+            )
+        else:
+            layer, token = int(node["layer"]) - 1, int(node["feature"])
+        act = node.get("activation")
+        if node_id in by_id:
+            raise GraphFileError(f"node id {node_id} appears twice; every node needs its own id.")
+        by_id[node_id] = len(rows)
+        rows.append((kind, layer, pos, feature, token, np.nan if act is None else float(act), node))
+    rank = {k: r for r, k in enumerate(NODE_ORDER)}
+    logit_prob = [-float(r[6].get("token_prob", 0.0)) if r[0] == "logit" else 0.0 for r in rows]
+    order = sorted(
+        range(len(rows)), key=lambda i: (rank[rows[i][0]], logit_prob[i], rows[i][1], rows[i][2], rows[i][3])
+    )
+    new = np.empty(len(rows), np.int64)
+    new[order] = np.arange(len(rows))
+    rows = [rows[i] for i in order]
+    nodes = Nodes(
+        kind=np.array([r[0] for r in rows], dtype=str) if rows else np.array([], dtype=str),
+        layer=[r[1] for r in rows],
+        position=[r[2] for r in rows],
+        feature=[r[3] for r in rows],
+        activation=[r[5] for r in rows],
+        token=[r[4] for r in rows],
+    )
+    n = len(rows)
+    src, dst, weight = [], [], []
+    for link in data["links"]:
+        s, t = link["source"], link["target"]
+        if s not in by_id or t not in by_id:
+            raise GraphFileError(
+                f"link {s} -> {t} names a node the file lacks; every link must join two listed nodes."
+            )
+        src.append(new[by_id[s]])
+        dst.append(new[by_id[t]])
+        weight.append(float(link["weight"]))
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    if np.any(src >= dst):
+        k = int(np.argmax(src >= dst))
+        raise GraphFileError(
+            f"link {rows[src[k]][6]['node_id']} -> {rows[dst[k]][6]['node_id']} runs against the layer order; "
+            "attrgraph reads graphs whose links go from embeddings and lower layers to higher layers and logits."
+        )
+    adjacency = sp.csr_array((np.asarray(weight, np.float32), (dst, src)), shape=(n, n))
+    adjacency.sum_duplicates()
+    logits = [r for r in rows if r[0] == "logit"]
+    strings = []
+    for r in logits:
+        m = _LOGIT_CLERP.match(str(r[6].get("clerp", "")))
+        strings.append(m.group(1) if m else str(r[4]))
+    prompt_ids = np.full(n_pos, -1, np.int64)
+    for r in rows:
+        if r[0] == "embedding":
+            prompt_ids[r[2]] = r[4]
+    meta = dict(meta_json.get("generation_settings") or {})
+    meta.update({k: v for k, v in (meta_json.get("pruning_settings") or {}).items()})
+    meta.update(source="json", slug=str(meta_json.get("slug", "")), scan=str(meta_json.get("scan", "")))
+    try:
+        graph = Graph(
+            nodes=nodes,
+            adjacency=adjacency,
+            prompt_ids=prompt_ids,
+            prompt_tokens=prompt_tokens,
+            logit_tokens=[r[4] for r in logits],
+            logit_probs=[float(r[6].get("token_prob", 0.0)) for r in logits],
+            logit_strings=strings,
+            meta=meta,
+        )
+    except GraphError as e:
+        raise GraphFileError(f"the nodes do not form a graph: {e}") from None
+    graph.nodes.influence = compute_influence(
+        normalize_matrix(graph.adjacency), graph.logit_weights()
+    ).astype(np.float32)
+    return graph

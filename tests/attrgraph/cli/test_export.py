@@ -1,0 +1,123 @@
+"""`attrgraph export FILE[:NAME] --format neuronpedia -o DIR` on a real attribution graph of a tiny
+model: the folder, the graphs it picks, supernodes from the file, pruning, and bad input."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.cli import main
+from attrgraph.graph.neuronpedia import load_json
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.store import load_graph, save_graph
+from attrgraph.graph.supernode_store import save_supernodes
+from attrgraph.graph.supernodes import supernode
+from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+from tests.attrgraph.peer_frontend import CHECK, run_peer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    """`graph` (pruned, with a supernode) and `graph_full` of a CLT on a tiny GPT-2, as `build --full` writes."""
+    from attrgraph.engine.attribute import attribute
+
+    torch.set_num_threads(1)
+    model = tiny_model("gpt2", dtype=torch.float32)
+    full = attribute(
+        model, tiny_transcoders(model, "clt"), torch.tensor([0, 5, 9, 3, 17, 22, 5, 9]), progress=False
+    )
+    full.meta.update(model="tiny", transcoders="tiny-clt")
+    pruned = prune_graph(full, 0.8, 0.98)
+    path = tmp_path_factory.mktemp("export") / "g.h5"
+    save_graph(pruned, path, "graph")
+    save_graph(full, path, "graph_full")
+    feats = np.flatnonzero(pruned.nodes.kind == "feature")[:2]
+    save_supernodes(path, [supernode(pruned, "first two", feats)], "graph")
+    return path
+
+
+def export(*args) -> int:
+    return main(["export", *map(str, args)])
+
+
+def test_export_one_graph(graph_file, tmp_path, capsys):
+    out = tmp_path / "site"
+    assert export(f"{graph_file}:graph", "--format", "neuronpedia", "-o", out) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "graph.json").read_text())
+    assert f"wrote {out / 'graph.json'}: {len(data['nodes'])} nodes, {len(data['links'])} links" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["features", "graph-metadata.json", "graph.json"]
+    assert [g["slug"] for g in json.loads((out / "graph-metadata.json").read_text())["graphs"]] == ["graph"]
+    assert data["qParams"]["supernodes"][0][0] == "first two" and len(data["qParams"]["supernodes"][0]) == 3
+    assert data["metadata"]["scan"] == "./data/features/tiny-clt"
+    assert data["metadata"]["pruning_settings"] == {"node_threshold": 0.8, "edge_threshold": 0.98}
+    stored = load_graph(graph_file, "graph")
+    back = load_json(out / "graph.json")
+    assert (back.adjacency != stored.adjacency).nnz == 0
+    np.testing.assert_array_equal(back.nodes.feature, stored.nodes.feature)
+    assert back.prompt_tokens == stored.prompt_tokens
+
+
+def test_circuit_tracer_reads_what_the_command_writes(graph_file, tmp_path):
+    out = tmp_path / "site"
+    assert export(graph_file, "-o", out, "--node-threshold", "0.9", "--edge-threshold", "0.98") == 0
+    report = run_peer(CHECK, out)
+    assert [g["slug"] for g in report["graphs"]] == ["graph", "graph_full"]
+    assert report["feature_files"] > 0
+
+
+def test_every_graph_without_a_name_and_pruning_on_export(graph_file, tmp_path, capsys):
+    out = tmp_path / "site"
+    assert export(graph_file, "-o", out, "--node-threshold", "0.8", "--edge-threshold", "0.98") == 0
+    assert capsys.readouterr().out.count("wrote ") == 2
+    index = json.loads((out / "graph-metadata.json").read_text())
+    assert [(g["slug"], g["node_threshold"]) for g in index["graphs"]] == [
+        ("graph", 0.8),
+        ("graph_full", 0.8),
+    ]
+    full = load_graph(graph_file, "graph_full")
+    exported = json.loads((out / "graph_full.json").read_text())
+    assert len(exported["nodes"]) == prune_graph(full, 0.8, 0.98).n_nodes < full.n_nodes
+
+
+def test_slug_and_scan(graph_file, tmp_path):
+    out = tmp_path / "site"
+    assert export(f"{graph_file}:graph_full", "-o", out, "--slug", "ioi-1", "--scan", "tiny-model") == 0
+    data = json.loads((out / "ioi-1.json").read_text())
+    assert data["metadata"]["scan"] == "tiny-model"
+    assert (out / "features" / "tiny-model").is_dir()
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("no graphs", "holds no graphs; write one with `attrgraph build` first."),
+        ("wrong name", "has no graph named 'nope'; it holds ['graph', 'graph_full']."),
+        ("output is a file", "is a file; pass a folder to write into"),
+        ("slug for two", "--slug names one graph but"),
+        ("missing file", "does not exist or is not a file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(graph_file, tmp_path, capsys, case, match):
+    out, spec, extra = tmp_path / "site", str(graph_file), []
+    if case == "no graphs":
+        spec = str(tmp_path / "empty.h5")
+        h5py.File(spec, "w").close()
+    elif case == "wrong name":
+        spec += ":nope"
+    elif case == "output is a file":
+        out = tmp_path / "a_file"
+        out.write_text("x")
+    elif case == "slug for two":
+        extra = ["--slug", "x"]
+    else:
+        spec = str(tmp_path / "nothing.h5")
+    assert export(spec, "-o", out, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attrgraph export: error: ") and match in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "site").exists()
