@@ -111,3 +111,30 @@ def test_more_lenient_threshold_keeps_more(make_random_graph):
     g = make_random_graph(5, n_feat=60, density=0.3)
     sizes = [prune_graph(g, t, 0.98).n_features for t in (0.5, 0.8, 0.95)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pruning_influence_equals_the_dense_formula(make_random_graph, seed):
+    """prune_graph's streamed influence (streamed_influence.row_blocks, with edges inside a layer
+    in these random graphs) against `(I - A)^-1 - I` with a dense inverse: the node step keeps
+    exactly the features the dense influence keeps, and thresholds of 1.0 fill in the dense values."""
+    g = make_random_graph(seed, n_feat=40)
+    dense = dense_influence(g)
+    kept = prune_graph(g, 1.0, 1.0)
+    np.testing.assert_allclose(kept.nodes.influence, dense, rtol=1e-6, atol=1e-9)
+    is_feature = g.nodes.kind == "feature"
+    cutoff = find_threshold(dense[g.nodes.kind != "logit"], 0.6)
+    expect = set(np.flatnonzero(is_feature & (dense >= cutoff)).tolist())
+    pruned = prune_graph(g, 0.6, 1.0)
+    got = {
+        int(np.flatnonzero(is_feature & (g.nodes.feature == f))[0])
+        for f in pruned.nodes.feature[pruned.nodes.kind == "feature"]
+    }
+    assert got == expect and 0 < len(expect) < is_feature.sum()
+
+
+def test_pruning_progress_shows_each_influence_pass(make_random_graph, capsys):
+    prune_graph(make_random_graph(0, n_feat=60), progress=True)
+    assert capsys.readouterr().err.count("influence: 100%") == 2
+    prune_graph(make_random_graph(0, n_feat=60))
+    assert capsys.readouterr().err == ""
