@@ -5,6 +5,7 @@ first use (`__getattr__`), so that `import attrgraph` does not load h5py, networ
 circuits code for a user who only builds graphs:
   load_model       bundled / local / TransformerLens models   (loading.py)
   attribute        prompt -> attribution Graph                 (attribute.py, replacement.py, targets.py)
+  to_tokens        prompt -> checked token ids (strict=, truncate=)  (attribute.py)
   prune_graph, compute_influence                               (prune.py)
   save_graph, load_graph, to_networkx                          (store.py, export.py)
   intervene, generate, SetTo/Scale/Add, error_node             (intervene.py)
@@ -31,7 +32,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
     "attrgraph.adaptive": ["attribute_adaptive"],
-    "attrgraph.attribute": ["attribute"],
+    "attrgraph.attribute": ["attribute", "to_tokens"],
     "attrgraph.circuits": [
         "discover",
         "eap",
@@ -49,6 +50,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "GraphFileError",
         "ModelNotFoundError",
         "PromptError",
+        "PromptWarning",
         "SchemaVersionError",
         "TargetError",
         "UnsupportedModelError",
