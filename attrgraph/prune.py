@@ -142,8 +142,8 @@ def prune_graph(
     pruned = graph.subgraph(keep)
 
     raw = sp.csr_array(pruned.adjacency, copy=True)
+    raw.sum_duplicates()  # sorts too; duplicates would break "entry for entry" below
     raw.eliminate_zeros()
-    raw.sort_indices()
     A = normalize_matrix(raw)  # same pattern as raw, entry for entry
     w = pruned.logit_weights()
     node_influence = _influence(raw, w, progress)
