@@ -131,3 +131,11 @@ def test_bundled_checksums_are_checked(tmp_path):
         f.write(" ")
     with pytest.raises(ChecksumError):
         load_model(folder)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"files": 3}'])
+def test_damaged_manifest(tiny_folder, text):
+    folder, _ = tiny_folder
+    (folder / "manifest.json").write_text(text)
+    with pytest.raises(ChecksumError, match="is not a JSON manifest"):
+        load_model(folder)
