@@ -343,7 +343,9 @@ def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) ->
         raise GraphFileError(f"{where} lacks its node table or adjacency; the file is incomplete.")
     node_values = {fld.name: _read(g["nodes"], fld.name, f"{where}/nodes") for fld in fields(Nodes)}
     kind = node_values["kind"]
-    if kind.dtype.kind in "SO":  # version 2: ASCII bytes; version 1: variable-length strings
+    if kind.dtype.kind == "S":  # version 2: fixed-length ASCII
+        kind = np.char.decode(kind, "ascii")
+    elif kind.dtype.kind == "O":  # version 1: variable-length strings
         kind = np.array([k.decode() if isinstance(k, bytes) else str(k) for k in kind], dtype=str)
     unknown = set(np.unique(kind).tolist()) - set(NODE_ORDER)
     if unknown:
