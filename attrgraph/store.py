@@ -16,7 +16,9 @@
 3. Writing is atomic: the new file (a copy of the old one plus the new group) is written to a
    temporary file `.NAME.PID@HOST.XXXXXXXX.tmp` in the same folder and renamed over the target,
    so a crash never leaves a half-written file under the final name; temporaries left by writers
-   that died (same host, no process with that PID) are removed by the next write.
+   that died (same host, no process with that PID) are removed by the next write. Writers of one
+   file take turns (POSIX: an flock on the empty `.NAME.lock` beside it), so that two processes
+   adding graphs at once do not drop each other's.
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
    array's presence and shape, and that the JSON attributes decode to what they should; anything
    else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
@@ -181,23 +183,41 @@ def edit_h5(path: str | os.PathLike):
     Missing parent folders are created; stale temporaries of dead writers are removed (step 3)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
-    )
-    os.close(fd)
+    with _one_writer(path):
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
+        )
+        os.close(fd)
+        try:
+            if path.exists():
+                shutil.copyfile(path, tmp)
+            with h5py.File(tmp, "a", libver=LIBVER) as f:
+                yield f
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _one_writer(path: Path):
+    """Step 3: hold an exclusive flock on `.NAME.lock` (never renamed, so every writer locks the
+    same file; the kernel releases it when a writer dies). Without fcntl (Windows), no lock."""
     try:
-        if path.exists():
-            shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "a", libver=LIBVER) as f:
-            yield f
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None, progress: bool = False) -> str:

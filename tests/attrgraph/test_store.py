@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
-from attrgraph.store import list_graphs, load_graph, save_graph
+from attrgraph.store import list_graphs, load_graph, remove_stale_temporaries, save_graph
 
 
 def assert_same(a, b):
@@ -48,7 +48,7 @@ def test_many_graphs_per_file_and_replace(tmp_path, make_random_graph):
         load_graph(path, "three")
     save_graph(g1, path, name="two")
     assert_same(g1, load_graph(path, "two"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.h5"]  # no temp files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".many.h5.lock", "many.h5"]  # no temporaries
 
 
 def test_other_schema_version_is_refused(tmp_path, make_random_graph):
@@ -215,16 +215,35 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save(tmp_path, make_r
         assert writer.stdout.readline().strip() == b"inside"
         (temp,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         assert temp.name.startswith(f".g.h5.{writer.pid}@")
-        save_graph(make_random_graph(1), path, name="two")
-        assert temp.exists()  # its writer still runs
+        assert remove_stale_temporaries(path) == [] and temp.exists()  # its writer still runs
     finally:
         writer.kill()  # SIGKILL: kill -9
         writer.wait()
     assert temp.exists()  # nothing removes it ...
-    save_graph(make_random_graph(2), path, name="three")
+    save_graph(make_random_graph(2), path, name="two")
     assert not temp.exists()  # ... until the next save
-    assert list_graphs(path) == ["one", "three", "two"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
+    assert list_graphs(path) == ["one", "two"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.h5.lock", "g.h5"]
+
+
+WRITE = (
+    "import sys\nsys.path.insert(0, sys.argv[3])\nfrom ag_helpers import random_graph\n"
+    "from attrgraph.store import save_graph\nfor i in range(10):\n"
+    "    save_graph(random_graph(i, n_feat=100), sys.argv[1], name=f'{sys.argv[2]}{i}')\n"
+)
+
+
+def test_writers_of_one_file_at_the_same_time_take_turns(tmp_path):
+    """Three processes each adding 10 graphs to one file at once: all 30 are there (without the
+    lock, a writer's copy of the file could miss another's graph and drop it on rename)."""
+    path = tmp_path / "g.h5"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    helpers = str(Path(__file__).parent)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITE, str(path), tag, helpers], env=env) for tag in "abc"
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert list_graphs(path) == sorted(f"{t}{i}" for t in "abc" for i in range(10))
 
 
 def test_only_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path, make_random_graph):
