@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             show_default(message, category, filename, lineno, file, line)
 
-    with warnings.catch_warnings():  # restores showwarning
+    with warnings.catch_warnings():  # restores showwarning and the filters
+        warnings.simplefilter("always", PromptWarning)  # every run says it, not the first only
         show_default, warnings.showwarning = warnings.showwarning, show
         try:
             return modules[args.command].run(args) or 0
