@@ -14,6 +14,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
 `import attrgraph` does not load torch, h5py, networkx or the circuits code up front:
   load_model                                     bundled/loading.py
   attribute, attribute_hierarchical, attribute_adaptive, node_biases   engine/
+  to_tokens (prompt -> checked ids: strict=, truncate=)   engine/sources.py
   Target, direction, logit_difference            engine/targets.py
   ReplacementModel                               engine/replacement.py
   Graph, Nodes, NODE_ORDER                       graph/graph.py
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
     "attrgraph.bundled.loading": ["load_model"],
     "attrgraph.engine.attribute": ["attribute"],
+    "attrgraph.engine.sources": ["to_tokens"],
     "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],
     "attrgraph.engine.adaptive": ["attribute_adaptive"],
     "attrgraph.engine.replacement": ["ReplacementModel"],
@@ -90,6 +92,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "OptionError",
         "PairLengthError",
         "PromptError",
+        "PromptWarning",
         "QKError",
         "SchemaError",
         "SchemaVersionError",

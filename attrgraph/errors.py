@@ -28,6 +28,10 @@ class PromptError(AttrgraphError, ValueError):
     """A prompt that is empty, too long, or otherwise unusable."""
 
 
+class PromptWarning(UserWarning):
+    """A prompt that runs but may not say what was meant: unknown words, or cut to the context."""
+
+
 class GraphError(AttrgraphError, ValueError):
     """A graph whose arrays break the documented layout (shapes, node order)."""
 

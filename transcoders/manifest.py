@@ -25,8 +25,12 @@ def verify_manifest(folder: Path, missing: type[Exception], mismatch: type[Excep
     path = folder / "manifest.json"
     if not path.exists():
         return {}
-    manifest = json.loads(path.read_text())
-    for rel, digest in manifest.get("files", {}).items():
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = dict(manifest.get("files", {}))
+    except (ValueError, AttributeError, TypeError) as e:  # not JSON, not UTF-8, not an object
+        raise mismatch(f"{path} is not a JSON manifest ({e}); restore it from git.") from None
+    for rel, digest in files.items():
         file = folder / rel
         if not file.exists():
             raise missing(f"{file} is listed in {path} but missing; restore it from git.")

@@ -12,6 +12,7 @@ harness (`shared/peer/ct_graph.py --out DIR`) writes for its random models.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import warnings
@@ -49,13 +50,42 @@ def load_model(
             f"no model folder at {folder}; pass 'default', a folder holding config.json and "
             "model.safetensors, or a TransformerLens model name."
         )
+    close = _unknown_tl_name(key)
+    if close is not None:
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see " + TL_NAMES + "."
+        raise ModelNotFoundError(
+            f"{key!r} is not 'default', a model folder, or a TransformerLens model name; {hint}"
+        )
     try:
         return HookedTransformer.from_pretrained(key, device=device, dtype=dtype)
-    except Exception as e:  # unknown names and offline failures both land here
+    except Exception as e:  # offline failures and the like land here
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise ModelNotFoundError(
-            f"could not load TransformerLens model {key!r} ({type(e).__name__}: {e}); check the name "
-            "against transformer_lens.loading.OFFICIAL_MODEL_NAMES, and that it is cached or you are online."
+            f"could not load TransformerLens model {key!r} ({type(e).__name__}: {reason}); check that "
+            "it is in the Hugging Face cache or that you are online."
         ) from e
+
+
+TL_NAMES = "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"
+
+
+def _unknown_tl_name(name: str) -> list[str] | None:
+    """None when TransformerLens knows `name` (an official name or alias, any case), else at most
+    three close names of distinct models (difflib); None as well when the list cannot be read."""
+    try:
+        from transformer_lens.loading_from_pretrained import make_model_alias_map
+
+        known = make_model_alias_map()  # lowercased official names and aliases -> official name
+    except (ImportError, AttributeError):
+        return None
+    if name.lower() in known:
+        return None
+    close = difflib.get_close_matches(name.lower(), list(known), n=8, cutoff=0.6)
+    # an official name in its own case, an alias as TransformerLens lists it; one per model
+    shown: dict[str, str] = {}
+    for c in close:
+        shown.setdefault(known[c], known[c] if c == known[c].lower() else c)
+    return list(shown.values())[:3]
 
 
 def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 SUBCOMMANDS = {
     "predict": "attrgraph.cli.predict",
@@ -19,6 +20,18 @@ SUBCOMMANDS = {
 }
 
 
+def add_prompt_options(p: argparse.ArgumentParser) -> None:
+    """`--strict` and `--truncate` (attribute.to_tokens), for the commands that take a prompt."""
+    p.add_argument(
+        "--strict", action="store_true", help="refuse a prompt holding words the model's vocabulary lacks"
+    )
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="keep the first n_ctx tokens of a longer prompt, saying what was dropped (default: refuse it)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -28,14 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    from attrgraph.errors import AttrgraphError
+    from attrgraph.errors import AttrgraphError, PromptWarning
 
-    try:
-        return modules[args.command].run(args) or 0
-    except AttrgraphError as e:
-        # a user's mistake: its one sentence, not a traceback
-        print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PromptWarning):  # one line, like the errors
+            print(f"attrgraph {args.command}: warning: {message}", file=sys.stderr)
+        else:
+            show_default(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():  # restores showwarning and the filters
+        warnings.simplefilter("always", PromptWarning)  # every run says it, not the first only
+        show_default, warnings.showwarning = warnings.showwarning, show
+        try:
+            return modules[args.command].run(args) or 0
+        except AttrgraphError as e:  # TranscoderError included
+            # a user's mistake: its one sentence, not a traceback
+            print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -2,10 +2,15 @@
 
 1. Load the model (`--model`: "default", a folder, or a TransformerLens name) and the transcoders
    (`--transcoders`: "default-plt", "default-clt", or a directory in a format `transcoders` reads).
+   Tokenize and check the prompt (attribute.to_tokens): text that is not UTF-8 and a prompt
+   longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
+   what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
 2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
 3. `prune_graph` with `--node-threshold` / `--edge-threshold`.
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
-   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`.
+   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
+   (missing folders are created). Steps that can take long (attribution, the influence passes,
+   writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from __future__ import annotations
 import json
 import time
 
-from attrgraph.errors import PromptError
+from attrgraph.cli import add_prompt_options
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("build", help="build, prune and store the attribution graph of a prompt")
     p.add_argument("prompt")
-    p.add_argument("-o", "--output", default="graph.h5", help="HDF5 file to write (default graph.h5)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="graph.h5",
+        help="HDF5 file to write or add to (default graph.h5); missing parent folders are created",
+    )
     p.add_argument("--name", default=None, help="graph name inside the file (default 'graph')")
     p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
     p.add_argument(
@@ -42,25 +52,30 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--full", action="store_true", help="also store the unpruned graph as NAME_full")
     p.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (attribution, influence, writing)"
+    )
+    add_prompt_options(p)
 
 
 def run(args) -> int:
-    if not args.prompt.strip():
-        raise PromptError("prompt is empty; pass at least one token of text.")
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
     from attrgraph.graph.store import save_graph
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.formats import load_transcoders
 
+    check_prompt_text(args.prompt)  # before loading anything
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    progress = not args.no_progress and not args.json  # tqdm bars on stderr
     t0 = time.perf_counter()
     model = load_model(args.model)
+    tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
     tc = load_transcoders(args.transcoders)
     t1 = time.perf_counter()
     if args.max_feature_nodes is not None and args.method == "standard":
@@ -71,23 +86,23 @@ def run(args) -> int:
         tau=args.tau,
         max_feature_nodes=args.max_feature_nodes,
     )
-    options = {
-        k: v for k, v in given.items() if v is not None
-    }  # attribute() refuses what the method does not take
+    # attribute() refuses what the method does not take
+    options = {k: v for k, v in given.items() if v is not None}
     if args.method == "standard":
-        options["progress"] = not args.no_progress and not args.json
-    graph = attribute(model, tc, args.prompt, method=args.method, batch_size=args.batch_size, **options)
+        options["progress"] = progress
+    graph = attribute(model, tc, tokens, method=args.method, batch_size=args.batch_size, **options)
     graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
     t2 = time.perf_counter()
-    pruned = prune_graph(graph, args.node_threshold, args.edge_threshold)
+    pruned = prune_graph(graph, args.node_threshold, args.edge_threshold, progress=progress)
     t3 = time.perf_counter()
     name = save_graph(pruned, args.output, args.name)
     if args.full:
-        save_graph(graph, args.output, f"{name}_full")
+        save_graph(graph, args.output, f"{name}_full", progress=progress)
     times = {
         "load_s": round(t1 - t0, 3),
         "attribute_s": round(t2 - t1, 3),
         "prune_s": round(t3 - t2, 3),
+        "save_s": round(time.perf_counter() - t3, 3),
         "total_s": round(time.perf_counter() - t0, 3),
     }
     full, small = summarize(graph), summarize(pruned)

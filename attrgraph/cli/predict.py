@@ -6,23 +6,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attrgraph.errors import PromptError
+from attrgraph.cli import add_prompt_options
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+if TYPE_CHECKING:
+    pass
+
 
 @torch.no_grad()
-def top_predictions(model: HookedTransformer, prompt: str, k: int = 5) -> list[tuple[str, float]]:
-    """The `k` most likely next tokens after `prompt`, with their probabilities."""
-    tokens = model.to_tokens(prompt)
-    if tokens.shape[1] <= 1:
-        raise PromptError("prompt has 0 tokens; pass at least one word.")
-    if tokens.shape[1] > model.cfg.n_ctx:
-        raise PromptError(
-            f"prompt has {tokens.shape[1]} tokens but the model's n_ctx is {model.cfg.n_ctx}; shorten it."
-        )
-    probs = model(tokens)[0, -1].softmax(-1)
+def top_predictions(
+    model: HookedTransformer, prompt: str, k: int = 5, *, strict: bool = False, truncate: bool = False
+) -> list[tuple[str, float]]:
+    """The `k` most likely next tokens after `prompt`, with their probabilities. The prompt is
+    checked as `attribute.to_tokens` checks it (`strict`, `truncate` as there)."""
+    from attrgraph.engine.sources import to_tokens
+
+    tokens = to_tokens(model, prompt, strict=strict, truncate=truncate)
+    probs = model(tokens[None])[0, -1].softmax(-1)
     top = probs.topk(k)
     return [(model.tokenizer.decode([i]), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
 
@@ -32,12 +34,15 @@ def add_parser(sub) -> None:
     p.add_argument("prompt")
     p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
     p.add_argument("-k", type=int, default=5)
+    add_prompt_options(p)
 
 
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.sources import check_prompt_text
 
+    check_prompt_text(args.prompt)  # before loading anything
     model = load_model(args.model)
-    for tok, p in top_predictions(model, args.prompt, args.k):
+    for tok, p in top_predictions(model, args.prompt, args.k, strict=args.strict, truncate=args.truncate):
         print(f"{p:7.3f}  {tok!r}")
     return 0

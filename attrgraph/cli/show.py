@@ -23,7 +23,7 @@ def run(args) -> int:
     name = args.name
     if name is None and len(names) > 1:  # several graphs: the one `build` writes by default, else the first
         name = "graph" if "graph" in names else names[0]
-    graph = load_graph(args.file, name)
+    graph = load_graph(args.file, name, progress=True)  # a bar only past a second
     summary = summarize(graph, n_top=args.top)
     if args.json:
         print(json.dumps(dict(summary, name=name or names[0])))

@@ -193,7 +193,9 @@ def attribute(
     )
     # influence and scores in one streamed pass (no copies of a possibly huge adjacency)
     w = graph.logit_weights()
-    pass_ = streamed_influence(graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error")
+    pass_ = streamed_influence(
+        graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error", progress=progress
+    )
     graph.nodes.influence = pass_.influence.astype(np.float32)
     scores = scores_from_shares(graph.nodes.kind, pass_.influence, pass_.error_share, w)
     graph.meta.update(

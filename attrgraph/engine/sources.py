@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
-from attrgraph.errors import PromptError
+from attrgraph.errors import PromptError, PromptWarning
 from attrgraph.graph.graph import Nodes
 
 if TYPE_CHECKING:
@@ -103,30 +104,96 @@ def feature_injections(rm: ReplacementModel, features: Int[Tensor, "n_features 3
 
 
 def to_tokens(
-    model: HookedTransformer, prompt: str | list[int] | Tensor | np.ndarray
+    model, prompt: str | list[int] | Tensor | np.ndarray, *, strict: bool = False, truncate: bool = False
 ) -> Int[Tensor, " n_pos"]:
-    """The prompt as ids (a string is tokenized with the model's default BOS handling); raises
-    `PromptError` for an empty prompt or one longer than the model's context."""
+    """The prompt as ids (a string is tokenized with the model's default BOS handling).
+
+    Raises `PromptError` for an empty prompt, text that is not valid UTF-8 (on Linux, bytes of
+    another encoding in `sys.argv` arrive as lone surrogates), ids outside the vocabulary, and a
+    prompt longer than the model's context unless `truncate=True`, which keeps the first `n_ctx`
+    tokens and says what it dropped in a `PromptWarning`. Words the tokenizer does not know
+    (they become its unknown token) give a `PromptWarning` naming them, a `PromptError` when
+    `strict=True`.
+    """
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise PromptError("prompt is empty; pass at least one token of text.")
+        check_prompt_text(prompt)
         if getattr(model, "tokenizer", None) is None:
             raise PromptError("the model has no tokenizer; pass the prompt as token ids.")
-        tokens = model.to_tokens(prompt)[0]
+        tokens = model.to_tokens(prompt, truncate=False)[0]
+        _check_known_words(model.tokenizer, prompt, tokens, strict)
     else:
         tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long).flatten()
     if tokens.numel() == 0:
         raise PromptError("prompt has 0 tokens; pass at least one.")
     n_ctx = model.cfg.n_ctx
     if tokens.numel() > n_ctx:
-        raise PromptError(
-            f"prompt has {tokens.numel()} tokens but the model's context is {n_ctx}; shorten it."
+        if not truncate:
+            raise PromptError(
+                f"prompt has {tokens.numel()} tokens but the model's context is {n_ctx}; shorten it, "
+                f"or keep its first {n_ctx} tokens with truncate=True (CLI: --truncate)."
+            )
+        dropped = prompt_strings(model, tokens[n_ctx:])
+        shown = " ".join(dropped[:8]) + (" ..." if len(dropped) > 8 else "")
+        warnings.warn(
+            PromptWarning(
+                f"prompt has {tokens.numel()} tokens but the model's context is {n_ctx}; truncated: "
+                f"dropped the last {len(dropped)} tokens ({shown!r})."
+            ),
+            stacklevel=2,
         )
+        tokens = tokens[:n_ctx]
     if int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab:
         raise PromptError(
             f"prompt has token ids outside [0, {model.cfg.d_vocab}); pass ids of this model's vocabulary."
         )
     return tokens
+
+
+def check_prompt_text(prompt: str) -> None:
+    """The checks of a text prompt that need no model (the CLI runs them before loading one):
+    `PromptError` for an empty prompt, or naming the first character that is not text: a byte
+    of another encoding (Python's surrogate escapes U+DC80..U+DCFF in argv) or a lone surrogate."""
+    if not prompt.strip():
+        raise PromptError("prompt is empty; pass at least one token of text.")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(prompt[e.start])
+        what = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        before = prompt[max(0, e.start - 10) : e.start].encode("utf-8", "backslashreplace").decode()
+        raise PromptError(
+            f"prompt is not valid UTF-8: {what} at character {e.start} (after {before!r}); "
+            "convert the text to UTF-8 first (e.g. iconv -f latin1 -t utf-8)."
+        ) from None
+
+
+def _check_known_words(tokenizer, prompt: str, tokens: Tensor, strict: bool) -> None:
+    """Warn (`strict`: raise) when the prompt holds pieces the tokenizer maps to its unknown
+    token, naming them and their share of the prompt's tokens (BOS not counted)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not bool((tokens == unk).any()):
+        return
+    try:  # the unknown pieces as written, from a fast tokenizer's offsets
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        words = [prompt[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == unk]
+        n = len(enc["input_ids"])
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        words, n = [], int(tokens.numel())
+    n_unk = max(len(words), 1)
+    names = ", ".join(repr(w) for w in list(dict.fromkeys(words))[:10]) or "some pieces"
+    share = f"{n_unk} of {n} prompt tokens ({100 * n_unk / max(n, 1):.0f}%)"
+    if strict:
+        raise PromptError(
+            f"{share} are not in the model's vocabulary: {names}; rephrase with words the model "
+            "knows, or leave out strict=True (CLI: --strict) to run with the unknown token in their place."
+        )
+    warnings.warn(
+        PromptWarning(
+            f"{share} are not in the model's vocabulary and become {tokenizer.unk_token!r}: {names}; "
+            "the model sees that token, not these words (strict=True / --strict refuses such prompts)."
+        ),
+        stacklevel=3,
+    )
 
 
 def fingerprint(module: torch.nn.Module) -> str:

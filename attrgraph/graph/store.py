@@ -1,17 +1,29 @@
 """HDF5 storage of attribution graphs: many graphs per file, one group each.
 
-1. Layout: `/graphs/<name>/` holds the node table (`nodes/<field>`), the adjacency as CSR with
-   rows = targets (`adjacency/{data,indices,indptr}`, attribute `shape`), the prompt
-   (`prompt_ids`, `prompt_tokens`), the logits (`logit_tokens`, `logit_probs`, `logit_strings`)
-   and attributes: `schema_version`, `library_version`, `created`, `replacement_score` and
-   `completeness_score` (scores.py, of the graph as stored), and `meta` (JSON of plain
-   values: model and transcoder identity, options, thresholds). Arrays are gzip-compressed.
+1. Layout (schema version 2): `/graphs/<name>/` holds the node table (`nodes/<field>`; `kind` as
+   fixed-length ASCII), the adjacency as CSR with rows = targets (`adjacency/{data,indices,indptr}`,
+   attribute `shape`), `prompt_ids`, `logit_tokens`, `logit_probs`, and attributes:
+   `schema_version`, `library_version`, `created`, `replacement_score` and `completeness_score`
+   (scores.py, of the graph as stored), `meta` (JSON of plain values: model and transcoder
+   identity, options, thresholds) and `prompt_tokens`, `logit_strings` (JSON lists of strings).
    Named arrays and plain attributes only; nothing is pickled.
-2. Writing is atomic: the new file (a copy of the old one plus the new group) is written to a
-   temporary file in the same folder and renamed over the target, so a crash never leaves a
-   half-written file under the final name.
-3. Reading checks that the file is HDF5, that the graph exists, the schema version, and every
-   array's presence and shape, and raises `GraphFileError` / `SchemaVersionError` saying what is wrong.
+2. Checksums: every dataset is chunked with the fletcher32 filter (after gzip, so the stored bytes
+   are checked), and files are written with the HDF5 1.10 file format (`libver=("v110", ...)`),
+   whose superblock, object headers and chunk indexes carry checksums. Strings are fixed-length
+   attributes inside the checksummed object headers (variable-length strings would live in the
+   global heap, which HDF5 does not checksum). A damaged byte therefore fails a checksum instead
+   of loading different data.
+3. Writing is atomic: the new file (a copy of the old one plus the new group) is written to a
+   temporary file `.NAME.PID@HOST.XXXXXXXX.tmp` in the same folder and renamed over the target,
+   so a crash never leaves a half-written file under the final name; temporaries left by writers
+   that died (same host, no process with that PID) are removed by the next write. Writers of one
+   file take turns (POSIX: an flock on the empty `.NAME.lock` beside it), so that two processes
+   adding graphs at once do not drop each other's.
+4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
+   array's presence and shape, and that the JSON attributes decode to what they should; anything
+   else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
+   `GraphFileError` / `SchemaVersionError` saying what is wrong. Files of schema version 1 (the
+   same layout with variable-length strings, no checksums) are still read.
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import fields
@@ -29,24 +43,59 @@ from pathlib import Path
 import h5py
 import numpy as np
 import scipy.sparse as sp
+from tqdm.auto import tqdm
 
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
-from attrgraph.graph.graph import NODE_FIELDS, Graph, Nodes
+from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes
 from attrgraph.graph.scores import compute_graph_scores
 
-SCHEMA_VERSION = 1
-"""Bumped whenever the layout above changes incompatibly."""
+SCHEMA_VERSION = 2
+"""Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes)."""
+READABLE_VERSIONS = (1, 2)
 DEFAULT_NAME = "graph"
+LIBVER = ("v110", "latest")
+"""HDF5 file-format bounds of every write: the 1.10 format checksums all metadata (step 2)."""
 _STR = h5py.string_dtype("utf-8")
 _COMPRESS = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+_SLICE = 1 << 22  # entries per read or write of a large array (progress steps)
+# what h5py, HDF5 and numpy raise on a damaged file (a failed checksum is an OSError)
+_H5_ERRORS = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    IndexError,
+    OverflowError,
+    AttributeError,
+)
 
 
-def _write_array(group: h5py.Group, name: str, values, dtype=None) -> None:
-    if dtype is _STR:
-        group.create_dataset(name, data=np.array(list(values), dtype=object), dtype=_STR)
-        return
+def _write_array(group: h5py.Group, name: str, values, dtype=None, bar=None) -> None:
+    """A chunked, checksummed (and above 1024 entries compressed) dataset, written in slices
+    that advance `bar` (a tqdm, or None) by their bytes."""
     arr = np.asarray(values, dtype=dtype)
-    group.create_dataset(name, data=arr, **(_COMPRESS if arr.size > 1024 else {}))
+    ds = group.create_dataset(
+        name,
+        shape=arr.shape,
+        dtype=arr.dtype,
+        chunks=True,
+        fletcher32=True,
+        **(_COMPRESS if arr.size > 1024 else {}),
+    )
+    for i in range(0, len(arr), _SLICE):
+        ds[i : i + _SLICE] = arr[i : i + _SLICE]
+        if bar is not None:
+            bar.update(arr[i : i + _SLICE].nbytes)
+
+
+def _write_text(group: h5py.Group | h5py.AttributeManager, name: str, value) -> None:
+    """A JSON (or plain) string as a fixed-length UTF-8 attribute: stored in the checksummed
+    object header, unlike a variable-length string."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    data = text.encode("utf-8") or b" "
+    attrs = group if isinstance(group, h5py.AttributeManager) else group.attrs
+    attrs.create(name, data=data, dtype=h5py.string_dtype("utf-8", len(data)))
 
 
 def _library_version() -> str:
@@ -56,58 +105,125 @@ def _library_version() -> str:
         return "unknown"
 
 
-def _write_group(group: h5py.Group, graph: Graph) -> None:
+def _write_group(group: h5py.Group, graph: Graph, progress: bool = False) -> None:
     group.attrs["schema_version"] = SCHEMA_VERSION
-    group.attrs["library_version"] = _library_version()
-    group.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    group.attrs["meta"] = json.dumps(graph.meta, default=str)
+    _write_text(group, "library_version", _library_version())
+    _write_text(group, "created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    _write_text(group, "meta", graph.meta)
+    _write_text(group, "prompt_tokens", list(graph.prompt_tokens))
+    _write_text(group, "logit_strings", list(graph.logit_strings))
     scores = compute_graph_scores(graph)  # of this graph as stored (pruned or not); scores.py
     group.attrs["replacement_score"] = scores.replacement
     group.attrs["completeness_score"] = scores.completeness
     nodes = group.create_group("nodes")
     for f in fields(Nodes):
         values = getattr(graph.nodes, f.name)
-        _write_array(nodes, f.name, values, _STR if f.name == "kind" else NODE_FIELDS[f.name])
+        if f.name == "kind":  # validated kinds (NODE_ORDER): plain ASCII
+            _write_array(nodes, f.name, np.char.encode(values.astype(str), "ascii"))
+        else:
+            _write_array(nodes, f.name, values, NODE_FIELDS[f.name])
     adj = graph.adjacency.tocsr()
     adj.sort_indices()
     a = group.create_group("adjacency")
     a.attrs["shape"] = np.asarray(adj.shape, np.int64)
-    _write_array(a, "data", adj.data)
-    _write_array(a, "indices", adj.indices, np.int64)
+    with tqdm(
+        total=adj.data.nbytes + 8 * adj.nnz,
+        desc="writing edges",
+        unit="B",
+        unit_scale=True,
+        disable=not progress,
+        delay=1,
+    ) as bar:
+        _write_array(a, "data", adj.data, bar=bar)
+        _write_array(a, "indices", adj.indices, np.int64, bar=bar)
     _write_array(a, "indptr", adj.indptr, np.int64)
     _write_array(group, "prompt_ids", graph.prompt_ids, np.int64)
-    _write_array(group, "prompt_tokens", graph.prompt_tokens, _STR)
     _write_array(group, "logit_tokens", graph.logit_tokens, np.int64)
     _write_array(group, "logit_probs", graph.logit_probs, np.float32)
-    _write_array(group, "logit_strings", graph.logit_strings, _STR)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def _temp_pattern(path: Path) -> re.Pattern:
+    """Step 3: `.NAME.PID@HOST.XXXXXXXX.tmp` (mkstemp's random part has no dots)."""
+    return re.compile(re.escape(f".{path.name}.") + r"(\d+)@([A-Za-z0-9-]+)\.[^.]+\.tmp")
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of `path` whose writer is gone: written on this host by a PID that
+    no longer runs (POSIX only; a live or unknown writer's file is left alone). Returns them."""
+    path = Path(path)
+    if os.name != "posix" or not path.parent.is_dir():
+        return []
+    pattern, host, removed = _temp_pattern(path), _host(), []
+    for entry in path.parent.iterdir():
+        m = pattern.fullmatch(entry.name)
+        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # the writer still runs
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue  # a process of another user, or no such PID to ask about
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
+            removed.append(entry)
+    return removed
 
 
 @contextlib.contextmanager
 def edit_h5(path: str | os.PathLike):
     """Open a copy of the HDF5 file `path` (or a new file) for writing; on success the copy is
     renamed over `path` with the permissions a plain `open` would give, so a crash never leaves
-    a half-written file under the final name. Every writer of graph files goes through here."""
+    a half-written file under the final name. Every writer of graph files goes through here.
+    Missing parent folders are created; stale temporaries of dead writers are removed (step 3)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with _one_writer(path):
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
+        )
+        os.close(fd)
+        try:
+            if path.exists():
+                shutil.copyfile(path, tmp)
+            with h5py.File(tmp, "a", libver=LIBVER) as f:
+                yield f
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _one_writer(path: Path):
+    """Step 3: hold an exclusive flock on `.NAME.lock` (never renamed, so every writer locks the
+    same file; the kernel releases it when a writer dies). Without fcntl (Windows), no lock."""
     try:
-        if path.exists():
-            shutil.copyfile(path, tmp)
-        with h5py.File(tmp, "a") as f:
-            yield f
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None) -> str:
-    """Store `graph` as `/graphs/<name>` in the HDF5 file `path` (created or extended; a graph of
-    the same name is replaced). Returns the name used (`"graph"` by default)."""
+def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None, progress: bool = False) -> str:
+    """Store `graph` as `/graphs/<name>` in the HDF5 file `path` (created, with any missing parent
+    folders, or extended; a graph of the same name is replaced). Returns the name used (`"graph"`
+    by default). `progress=True` shows a bar for the edges."""
     name = DEFAULT_NAME if name is None else str(name)
     if not name or "/" in name:
         raise GraphFileError(
@@ -118,11 +234,11 @@ def save_graph(graph: Graph, path: str | os.PathLike, name: str | None = None) -
     if path.exists():
         _check_hdf5(path)
     with edit_h5(path) as f:
-        f.attrs["format"] = "attrgraph"
+        _write_text(f.attrs, "format", "attrgraph")
         graphs = f.require_group("graphs")
         if name in graphs:
             del graphs[name]
-        _write_group(graphs.create_group(name), graph)
+        _write_group(graphs.create_group(name), graph, progress)
     return name
 
 
@@ -133,98 +249,169 @@ def _check_hdf5(path: Path) -> None:
         )
     try:
         ok = h5py.is_hdf5(path)
-    except OSError:
+    except _H5_ERRORS:
         ok = False
     if not ok:
         raise GraphFileError(f"{path} is not an HDF5 file; pass a file written by save_graph.")
+
+
+def _corrupt(where, e: Exception) -> GraphFileError:
+    reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    return GraphFileError(f"{where} is damaged or truncated ({reason}); write it again with save_graph.")
 
 
 def _open(path: Path) -> h5py.File:
     _check_hdf5(path)
     try:
         return h5py.File(path, "r")
-    except OSError as e:
-        raise GraphFileError(
-            f"{path} is truncated or corrupt ({e}); write it again with save_graph."
-        ) from None
+    except _H5_ERRORS as e:
+        raise _corrupt(path, e) from None
+
+
+def _names(f: h5py.File) -> list[str]:
+    return sorted(f["graphs"].keys()) if "graphs" in f else []
 
 
 def list_graphs(path: str | os.PathLike) -> list[str]:
     """Names of the graphs stored in `path`."""
-    with _open(Path(path)) as f:
-        return sorted(f["graphs"].keys()) if "graphs" in f else []
+    path = Path(path)
+    with _open(path) as f:
+        try:
+            return _names(f)
+        except _H5_ERRORS as e:
+            raise _corrupt(path, e) from None
 
 
-def _read(group: h5py.Group, key: str, where: str, dtype=None):
+def _read(group: h5py.Group, key: str, where: str, dtype=None, bar=None):
     if key not in group:
         raise GraphFileError(
             f"{where} lacks '{key}'; the file is incomplete, write it again with save_graph."
         )
-    try:
-        data = group[key][()]
-    except (OSError, KeyError) as e:
-        raise GraphFileError(
-            f"{where}/{key} cannot be read ({e}); the file is truncated or corrupt."
-        ) from None
+    ds = group[key]
     if dtype is _STR:
-        return [v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(data)]
-    return np.asarray(data, dtype=dtype) if dtype is not None else np.asarray(data)
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(ds[()])]
+    if ds.ndim != 1:
+        raise GraphFileError(f"{where}/{key} has shape {ds.shape}, not one dimension; the file is damaged.")
+    out = np.empty(ds.shape, ds.dtype)
+    for i in range(0, len(out), _SLICE):  # in slices, for the progress bar
+        out[i : i + _SLICE] = ds[i : i + _SLICE]
+        if bar is not None:
+            bar.update(out[i : i + _SLICE].nbytes)
+    return np.asarray(out, dtype=dtype) if dtype is not None else out
 
 
-def load_graph(path: str | os.PathLike, name: str | None = None) -> Graph:
-    """Read one graph; `name` may be omitted when the file holds exactly one."""
+def _read_text(group: h5py.Group, key: str, where: str, kind: type, n: int | None = None):
+    """A JSON attribute (step 1) decoded and checked to be a `kind` (of `n` strings for a list)."""
+    if key not in group.attrs:
+        raise GraphFileError(f"{where} lacks the attribute '{key}'; the file is incomplete.")
+    raw = group.attrs[key]
+    try:
+        value = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+    except ValueError as e:  # JSON and UTF-8 errors
+        raise GraphFileError(
+            f"{where} attribute '{key}' is not JSON text ({e}); the file is damaged, write it again "
+            "with save_graph."
+        ) from None
+    ok = isinstance(value, kind) and (
+        kind is not list or (len(value) == n and all(isinstance(v, str) for v in value))
+    )
+    if not ok:
+        raise GraphFileError(
+            f"{where} attribute '{key}' is not {'a JSON object' if kind is dict else f'a list of {n} strings'}; "
+            "the file is damaged, write it again with save_graph."
+        )
+    return value
+
+
+def load_graph(path: str | os.PathLike, name: str | None = None, progress: bool = False) -> Graph:
+    """Read one graph; `name` may be omitted when the file holds exactly one. Raises
+    `GraphFileError` (or `SchemaVersionError`) for a missing, foreign, damaged or incomplete file.
+    `progress=True` shows a bar for the edges."""
     path = Path(path)
     with _open(path) as f:
-        names = sorted(f["graphs"].keys()) if "graphs" in f else []
-        if not names:
-            raise GraphFileError(f"{path} holds no graphs; write one with save_graph.")
-        if name is None:
-            if len(names) > 1:
-                raise GraphFileError(f"{path} holds {len(names)} graphs {names}; pass name= to pick one.")
-            name = names[0]
-        if name not in names:
-            raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
-        g = f["graphs"][name]
-        where = f"{path}:/graphs/{name}"
-        version = g.attrs.get("schema_version")
-        if version is None:
-            raise SchemaVersionError(f"{where} has no schema_version; it was not written by save_graph.")
-        if int(version) != SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{where} uses graph schema version {int(version)}, this attrgraph reads version "
-                f"{SCHEMA_VERSION}; rebuild the graph or use the attrgraph version that wrote it."
-            )
-        if "nodes" not in g or "adjacency" not in g:
-            raise GraphFileError(f"{where} lacks its node table or adjacency; the file is incomplete.")
-        node_values = {
-            fld.name: _read(g["nodes"], fld.name, f"{where}/nodes", _STR if fld.name == "kind" else None)
-            for fld in fields(Nodes)
-        }
-        a = g["adjacency"]
-        shape = tuple(int(s) for s in a.attrs.get("shape", ()))
-        data = _read(a, "data", f"{where}/adjacency")
-        indices = _read(a, "indices", f"{where}/adjacency", np.int64)
-        indptr = _read(a, "indptr", f"{where}/adjacency", np.int64)
-        n = len(node_values["kind"])
-        if shape != (n, n) or len(indptr) != n + 1 or len(indices) != len(data) or indptr[-1] != len(data):
-            raise GraphFileError(
-                f"{where} adjacency (shape {shape}, {len(indptr)} row pointers, {len(data)} values) does "
-                f"not fit its {n} nodes; the file is corrupt, write it again with save_graph."
-            )
-        if len(indices) and (indices.min() < 0 or indices.max() >= n):
-            raise GraphFileError(
-                f"{where} adjacency has column indices outside [0, {n}); the file is corrupt."
-            )
         try:
-            return Graph(
-                nodes=Nodes(**node_values),
-                adjacency=sp.csr_array((data, indices, indptr), shape=(n, n)),
-                prompt_ids=_read(g, "prompt_ids", where, np.int64),
-                prompt_tokens=_read(g, "prompt_tokens", where, _STR),
-                logit_tokens=_read(g, "logit_tokens", where, np.int64),
-                logit_probs=_read(g, "logit_probs", where, np.float32),
-                logit_strings=_read(g, "logit_strings", where, _STR),
-                meta=json.loads(g.attrs.get("meta", "{}")),
-            )
+            return _load(f, path, name, progress)
+        except GraphFileError:
+            raise
         except GraphError as e:
-            raise GraphFileError(f"{where} is inconsistent: {e}") from None
+            raise GraphFileError(f"{path}:/graphs/{name} is inconsistent: {e}") from None
+        except (*_H5_ERRORS, MemoryError) as e:  # JSON and UTF-8 errors are ValueErrors
+            raise _corrupt(f"{path}:/graphs/{name}" if name else path, e) from None
+
+
+def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) -> Graph:
+    names = _names(f)
+    if not names:
+        raise GraphFileError(f"{path} holds no graphs; write one with save_graph.")
+    if name is None:
+        if len(names) > 1:
+            raise GraphFileError(f"{path} holds {len(names)} graphs {names}; pass name= to pick one.")
+        name = names[0]
+    if name not in names:
+        raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
+    g = f["graphs"][name]
+    where = f"{path}:/graphs/{name}"
+    version = g.attrs.get("schema_version")
+    if version is None:
+        raise SchemaVersionError(f"{where} has no schema_version; it was not written by save_graph.")
+    if int(version) not in READABLE_VERSIONS:
+        raise SchemaVersionError(
+            f"{where} uses graph schema version {int(version)}, this attrgraph reads versions "
+            f"{list(READABLE_VERSIONS)}; rebuild the graph or use the attrgraph version that wrote it."
+        )
+    if "nodes" not in g or "adjacency" not in g:
+        raise GraphFileError(f"{where} lacks its node table or adjacency; the file is incomplete.")
+    node_values = {fld.name: _read(g["nodes"], fld.name, f"{where}/nodes") for fld in fields(Nodes)}
+    kind = node_values["kind"]
+    if kind.dtype.kind == "S":  # version 2: fixed-length ASCII
+        kind = np.char.decode(kind, "ascii")
+    elif kind.dtype.kind == "O":  # version 1: variable-length strings
+        kind = np.array([k.decode() if isinstance(k, bytes) else str(k) for k in kind], dtype=str)
+    unknown = set(np.unique(kind).tolist()) - set(NODE_ORDER)
+    if unknown:
+        raise GraphFileError(f"{where} has unknown node kinds {sorted(unknown)[:3]}; the file is damaged.")
+    node_values["kind"] = kind
+    a = g["adjacency"]
+    shape = tuple(int(s) for s in np.atleast_1d(a.attrs.get("shape", ())))
+    big = [a[k] for k in ("data", "indices") if k in a]
+    with tqdm(
+        total=sum(d.size * d.dtype.itemsize for d in big),
+        desc="reading edges",
+        unit="B",
+        unit_scale=True,
+        disable=not progress,
+        delay=1,
+    ) as bar:
+        data = _read(a, "data", f"{where}/adjacency", bar=bar)
+        indices = _read(a, "indices", f"{where}/adjacency", np.int64, bar=bar)
+    indptr = _read(a, "indptr", f"{where}/adjacency", np.int64)
+    n = len(kind)
+    if shape != (n, n) or len(indptr) != n + 1 or len(indices) != len(data) or indptr[-1] != len(data):
+        raise GraphFileError(
+            f"{where} adjacency (shape {shape}, {len(indptr)} row pointers, {len(data)} values) does "
+            f"not fit its {n} nodes; the file is corrupt, write it again with save_graph."
+        )
+    if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+        raise GraphFileError(f"{where} adjacency row pointers are not ascending from 0; the file is corrupt.")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n):
+        raise GraphFileError(f"{where} adjacency has column indices outside [0, {n}); the file is corrupt.")
+    prompt_ids = _read(g, "prompt_ids", where, np.int64)
+    logit_tokens = _read(g, "logit_tokens", where, np.int64)
+    if int(version) == 1:
+        prompt_tokens = _read(g, "prompt_tokens", where, _STR)
+        logit_strings = _read(g, "logit_strings", where, _STR)
+        meta = json.loads(g.attrs.get("meta", "{}"))
+    else:
+        prompt_tokens = _read_text(g, "prompt_tokens", where, list, len(prompt_ids))
+        logit_strings = _read_text(g, "logit_strings", where, list, len(logit_tokens))
+        meta = _read_text(g, "meta", where, dict)
+    return Graph(
+        nodes=Nodes(**node_values),
+        adjacency=sp.csr_array((data, indices, indptr), shape=(n, n)),
+        prompt_ids=prompt_ids,
+        prompt_tokens=prompt_tokens,
+        logit_tokens=logit_tokens,
+        logit_probs=_read(g, "logit_probs", where, np.float32),
+        logit_strings=logit_strings,
+        meta=meta,
+    )

@@ -7,7 +7,8 @@ and those copies would triple the peak memory of `attribute`.
 
 1. Blocks: contiguous row ranges whose rows have no edge from inside their own block or from a
    later row (`layer_blocks`: the features of one layer, the logits; embeddings and errors have
-   no rows). Every edge goes from a lower block to a higher one.
+   no rows; `row_blocks`: the greedy split of any strictly lower-triangular matrix, which is
+   the layer split or finer). Every edge goes from a lower block to a higher one.
 2. `z = (I - A)^-T w` solved block by block from the last: `z_B = w_B + acc_B`, then every edge
    `t -> s` of block B adds `|A[t, s]| / rowsum_t * z_t` to `acc_s` (one `bincount` per chunk of
    rows; the normalization `1 / rowsum_t` is applied on the fly). Influence is `z - w`.
@@ -15,7 +16,8 @@ and those copies would triple the peak memory of `attribute`.
 4. The rows may also come as several CSR matrices whose rows belong to given nodes
    (`streamed_influence_rows`; adaptive.py keeps the rows of the explored nodes that way); nodes
    without a row have no inputs. Within a block the order of rows does not matter.
-Peak extra memory: a few arrays of the size of one chunk of edges (`chunk_edges`).
+Peak extra memory: a few arrays of the size of one chunk of edges (`chunk_edges`). With
+`progress=True` a tqdm bar counts the edges done.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float, Int
+from tqdm.auto import tqdm
 
 from attrgraph.errors import GraphError
 from attrgraph.graph.graph import Nodes
@@ -50,18 +53,44 @@ def layer_blocks(nodes: Nodes) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
+def row_blocks(adjacency: sp.csr_array) -> list[tuple[int, int]]:
+    """Step 1 for any matrix: the greedy split into contiguous row ranges `[b0, b1)` whose rows read
+    only columns `< b0` (a row starts a new block when it reads from the current one). Raises
+    `GraphError` unless the matrix is strictly lower-triangular."""
+    A = sp.csr_array(adjacency)
+    n = A.shape[0]
+    counts = np.diff(A.indptr)
+    nonempty = np.flatnonzero(counts > 0)
+    max_col = np.full(n, -1, np.int64)
+    if len(nonempty):
+        max_col[nonempty] = np.maximum.reduceat(A.indices, A.indptr[:-1][nonempty])
+    if A.shape != (n, n) or np.any(max_col >= np.arange(n)):
+        raise GraphError(
+            "the adjacency is not strictly lower-triangular in node order; order nodes as graph.NODE_ORDER documents."
+        )
+    starts = [0]
+    for r, c in zip(nonempty.tolist(), max_col[nonempty].tolist()):
+        if c >= starts[-1]:
+            starts.append(r)
+    starts = sorted(set(starts))
+    return list(zip(starts, starts[1:] + [n])) if n else []
+
+
 def streamed_influence(
     adjacency: sp.csr_array,
     logit_weights: Float[np.ndarray, " n_nodes"],
     blocks: list[tuple[int, int]],
     is_error: np.ndarray | None = None,
     chunk_edges: int = 1 << 18,
+    progress: bool = False,
 ) -> StreamedInfluence:
     """Steps 2-3 (module docstring); raises `GraphError` if an edge stays inside a block or goes up."""
     N = adjacency.shape[0]
     if adjacency.shape != (N, N):
         raise GraphError(f"matrix {adjacency.shape} is not square; pass one row and one column per node.")
-    return streamed_influence_rows([(np.arange(N), adjacency)], logit_weights, blocks, is_error, chunk_edges)
+    return streamed_influence_rows(
+        [(np.arange(N), adjacency)], logit_weights, blocks, is_error, chunk_edges, progress
+    )
 
 
 def streamed_influence_rows(
@@ -70,6 +99,7 @@ def streamed_influence_rows(
     blocks: list[tuple[int, int]],
     is_error: np.ndarray | None = None,
     chunk_edges: int = 1 << 18,
+    progress: bool = False,
 ) -> StreamedInfluence:
     """`streamed_influence` of the graph whose row for node `nodes[i]` is row i of `rows`, for each
     `(nodes, rows)` in `row_sets` (nodes ascending within a set, each node in at most one set;
@@ -86,6 +116,8 @@ def streamed_influence_rows(
     acc = np.zeros(N)
     z = w.copy()
     error_share = np.zeros(N)
+    n_edges = sum(int(rows.indptr[-1] - rows.indptr[0]) for _, rows in row_sets)
+    bar = tqdm(total=n_edges, desc="influence", unit="edge", unit_scale=True, disable=not progress)
     for b0, b1 in reversed(blocks):
         z[b0:b1] = w[b0:b1] + acc[b0:b1]
         for nodes, rows in row_sets:
@@ -107,7 +139,9 @@ def streamed_influence_rows(
                         error_share,
                         is_error,
                     )
+                    bar.update(p1 - p0)
                 r0 = r1
+    bar.close()
     return StreamedInfluence(influence=z - w, error_share=error_share)
 
 

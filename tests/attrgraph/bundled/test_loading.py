@@ -58,6 +58,18 @@ def test_unknown_name():
         load_model("no-such-model-xyz")
 
 
+def test_unknown_name_is_one_line_with_a_few_close_names():
+    """Not TransformerLens' 7 KB list of every official name: at most three close ones."""
+    with pytest.raises(ModelNotFoundError) as e:
+        load_model("pythia-70")
+    assert str(e.value) == (
+        "'pythia-70' is not 'default', a model folder, or a TransformerLens model name; "
+        "did you mean 'pythia-70m' or 'pythia-v0' or 'pythia-800m'?"
+    )
+    with pytest.raises(ModelNotFoundError, match=r"name; see transformer_lens\.loading_from_pretrained"):
+        load_model("qwerty")
+
+
 def test_missing_folder_and_missing_file(tiny_folder, tmp_path_factory):
     with pytest.raises(ModelNotFoundError, match="no model folder"):
         load_model("./does/not/exist")
@@ -118,4 +130,12 @@ def test_bundled_checksums_are_checked(tmp_path):
     with open(folder / "config.json", "a") as f:
         f.write(" ")
     with pytest.raises(ChecksumError):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"files": 3}'])
+def test_damaged_manifest(tiny_folder, text):
+    folder, _ = tiny_folder
+    (folder / "manifest.json").write_text(text)
+    with pytest.raises(ChecksumError, match="is not a JSON manifest"):
         load_model(folder)

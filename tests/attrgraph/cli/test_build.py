@@ -4,49 +4,14 @@ import json
 
 import h5py
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from attrgraph.bundled import tasks
-from attrgraph.bundled.tokenizer import build_tokenizer
 from attrgraph.cli import main
 from attrgraph.errors import GraphFileError
 from attrgraph.graph.store import list_graphs, load_graph
-from tests.attrgraph.ag_helpers import tiny_transcoders
-from transcoders.formats import save_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PROMPT = "When Mary and John went to the store , John gave a drink to"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A model folder as `load_model` reads it (config.json, model.safetensors, tokenizer/) plus transcoders."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    root = tmp_path_factory.mktemp("tiny_model")
-    tok = build_tokenizer(tasks.vocabulary(), root / "tokenizer")
-    kwargs = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        d_head=4,
-        d_mlp=64,
-        d_vocab=len(tok),
-        n_ctx=32,
-        act_fn="gelu",
-        normalization_type="LN",
-        seed=0,
-    )
-    (root / "config.json").write_text(json.dumps(kwargs))
-    model = HookedTransformer(HookedTransformerConfig(**kwargs))
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith((".mask", ".IGNORE"))},
-        str(root / "model.safetensors"),
-    )
-    save_transcoders(tiny_transcoders(model, "plt").to(torch.float32), root / "tc")
-    return root
 
 
 def test_build_then_show(model_dir, tmp_path, capsys):

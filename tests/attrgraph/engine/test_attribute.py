@@ -1,6 +1,8 @@
 """Attribution: the exactness contract (DESIGN.md 1-3) on tiny random models of each architecture,
 fast path vs reference path, custom targets, and bad input."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +10,9 @@ import torch
 from attrgraph.bundled.paths import BUNDLED
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import to_tokens
 from attrgraph.engine.targets import direction, logit_difference
-from attrgraph.errors import OptionError, PromptError, TargetError
+from attrgraph.errors import OptionError, PromptError, PromptWarning, TargetError
 from attrgraph.graph.graph import NODE_ORDER
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
 
@@ -227,3 +230,50 @@ def test_bundled_model_contract_float32():
         rtol=1e-4,
         n_fd=3,
     )
+
+
+# ------------------------------------------------------------------ prompts from a user (to_tokens)
+@pytest.fixture(scope="module")
+def worded_model(model_dir):
+    """A tiny model with the bundled word-level tokenizer (unknown words become <unk>), n_ctx 32."""
+    from attrgraph.bundled.loading import load_model
+
+    return load_model(model_dir)
+
+
+def test_prompt_that_is_not_utf8_is_refused(worded_model):
+    with pytest.raises(PromptError, match=r"not valid UTF-8: byte 0xe9 at character 3 \(after 'caf'\)"):
+        to_tokens(worded_model, "caf\udce9 au lait")  # the argv bytes b"caf\xe9 au lait"
+    with pytest.raises(PromptError, match=r"lone surrogate U\+D800 at character 5"):
+        to_tokens(worded_model, "Mary \ud800")
+    with pytest.raises(PromptError, match="not valid UTF-8"):
+        attribute(worded_model, tiny_transcoders(worded_model), "caf\udce9")
+
+
+def test_unknown_words_warn_with_their_share_and_strict_refuses(worded_model):
+    with pytest.warns(PromptWarning, match=r"^2 of 2 prompt tokens \(100%\) .* 'zxqv', 'blorf';"):
+        tokens = to_tokens(worded_model, "zxqv blorf")
+    unk = worded_model.tokenizer.unk_token_id
+    assert tokens.tolist() == [worded_model.tokenizer.bos_token_id, unk, unk]
+    with pytest.warns(PromptWarning, match=r"^1 of 4 prompt tokens \(25%\) .*: 'zxqv';"):
+        to_tokens(worded_model, "Mary zxqv went to")
+    with pytest.raises(PromptError, match=r"2 of 2 prompt tokens \(100%\) .*: 'zxqv', 'blorf'"):
+        to_tokens(worded_model, "zxqv blorf", strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # known words: no warning
+        assert len(to_tokens(worded_model, "When Mary and John went", strict=True)) == 6
+
+
+def test_prompt_longer_than_the_context_is_refused_or_truncated(worded_model):
+    words = ["the"] * 35 + ["store", "bank", "gift", "cup"]
+    full = worded_model.to_tokens(" ".join(words), truncate=False)[0]
+    assert len(full) == 40 and worded_model.cfg.n_ctx == 32
+    with pytest.raises(PromptError, match="prompt has 40 tokens but the model's context is 32"):
+        to_tokens(worded_model, " ".join(words))
+    with pytest.warns(
+        PromptWarning, match=r"dropped the last 8 tokens \('the the the the store bank gift cup'\)"
+    ):
+        tokens = to_tokens(worded_model, " ".join(words), truncate=True)
+    assert tokens.tolist() == full[:32].tolist()
+    with pytest.raises(PromptError, match="40 tokens but the model's context is 32"):
+        to_tokens(worded_model, full)  # ids too

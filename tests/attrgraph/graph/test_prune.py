@@ -1,5 +1,7 @@
 """Influence and pruning: hand-built known answers, the dense formula, and properties."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -111,3 +113,63 @@ def test_more_lenient_threshold_keeps_more(make_random_graph):
     g = make_random_graph(5, n_feat=60, density=0.3)
     sizes = [prune_graph(g, t, 0.98).n_features for t in (0.5, 0.8, 0.95)]
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pruning_influence_equals_the_dense_formula(make_random_graph, seed):
+    """prune_graph's streamed influence (streamed_influence.row_blocks, with edges inside a layer
+    in these random graphs) against `(I - A)^-1 - I` with a dense inverse: the node step keeps
+    exactly the features the dense influence keeps, and thresholds of 1.0 fill in the dense values."""
+    g = make_random_graph(seed, n_feat=40)
+    dense = dense_influence(g)
+    kept = prune_graph(g, 1.0, 1.0)
+    np.testing.assert_allclose(kept.nodes.influence, dense, rtol=1e-6, atol=1e-9)
+    is_feature = g.nodes.kind == "feature"
+    cutoff = find_threshold(dense[g.nodes.kind != "logit"], 0.6)
+    expect = set(np.flatnonzero(is_feature & (dense >= cutoff)).tolist())
+    pruned = prune_graph(g, 0.6, 1.0)
+    got = {
+        int(np.flatnonzero(is_feature & (g.nodes.feature == f))[0])
+        for f in pruned.nodes.feature[pruned.nodes.kind == "feature"]
+    }
+    assert got == expect and 0 < len(expect) < is_feature.sum()
+
+
+def test_pruning_progress_shows_each_influence_pass(make_random_graph, capsys):
+    prune_graph(make_random_graph(0, n_feat=60), progress=True)
+    assert capsys.readouterr().err.count("influence: 100%") == 2
+    prune_graph(make_random_graph(0, n_feat=60))
+    assert capsys.readouterr().err == ""
+
+
+def test_pruning_sums_duplicate_entries_before_taking_magnitudes(make_graph_from_dense):
+    """The chain's edge f1 -> f2 (-2) stored as two entries, -3 and +1: the known influence
+    (test_known_chain_influence) is that of their sum, as normalize_matrix gives it."""
+    g = make_graph_from_dense(CHAIN_KINDS, CHAIN, layers=[-1, 0, 1, 2], logit_probs=[1.0])
+    indptr = np.array([0, 0, 1, 4, 6])
+    indices = np.array([0, 0, 1, 1, 0, 2])
+    data = np.array([3, 2, -3, 1, 1, 1], np.float32)
+    g.adjacency = sp.csr_array((data, indices, indptr), shape=(4, 4))
+    assert not g.adjacency.has_canonical_format
+    np.testing.assert_allclose(prune_graph(g, 1.0, 1.0).nodes.influence, [1.0, 0.25, 0.5, 0.0], rtol=1e-6)
+
+
+def test_pruning_a_graph_with_split_entries_equals_pruning_it_canonical(make_random_graph):
+    """Every third edge stored as two entries (2x and -x): pruning keeps the same nodes and edges
+    with the same influence as on the canonical graph."""
+    g = make_random_graph(1, n_feat=60)
+    A = g.adjacency.tocoo()
+    split = np.arange(A.nnz) % 3 == 0
+    rows = np.concatenate([A.row, A.row[split]])
+    cols = np.concatenate([A.col, A.col[split]])
+    data = np.concatenate([np.where(split, 2 * A.data, A.data), -A.data[split]])
+    order = np.lexsort((cols, rows))
+    indptr = np.searchsorted(rows[order], np.arange(A.shape[0] + 1))
+    g_split = replace(g, adjacency=sp.csr_array((data[order], cols[order], indptr), shape=A.shape))
+    assert not g_split.adjacency.has_canonical_format
+    a, b = prune_graph(g, 0.7, 0.9), prune_graph(g_split, 0.7, 0.9)
+    assert 0 < a.n_features < g.n_features
+    for f in ("kind", "layer", "position", "feature"):
+        np.testing.assert_array_equal(getattr(a.nodes, f), getattr(b.nodes, f))
+    np.testing.assert_allclose(a.nodes.influence, b.nodes.influence, rtol=1e-5)
+    assert abs(a.adjacency - b.adjacency).max() < 1e-5

@@ -2,12 +2,13 @@
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from attrgraph.engine.attribute import attribute
 from attrgraph.errors import GraphError
 from attrgraph.graph.prune import compute_influence, normalize_matrix
-from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
+from attrgraph.graph.streamed_influence import layer_blocks, row_blocks, streamed_influence
 from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
 
 
@@ -40,3 +41,14 @@ def test_equals_dense_path_on_an_attribution_graph():
     want, err = reference(g)
     np.testing.assert_allclose(got.influence, want, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(got.error_share, err, rtol=1e-10, atol=1e-14)
+
+
+def test_row_blocks_known_answer():
+    """Rows 0-1 have no inputs; row 2 reads 0 (a new block at 2); row 3 reads 1 < 2 (joins it);
+    row 4 reads 3 >= 2 (a new block at 4); row 5 reads 2 < 4 (joins it); row 6 reads 5 (new)."""
+    edges = [(2, 0), (3, 1), (4, 3), (5, 2), (6, 5)]
+    rows, cols = zip(*edges)
+    A = sp.csr_array((np.ones(len(edges)), (rows, cols)), shape=(7, 7))
+    assert row_blocks(A) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    with pytest.raises(GraphError, match="strictly lower-triangular"):
+        row_blocks(sp.csr_array((np.ones(1), ([3], [3])), shape=(7, 7)))
