@@ -134,3 +134,36 @@ def test_sharding_refuses_what_it_cannot_do_exactly():
     with pytest.raises(ConfigError, match="batch_size 127"):
         check(Dist(0, 2, "data"), 127, 32, "topk")
     check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
+
+
+def test_torchrun_cli_matches_one_process(tmp_path):
+    """The README's command: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m transcoders.train ...`."""
+    import os
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from transcoders.train import main
+
+    args = [
+        "--kind",
+        "plt",
+        "--d-sae",
+        "32",
+        "--n-tokens",
+        "1024",
+        "--batch-size",
+        "256",
+        "--block-tokens",
+        "1024",
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "transcoders.train", *args, "--out", str(tmp_path / "two")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"saved_to"' in done.stdout and done.stdout.count('"saved_to"') == 1  # rank 0 alone reports
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    two = load_file(str(tmp_path / "two" / "transcoders" / "weights.safetensors"))
+    one = load_file(str(tmp_path / "one" / "transcoders" / "weights.safetensors"))
+    assert_same(two, one)
