@@ -116,7 +116,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     """Steps between checkpoints."""
     cache_dir: str = ""
-    """If set, activation blocks are cached here as safetensors shards and streamed back."""
+    """If set, activation blocks are cached here as safetensors shards and streamed back (under torchrun --parallel data, each rank produces and reads its own part)."""
     parallel: str = "data"
     """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
 
@@ -243,14 +243,23 @@ def train(
     tcfg = transcoder_config(cfg, model)
     if sequences is None:
         sequences = sequence_source(model, cfg.corpus, cfg.seed)
+    d = tdist.current(cfg.parallel)
+    tdist.check(d, cfg.batch_size, cfg.d_sae, cfg.activation)
+    split = d.mode == "data" and bool(cfg.cache_dir)  # each rank produces and reads its own part
     store = ActivationStore(
-        model, tcfg, sequences, cfg.batch_size, cfg.block_tokens, cfg.seed, cache_dir=cfg.cache_dir or None
+        model,
+        tcfg,
+        sequences,
+        cfg.batch_size,
+        cfg.block_tokens,
+        cfg.seed,
+        cache_dir=cfg.cache_dir or None,
+        rank=d.rank if split else 0,
+        world=d.world if split else 1,
     )
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
     total = cfg.n_tokens // cfg.batch_size
-    d = tdist.current(cfg.parallel)
-    tdist.check(d, cfg.batch_size, cfg.d_sae, cfg.activation)
     sharded = d.mode == "features"
     device = (
         torch.device("cuda", torch.cuda.current_device()) if d.active and dist_backend() == "nccl" else None
@@ -320,7 +329,7 @@ def train(
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, cfg.lr)
-        if d.mode == "data":  # this rank's rows of the global batch
+        if d.mode == "data" and not store.sliced:  # this rank's rows of the global batch
             n = x.shape[0] // d.world
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
         if device is not None:

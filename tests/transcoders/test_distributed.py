@@ -20,6 +20,7 @@ from transcoders.train import TrainConfig, train
 
 CASES = {
     "plt-data": dict(kind="plt", activation="jumprelu", parallel="data"),
+    "plt-data-cached": dict(kind="plt", activation="relu", parallel="data", cache_dir="CACHE"),
     "clt-data": dict(kind="clt", activation="jumprelu", parallel="data", skip=True),
     "plt-features": dict(kind="plt", activation="jumprelu", parallel="features", skip=True),
     "clt-features": dict(kind="clt", activation="jumprelu", parallel="features"),
@@ -34,6 +35,8 @@ def sequences():
 
 
 def config(out, **kw):
+    if kw.get("cache_dir") == "CACHE":  # shards beside the run (2 ranks: each produces and reads its own)
+        kw["cache_dir"] = str(out) + "-cache"
     base = dict(
         d_sae=32,
         n_tokens=128 * STEPS,
@@ -167,3 +170,29 @@ def test_torchrun_cli_matches_one_process(tmp_path):
     two = load_file(str(tmp_path / "two" / "transcoders" / "weights.safetensors"))
     one = load_file(str(tmp_path / "one" / "transcoders" / "weights.safetensors"))
     assert_same(two, one)
+
+
+def test_ranks_produce_and_read_their_own_shards(tmp_path):
+    """ActivationStore step 5, in one process: rank r builds blocks b % 2 == r and reads its half of each batch."""
+    from transcoders.activation_store import ActivationStore
+    from transcoders.train import transcoder_config
+
+    model = tiny_model()
+    tcfg = transcoder_config(TrainConfig(), model)
+    kw = dict(batch_size=64, block_tokens=256, seed=3, cache_dir=tmp_path / "c")
+    rank0 = ActivationStore(model, tcfg, sequences(), rank=0, world=2, wait_s=1.0, **kw)
+    rank1 = ActivationStore(model, tcfg, sequences(), rank=1, world=2, wait_s=1.0, **kw)
+    one = ActivationStore(model, tcfg, sequences(), batch_size=64, block_tokens=256, seed=3)
+    r0 = rank0.batches(0)
+    next(r0)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["block_00000.safetensors"]
+    with pytest.raises(TimeoutError, match="rank 1"):  # block 1 is rank 1's to produce
+        list(zip(range(8), r0, strict=False))
+    r1 = list(zip(range(8), rank1.batches(0), strict=False))  # produces block 1
+    r0 = list(zip(range(8), rank0.batches(0), strict=False))
+    for (_j, (x0, y0)), (_, (x1, y1)), (_, (x, y)) in zip(
+        r0, r1, zip(range(8), one.batches(0), strict=False), strict=True
+    ):
+        assert x0.shape[0] == 32
+        torch.testing.assert_close(torch.cat([x0, x1]), x, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([y0, y1]), y, rtol=0, atol=0)
