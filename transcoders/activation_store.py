@@ -14,16 +14,25 @@ all layers in one pass, store activations to disk, stream them back).
    batches it would have seen (`batches(start=...)`).
 4. With `cache_dir`, block b is written to `block_{b}.safetensors` the first time and read back
    after, so long or repeated runs stream activations from disk instead of re-running the model.
+   `batches` then reads each batch's rows from the memory-mapped shard (safetensors `get_slice`),
+   so memory is one block while a shard is produced and one batch while it is read, whatever the
+   number of tokens (benchmarks/activation_store_memory.py measures it).
+5. Ranks (`rank`, `world`, with `cache_dir` on a filesystem every rank sees): rank r produces the
+   blocks b with `b % world == r` (the model runs once per token over all ranks, in parallel),
+   waits for the others' shards, and reads only its rows `[r*B/N, (r+1)*B/N)` of each global batch
+   of B tokens: the data-parallel slice of the same global batches one process would see.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 from jaxtyping import Float
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -65,6 +74,9 @@ class ActivationStore:
         skip_bos: bool = True,
         model_batch: int = 32,
         cache_dir: str | Path | None = None,
+        rank: int = 0,
+        world: int = 1,
+        wait_s: float = 3600.0,
     ):
         self.model, self.cfg = model, cfg
         self.sequences = sequences
@@ -76,6 +88,9 @@ class ActivationStore:
         self.n_ctx = model.cfg.n_ctx
         self.seqs_per_block = math.ceil(self.block_tokens / (self.n_ctx - int(skip_bos)))
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        if world > 1 and (self.cache_dir is None or batch_size % world):
+            raise ValueError(f"ranks share a store through cache_dir, with batch_size a multiple of {world}")
+        self.rank, self.world, self.wait_s = rank, world, wait_s
         self._source: Iterator | None = None
         self._next_seq = 0
         self._last: tuple[int, Tensor, Tensor] | None = None  # the most recent block, reused once
@@ -119,12 +134,37 @@ class ActivationStore:
         """Steps 2-4: block b's shuffled `(x, y)`."""
         if self._last is not None and self._last[0] == b:
             return self._last[1], self._last[2]
+        if self.world > 1:
+            self._ensure(b)  # another rank may be the one that produces it
         x, y = self._build_block(b)
         self._last = (b, x, y)
         return x, y
 
+    @property
+    def sliced(self) -> bool:
+        """True when `batches` yields this rank's rows only (step 5)."""
+        return self.world > 1
+
+    def _shard(self, b: int) -> Path:
+        return self.cache_dir / f"block_{b:05d}.safetensors"
+
+    def _ensure(self, b: int) -> Path:
+        """Steps 4-5: block b's shard exists (this rank produces its own blocks up to b + world - 1)."""
+        for c in range(b, b + self.world):
+            if c % self.world == self.rank and not self._shard(c).exists():
+                self._build_block(c)
+        shard, waited = self._shard(b), 0.0
+        while not shard.exists():
+            if waited > self.wait_s:
+                raise TimeoutError(
+                    f"rank {self.rank} waited {waited:.0f} s for {shard}; is rank {b % self.world} alive?"
+                )
+            time.sleep(0.05)
+            waited += 0.05
+        return shard
+
     def _build_block(self, b: int) -> tuple[Tensor, Tensor]:
-        shard = self.cache_dir / f"block_{b:05d}.safetensors" if self.cache_dir else None
+        shard = self._shard(b) if self.cache_dir else None
         if shard is not None and shard.exists():
             d = load_file(str(shard))
             return d["x"], d["y"]
@@ -144,14 +184,23 @@ class ActivationStore:
         x, y = x[perm].contiguous(), y[perm].contiguous()
         if shard is not None:
             shard.parent.mkdir(parents=True, exist_ok=True)
-            tmp = shard.with_suffix(".tmp")
+            tmp = shard.with_suffix(f".tmp{self.rank}")
             save_file({"x": x, "y": y}, str(tmp))
             tmp.rename(shard)
         return x, y
 
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
-        """Batches start, start+1, ... (endless; the caller stops)."""
+        """Batches start, start+1, ... (endless; the caller stops); with ranks, this rank's rows of each."""
         b, i = divmod(start, self.batches_per_block)
+        if self.cache_dir is not None:  # steps 4-5: stream rows from the memory-mapped shards
+            n = self.batch_size // self.world
+            while True:
+                with safe_open(str(self._ensure(b)), framework="pt") as f:
+                    xs, ys = f.get_slice("x"), f.get_slice("y")
+                    for j in range(i, self.batches_per_block):
+                        lo = j * self.batch_size + self.rank * n
+                        yield xs[lo : lo + n], ys[lo : lo + n]
+                b, i = b + 1, 0
         while True:
             x, y = self.block(b)
             for j in range(i, self.batches_per_block):

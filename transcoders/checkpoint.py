@@ -23,13 +23,8 @@ if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
 
-def save_checkpoint(
-    folder: Path, tc: SparseCoder, opt, step: int, scales: dict, fired: torch.Tensor, cfg
-) -> None:
-    """Weights, Adam state, step and scales as safetensors + json; written to a temp dir, then renamed."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def state_tensors(tc: SparseCoder, opt, scales: dict, fired: torch.Tensor) -> tuple[dict, list, list]:
+    """Step 1's named tensors, the parameter order and Adam's hyperparameters (no files written)."""
     tensors = {f"tc.{k}": v.detach().contiguous() for k, v in tc.state_dict().items()}
     tensors.update({"scale.in": scales["in"], "scale.out": scales["out"], "last_fired": fired})
     names = {p: n for n, p in tc.named_parameters()}
@@ -38,12 +33,28 @@ def save_checkpoint(
     for idx, st in opt_state["state"].items():
         for k, v in st.items():
             tensors[f"opt.{order[idx]}.{k}"] = v.detach().reshape(v.shape).contiguous()
-    save_file(tensors, str(tmp / "state.safetensors"))
     groups = [{k: v for k, v in g.items() if k != "params"} for g in opt_state["param_groups"]]
+    return tensors, order, groups
+
+
+def save_checkpoint(
+    folder: Path, tc: SparseCoder, opt, step: int, scales: dict, fired: torch.Tensor, cfg
+) -> None:
+    """Weights, Adam state, step and scales as safetensors + json; written to a temp dir, then renamed."""
+    tensors, order, groups = state_tensors(tc, opt, scales, fired)
+    write_checkpoint(folder, tensors, step, cfg, tc.cfg, order, groups)
+
+
+def write_checkpoint(folder: Path, tensors: dict, step: int, cfg, tc_cfg, order: list, groups: list) -> None:
+    """Steps 1-3 for named tensors (`state_tensors`, or their gather over ranks)."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
     meta = {
         "step": step,
         "train_config": dataclasses.asdict(cfg),
-        "tc_config": tc.cfg.to_dict(),
+        "tc_config": tc_cfg.to_dict(),
         "param_order": order,
         "param_groups": groups,
     }
@@ -55,9 +66,13 @@ def save_checkpoint(
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(folder: Path, tc: SparseCoder, opt) -> tuple[int, dict, torch.Tensor]:
-    meta = json.loads((folder / "meta.json").read_text())
-    t = load_file(str(folder / "state.safetensors"))
+def read_checkpoint(folder: Path) -> tuple[dict, dict]:
+    """`(meta, named tensors)` of a checkpoint folder."""
+    return json.loads((folder / "meta.json").read_text()), load_file(str(folder / "state.safetensors"))
+
+
+def apply_state(tc: SparseCoder, opt, meta: dict, t: dict) -> tuple[int, dict, torch.Tensor]:
+    """Load named tensors (full, or one rank's slice of them) into `tc` and `opt`."""
     tc.load_state_dict({k[3:]: v for k, v in t.items() if k.startswith("tc.")})
     state = {}
     for idx, name in enumerate(meta["param_order"]):
@@ -68,3 +83,8 @@ def load_checkpoint(folder: Path, tc: SparseCoder, opt) -> tuple[int, dict, torc
     groups = [dict(g, params=list(range(len(meta["param_order"])))) for g in meta["param_groups"]]
     opt.load_state_dict({"state": state, "param_groups": groups})
     return meta["step"], {"in": t["scale.in"], "out": t["scale.out"]}, t["last_fired"]
+
+
+def load_checkpoint(folder: Path, tc: SparseCoder, opt) -> tuple[int, dict, torch.Tensor]:
+    meta, t = read_checkpoint(folder)
+    return apply_state(tc, opt, meta, t)

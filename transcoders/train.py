@@ -36,8 +36,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from transcoders import distributed as tdist
 from transcoders.activation_store import ActivationStore, pack_sequences
-from transcoders.checkpoint import load_checkpoint, save_checkpoint
+from transcoders.checkpoint import (
+    apply_state,
+    read_checkpoint,
+    save_checkpoint,
+    state_tensors,
+    write_checkpoint,
+)
 from transcoders.config import TranscoderConfig
 from transcoders.config_cli import add_fields
 from transcoders.errors import ConfigError, NonFiniteError
@@ -64,6 +71,7 @@ RESUME_FREE = (
     "save_to",
     "checkpoint_every",
     "cache_dir",
+    "parallel",
 )  # options a resumed run may change  # corpus seed of held-out evaluation text (never a training seed)
 
 
@@ -108,7 +116,9 @@ class TrainConfig:
     checkpoint_every: int = 500
     """Steps between checkpoints."""
     cache_dir: str = ""
-    """If set, activation blocks are cached here as safetensors shards and streamed back."""
+    """If set, activation blocks are cached here as safetensors shards and streamed back (under torchrun --parallel data, each rank produces and reads its own part)."""
+    parallel: str = "data"
+    """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
 
     def __post_init__(self):
         if self.kind not in ("plt", "clt", "sae"):
@@ -117,6 +127,8 @@ class TrainConfig:
             raise ConfigError(
                 "an SAE needs --hook, a template with {layer}, e.g. 'blocks.{layer}.hook_attn_out'."
             )
+        if self.parallel not in ("data", "features"):
+            raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
@@ -219,8 +231,11 @@ def train(
 
     `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
     `stop_after` ends the run early after that many steps (as an interruption would).
+    Inside an initialized torch.distributed process group it trains as `cfg.parallel` says
+    (distributed.py); every rank returns the same full set, and rank 0 alone writes checkpoints.
     """
     from transcoders import build_transcoders
+    from transcoders.base import TranscoderOutput
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
@@ -228,16 +243,39 @@ def train(
     tcfg = transcoder_config(cfg, model)
     if sequences is None:
         sequences = sequence_source(model, cfg.corpus, cfg.seed)
+    d = tdist.current(cfg.parallel)
+    tdist.check(d, cfg.batch_size, cfg.d_sae, cfg.activation)
+    split = d.mode == "data" and bool(cfg.cache_dir)  # each rank produces and reads its own part
     store = ActivationStore(
-        model, tcfg, sequences, cfg.batch_size, cfg.block_tokens, cfg.seed, cache_dir=cfg.cache_dir or None
+        model,
+        tcfg,
+        sequences,
+        cfg.batch_size,
+        cfg.block_tokens,
+        cfg.seed,
+        cache_dir=cfg.cache_dir or None,
+        rank=d.rank if split else 0,
+        world=d.world if split else 1,
     )
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
     total = cfg.n_tokens // cfg.batch_size
-    tc = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
+    sharded = d.mode == "features"
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if d.active and dist_backend() == "nccl" else None
+    )
+    full = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
+    tc = full
+    if sharded:  # this rank's slice of the same initialization
+        tc = build_transcoders(tdist.local_config(tcfg, d))
+        init = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, tcfg.kind, d)
+        tc.load_state_dict({k[3:]: v for k, v in init.items()})
+    if device is not None:
+        tc.to(device)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
     if (ckpt / "meta.json").exists():
-        saved = json.loads((ckpt / "meta.json").read_text())["train_config"]
+        meta, state = read_checkpoint(ckpt)
+        saved = meta["train_config"]
         differs = [
             k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE and saved.get(k) != v
         ]
@@ -246,28 +284,66 @@ def train(
                 f"{ckpt} was written by a run with different {differs}; rerun with the same options "
                 "to resume, or pass another --out to start afresh."
             )
-        step, scales, last_fired = load_checkpoint(ckpt, tc, opt)
+        if sharded:
+            state = tdist.shard_state(state, tcfg.kind, d)
+        step, scales, last_fired = apply_state(tc, opt, meta, state)
     else:
         x0, y0 = store.block(0)
-        d = tcfg.d_model
         scales = {
-            "in": x0.pow(2).sum(-1).mean(0).div(d).sqrt(),
-            "out": y0.pow(2).sum(-1).mean(0).div(d).sqrt(),
+            "in": x0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
+            "out": y0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
         }
-        step, last_fired = 0, torch.zeros(tcfg.n_layers, tcfg.d_sae)
+        step, last_fired = 0, torch.zeros(tcfg.n_layers, tc.cfg.d_sae)
+    if d.active:
+        dist_barrier()  # every rank has read the checkpoint before rank 0 may replace it
+    if device is not None:
+        scales = {k: v.to(device) for k, v in scales.items()}
+        last_fired = last_fired.to(device)
     s_in, s_out = scales["in"][:, None], scales["out"][:, None]
+    forward = tc
+    if d.mode == "data":
+        from torch.nn.parallel import DistributedDataParallel
+
+        forward = DistributedDataParallel(tc, device_ids=None if device is None else [device.index])
+    replicated = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is None]
+    local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
+
+    def checkpoint(step):
+        if sharded:  # gather the full state (a collective), rank 0 writes it
+            tensors, order, groups = state_tensors(tc, opt, scales, last_fired)
+            tensors = tdist.gather_state(tensors, tcfg.kind, d)
+            if d.main:
+                write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups)
+        elif d.main:
+            save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+        if d.active:
+            dist_barrier()
+
     # TopK: a feature silent for ~100k tokens counts as dead for the auxiliary loss
     dead_after = max(1, 100_000 // cfg.batch_size) if tcfg.activation in ("topk", "batchtopk") else None
     tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
-    bar = _progress(total, step, progress)
+    bar = _progress(total, step, progress and d.main)
     log = {}
     for x, y in store.batches(step):
         if step >= total or (stop_after is not None and step >= stop_after):
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, cfg.lr)
+        if d.mode == "data" and not store.sliced:  # this rank's rows of the global batch
+            n = x.shape[0] // d.world
+            x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
+        if device is not None:
+            x, y = x.to(device), y.to(device)
         xn, yn = x / s_in, y / s_out
-        res = tc(xn)
+        if sharded:  # local features, summed partial reconstructions (distributed.py step 2)
+            pre = tc.encode(xn)
+            acts = tc.activation(pre)
+            out = tdist.reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
+            if tc.W_skip is not None:
+                out = out + tc.skip(xn)
+            res = TranscoderOutput(pre, acts, out)
+        else:
+            res = forward(xn)
         mse = mse_loss(res.out, yn)
         lam = sparsity_schedule(step, total, cfg.sparsity_coef)
         if tcfg.activation == "jumprelu":
@@ -282,24 +358,30 @@ def train(
         if dead_after is not None:
             dead = (step - last_fired) > dead_after
             loss = loss + topk_aux_loss(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k) / 32
-        if not torch.isfinite(loss):
+        if not tdist.all_finite(loss.detach(), d):
             raise NonFiniteError(
                 f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "
                 f"is kept in {ckpt} (lower --lr, or check the model's activations)."
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(tc.parameters(), 1.0)
+        if sharded:
+            tdist.average_grads(replicated, d)
+            tdist.clip_grad_norm_sharded(local, replicated, 1.0, d)
+        else:
+            torch.nn.utils.clip_grad_norm_(tc.parameters(), 1.0)
         opt.step()
         with torch.no_grad():
             if tc.threshold is not None:
                 tc.threshold.clamp_(min=0.0)
-            if not all(torch.isfinite(p).all() for p in tc.parameters()):
+            finite = torch.stack([torch.isfinite(p).all() for p in tc.parameters()]).all()
+            if not tdist.all_finite(torch.where(finite, 0.0, torch.nan), d):
                 raise NonFiniteError(
                     f"a weight became NaN or inf at step {step}; training stopped and the last good checkpoint "
                     f"is kept in {ckpt} (lower --lr)."
                 )
-            last_fired[(res.acts > 0).any(0)] = step
+            fired = (res.acts > 0).any(0)
+            last_fired[tdist.any_over_ranks(fired, d) if d.mode == "data" else fired] = step
         step += 1
         if step % 20 == 0 or step == total:
             with torch.no_grad():
@@ -311,15 +393,31 @@ def train(
             bar.set_postfix({k: f"{v:.3g}" for k, v in log.items()}, refresh=False)
         bar.update(1)
         if step % cfg.checkpoint_every == 0 and step < total:
-            save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+            checkpoint(step)
     bar.close()
-    save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
+    checkpoint(step)
+    if sharded:  # every rank returns the full set
+        state = tdist.gather_state({f"tc.{k}": v for k, v in tc.state_dict().items()}, tcfg.kind, d)
+        full.load_state_dict({k[3:]: v for k, v in state.items()})
+        tc = full
     tc.eval()
     if step < total:
         return tc, {"stopped_at": step}
     final = copy.deepcopy(tc)
     final.fold_scales(scales["in"], scales["out"])
     return final, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
+
+
+def dist_backend() -> str:
+    import torch.distributed as dist
+
+    return dist.get_backend()
+
+
+def dist_barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 def _progress(total: int, start: int, enabled: bool):
@@ -379,8 +477,22 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # Adam moments of rarely active features decay into slow denormals
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    model = load_any_model(cfg.model)
-    tc, info = train(cfg, model=model)
+    launched = tdist.init_from_env()  # under torchrun: join the process group
+    try:
+        model = load_any_model(cfg.model)
+        tc, info = train(cfg, model=model)
+        if tdist.current(cfg.parallel).main:
+            _save_and_report(model, tc, info, cfg, argv)
+    finally:
+        if launched:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return 0
+
+
+def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None) -> None:
+    """Rank 0 (or the only process): save the set, evaluate it, write the manifest, print a summary."""
     dest = Path(cfg.save_to or Path(cfg.out) / "transcoders")
     save_native(tc, dest)
     metrics = evaluate(model, tc, cfg)
@@ -389,7 +501,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     manifest = write_manifest(dest, cfg, metrics, info, argv)
     summary = {k: v for k, v in metrics.items() if not isinstance(v, list)}
     print(json.dumps({"saved_to": str(dest), "tokens_seen": manifest["tokens_seen"], **summary}, indent=1))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

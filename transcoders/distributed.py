@@ -1,0 +1,209 @@
+"""Training on several processes with torch.distributed: data parallel or feature-sharded.
+
+`torchrun --nproc-per-node N -m transcoders.train ...` sets RANK / WORLD_SIZE / LOCAL_RANK;
+`init_from_env` then joins the process group (gloo on CPU, nccl when CUDA is present).
+
+1. Data parallel (`--parallel data`): every rank holds the whole set wrapped in
+   `DistributedDataParallel`; rank r trains on rows `[r*B/N, (r+1)*B/N)` of each global batch
+   of B tokens, and DDP averages the gradients, so a step equals one process's step on the
+   whole batch (the losses are token means).
+2. Feature-sharded (`--parallel features`, EleutherAI sparsify's `distribute_modules`):
+   every rank sees the whole batch and holds features `[r*S/N, (r+1)*S/N)` of every layer
+   (columns of `W_enc`, `b_enc`, `threshold`, rows of `W_dec`); `b_dec` and `W_skip` are
+   replicated. Each rank encodes and decodes its slice; the partial reconstructions are summed
+   with an all-reduce (`reduce_sum`, whose backward is the identity because every rank then
+   computes the same loss); sparsity terms are sums over features, so each rank's term on its
+   slice has exactly the global term's gradient for its parameters. Gradient clipping uses the
+   global norm. TopK / BatchTopK need a global top-k across shards and are refused.
+3. Checkpoints hold the full, unsharded state: `gather_state` all-gathers every sharded
+   tensor along its feature axis (rank 0 writes it), and `shard_state` slices a full state for
+   a rank, so a checkpoint written with N ranks resumes with any number of ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from transcoders.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands: `world == 1` and `mode == "none"` for a plain run."""
+
+    rank: int = 0
+    world: int = 1
+    mode: str = "none"  # "none" | "data" | "features"
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def init_from_env() -> bool:
+    """Join the process group torchrun describes (env RANK / WORLD_SIZE); False when not under torchrun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.is_initialized()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    return True
+
+
+def current(parallel: str) -> Dist:
+    """The `Dist` of this process for `--parallel data|features`."""
+    if parallel not in ("data", "features"):
+        raise ConfigError(f"parallel {parallel!r} is not 'data' or 'features'; pick one.")
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return Dist()
+    return Dist(dist.get_rank(), dist.get_world_size(), parallel)
+
+
+def check(d: Dist, batch_size: int, d_sae: int, activation: str) -> None:
+    """Refuse what the mode cannot do exactly, with a sentence saying what to change."""
+    if d.mode == "data" and batch_size % d.world:
+        raise ConfigError(
+            f"batch_size {batch_size} does not split evenly over {d.world} ranks; pass a multiple of {d.world}."
+        )
+    if d.mode == "features":
+        if d_sae % d.world:
+            raise ConfigError(
+                f"d_sae {d_sae} does not split evenly over {d.world} ranks; pass a multiple of {d.world}."
+            )
+        if activation in ("topk", "batchtopk"):
+            raise ConfigError(
+                f"--parallel features does not support {activation} (it needs a global top-k across shards); "
+                "use --parallel data, or --activation jumprelu or relu."
+            )
+
+
+# ------------------------------------------------------------------ feature axes of named tensors
+def feature_dim(name: str, kind: str) -> int | None:
+    """The feature axis of a parameter (or of a checkpoint tensor named after one); None if replicated.
+
+    `W_enc` [L, D, S]: 2; `b_enc`, `threshold`, `last_fired` [L, S]: 1; a PLT/SAE `W_dec`
+    [L, S, D]: 1; a CLT `W_dec.{l}` [S, L - l, D]: 0; `b_dec`, `W_skip`, scales, Adam's step: None.
+    """
+    base = name.removeprefix("tc.")
+    if base.startswith("opt."):
+        base, _, leaf = base[4:].rpartition(".")
+        if leaf == "step":
+            return None
+    if base == "W_enc":
+        return 2
+    if base in ("b_enc", "threshold", "last_fired"):
+        return 1
+    if base == "W_dec":
+        return 1
+    if base.startswith("W_dec."):
+        return 0
+    return None
+
+
+def shard_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Tensor]:
+    """Rank `d.rank`'s slice of a full state (every feature axis cut into `d.world` equal parts)."""
+    out = {}
+    for name, t in tensors.items():
+        dim = feature_dim(name, kind)
+        out[name] = t if dim is None else t.chunk(d.world, dim)[d.rank].contiguous()
+    return out
+
+
+def gather_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Tensor]:
+    """The full state from every rank's slice (a collective: every rank calls it, every rank gets it)."""
+    out = {}
+    for name in sorted(tensors):  # the same order on every rank
+        t = tensors[name].contiguous()
+        dim = feature_dim(name, kind)
+        if dim is None:
+            out[name] = t
+            continue
+        parts = [torch.empty_like(t) for _ in range(d.world)]
+        dist.all_gather(parts, t)
+        out[name] = torch.cat(parts, dim)
+    return out
+
+
+def local_config(tcfg, d: Dist):
+    """The TranscoderConfig of one rank's slice (d_sae / world features per layer)."""
+    return dataclasses.replace(tcfg, d_sae=tcfg.d_sae // d.world) if d.mode == "features" else tcfg
+
+
+# ------------------------------------------------------------------ collectives with gradients
+class _ReduceSum(torch.autograd.Function):
+    """Forward: sum over ranks. Backward: identity (the loss downstream is the same on every rank)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad
+
+
+def reduce_sum(x: Tensor) -> Tensor:
+    """Sum of `x` over ranks, differentiable for a loss every rank computes alike (step 2)."""
+    return _ReduceSum.apply(x)
+
+
+def all_finite(value: Tensor, d: Dist) -> bool:
+    """True when `value` is finite on every rank (so all ranks stop together)."""
+    ok = torch.isfinite(value).all().to(torch.int32).reshape(1)
+    if d.active:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+def any_over_ranks(mask: Tensor, d: Dist) -> Tensor:
+    """Elementwise OR of a boolean mask over ranks."""
+    if not d.active:
+        return mask
+    m = mask.to(torch.int32)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    return m.bool()
+
+
+def average_grads(params, d: Dist) -> None:
+    """Average replicated parameters' gradients over ranks (they agree up to rounding; this makes them equal)."""
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(d.world)
+
+
+def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set.
+
+    The squared norms of the sharded gradients are summed over ranks; the replicated ones
+    (equal on every rank) are counted once.
+    """
+
+    def sq(ps):
+        return sum(
+            (p.grad.double().pow(2).sum() for p in ps if p.grad is not None),
+            torch.zeros((), dtype=torch.float64),
+        )
+
+    local = sq(sharded)
+    dist.all_reduce(local)
+    total = (local + sq(replicated)).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in list(sharded) + list(replicated):
+        if p.grad is not None:
+            p.grad.mul_(coef.to(p.grad))
+    return total
