@@ -186,9 +186,8 @@ def test_bad_prompts_are_refused_before_work():
         attribute(model, tc, torch.zeros(33, dtype=torch.long))
 
 
+@pytest.mark.bundled("default", "default-plt")
 def test_bundled_model_contract_float32():
-    if not (BUNDLED["default"] / "config.json").exists() or not BUNDLED["default-plt"].is_dir():
-        pytest.skip("the bundled model or its transcoders (data/default, data/default-plt) are not built yet")
     from attrgraph.loading import load_model
     from transcoders.formats import load_transcoders
 

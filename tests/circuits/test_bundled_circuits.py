@@ -5,12 +5,7 @@ import json
 import pytest
 import torch
 
-from attrgraph.paths import BUNDLED
-
-pytestmark = pytest.mark.skipif(
-    not (BUNDLED["default"] / "model.safetensors").exists(),
-    reason="the bundled model data/default is not built yet",
-)
+pytestmark = pytest.mark.bundled("default")  # fails, never skips, when data/default is missing
 
 
 @pytest.fixture(scope="module")
