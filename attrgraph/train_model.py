@@ -31,7 +31,7 @@ from attrgraph import tasks
 from attrgraph.paths import BUNDLED
 from attrgraph.task_eval import evaluate_tasks, shortfalls
 from attrgraph.tokenizer import build_tokenizer
-from transcoders.config_cli import add_fields
+from transcoders.config_cli import add_fields, parse_config
 from transcoders.manifest import sha256
 
 
@@ -207,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attrgraph.train_model", description=__doc__.split("\n")[0]
     )
-    args = add_fields(parser, ModelTrainConfig).parse_args(argv)
-    cfg = ModelTrainConfig(**vars(args))
+    cfg = parse_config(add_fields(parser, ModelTrainConfig), ModelTrainConfig, argv)
     command = "python -m attrgraph.train_model " + " ".join(argv if argv is not None else sys.argv[1:])
     manifest = train(cfg, command=command.strip())
     print(json.dumps(manifest["metrics"], indent=1))
