@@ -12,7 +12,8 @@ The whole held-out set is needed to check the figures at the precision they are 
 disjoint quarters of it (2,032 tokens each) the per-quarter standard deviation is 0.006 (PLT) and
 0.003 (CLT) in CE loss recovered, 0.06 / 0.02 in KL, 0.002 in mean FVU and 1-4 in per-layer L0,
 and the dead counts go from 12 (PLT) to 100-300, since a feature silent on a quarter is often
-active elsewhere. On all of it the reference agrees with the manifests to 1e-7 and takes ~2 s a set.
+active elsewhere. On all of it the reference agrees with the manifests to 1e-7 in CE, KL and FVU and
+to 3e-4 in L0 (a token or two at the threshold), and takes 2-5 s a set.
 """
 
 import pytest
