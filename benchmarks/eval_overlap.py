@@ -7,7 +7,7 @@ can still be an instance the model was trained on. This counts them.
 
 1. Read the training run from the manifest: seed, steps, batch size, n_ctx, and the number of
    evaluation examples per task (`eval_n`).
-2. Replay the training corpus as `attrgraph.train_model.sequences` builds it (BOS, instances
+2. Replay the training corpus as `attrgraph.bundled.train_model.sequences` builds it (BOS, instances
    joined by <eos>, cut at n_ctx; an instance cut at the end is dropped) for steps x batch size
    sequences, recording every instance whose tokens all lie inside one training sequence. The
    replay is checked against `sequences` itself on the first sequences.
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         "# Evaluation examples of the bundled model that also occur in its training corpus",
         "",
         f"Training corpus replayed: {n_seq} sequences of {cfg['n_ctx']} tokens (seed {cfg['seed']}, checked "
-        f"against attrgraph.train_model.sequences on the first {args.check}); evaluation: "
+        f"against attrgraph.bundled.train_model.sequences on the first {args.check}); evaluation: "
         f"tasks.generate(task, {cfg['eval_n']}, {EVAL_SEED}) as in attrgraph.task_eval.evaluate_tasks. "
         "An example counts when its whole token sequence is a training instance.",
         "",

@@ -7,6 +7,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+pytest_plugins = ["pytester"]
 import torch  # noqa: E402
 
 # Tests use tiny matrices, where a second OpenMP thread only adds synchronisation (it was
@@ -19,3 +21,61 @@ def _seed_everything():
     torch.manual_seed(0)
     np.random.seed(0)
     yield
+
+
+# ---------------------------------------------------------------------- the bundled data
+# Tests of the shipped model and transcoders carry `@pytest.mark.bundled("default", ...)`. When a
+# folder is missing they fail with one line saying where and what to do; they never skip, so a
+# broken checkout or wheel cannot pass by running fewer tests.
+
+
+def bundled_problem(folder) -> str | None:
+    """What is wrong with a bundled folder (None when it and every file its manifest lists exist)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return f"bundled data missing at {manifest}"
+    listed = json.loads(manifest.read_text()).get("files", {})
+    absent = [name for name in listed if not (folder / name).is_file() or (folder / name).stat().st_size == 0]
+    if absent:
+        return f"bundled data missing at {folder / absent[0]}" + (
+            f" (and {len(absent) - 1} more)" if absent[1:] else ""
+        )
+    return None
+
+
+def require_bundled(names, folders=None) -> None:
+    """Fail the running test, never skip it, unless every bundled folder in `names` is complete."""
+    from attrgraph.bundled.paths import BUNDLED
+
+    folders = BUNDLED if folders is None else folders
+    problems = [p for p in (bundled_problem(folders[n]) for n in names) if p]
+    if problems:
+        pytest.fail(
+            "; ".join(problems) + "; these tests check the shipped data and do not skip: restore the "
+            "repository's data/ folder (git checkout -- data/) and run them again.",
+            pytrace=False,
+        )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "bundled(*names): needs data/<name> for each name; fails (never skips) when one is missing"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture loads the data: check what the test's `bundled` markers name."""
+    names = [n for mark in item.iter_markers("bundled") for n in mark.args]
+    if names:
+        require_bundled(dict.fromkeys(names))
+
+
+@pytest.fixture
+def bundled_check():
+    """`require_bundled` itself, for the tests of this check."""
+    return require_bundled

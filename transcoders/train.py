@@ -46,7 +46,7 @@ from transcoders.checkpoint import (
     write_checkpoint,
 )
 from transcoders.config import TranscoderConfig
-from transcoders.config_cli import add_fields
+from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.formats.native import save_native
 from transcoders.losses import (
@@ -508,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
-    return run(build_parser().parse_args(argv), argv)
+    parser = build_parser()
+    parse_config(parser, TrainConfig, argv)  # a value TrainConfig refuses: one line, exit 2
+    return run(parser.parse_args(argv), argv)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from attrgraph.bundled import tasks
 from attrgraph.bundled.paths import BUNDLED
 from attrgraph.bundled.task_eval import EVAL_SEED, EVALUATION_NOTE, evaluate_tasks, shortfalls
 from attrgraph.bundled.tokenizer import build_tokenizer
-from transcoders.config_cli import add_fields
+from transcoders.config_cli import add_fields, parse_config
 from transcoders.manifest import sha256
 
 
@@ -214,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attrgraph.bundled.train_model", description=__doc__.split("\n")[0]
     )
-    args = add_fields(parser, ModelTrainConfig).parse_args(argv)
-    cfg = ModelTrainConfig(**vars(args))
+    cfg = parse_config(add_fields(parser, ModelTrainConfig), ModelTrainConfig, argv)
     command = "python -m attrgraph.bundled.train_model " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )

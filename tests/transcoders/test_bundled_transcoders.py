@@ -1,33 +1,193 @@
-"""The shipped sets: load offline, fit the bundled model, and meet the issue's quality bar."""
+"""The shipped sets: load offline, fit the bundled model, and reproduce the README's figures.
 
-import json
+The figures ("Bundled transcoders" in README.md) are recomputed here from the weights files on the
+same held-out text the manifests were measured on (`transcoders.train.held_out_tokens`: 64
+sequences of 128 tokens from corpus seed 987654, position 0 left out: 8,128 tokens), by a
+reference written in this file from the module docstring of transcoders/metrics.py:
+PyTorch hooks on each `blocks[l].mlp` read what it receives and replace what it returns, the
+JumpReLU is `h * (h > threshold)`, and a CLT's layer l sums the decoders of every source layer <= l.
+Nothing is read back from manifest.json.
+
+The whole held-out set is needed to check the figures at the precision they are quoted: on four
+disjoint quarters of it (2,032 tokens each) the per-quarter standard deviation is 0.006 (PLT) and
+0.003 (CLT) in CE loss recovered, 0.06 / 0.02 in KL, 0.002 in mean FVU and 1-4 in per-layer L0,
+and the dead counts go from 12 (PLT) to 100-300, since a feature silent on a quarter is often
+active elsewhere. On all of it the reference agrees with the manifests to 1e-7 in CE, KL and FVU and
+to 3e-4 in L0 (a token or two at the threshold), and takes 2-5 s a set.
+"""
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from transcoders import check_fits, load_transcoders
+from transcoders.metrics import reconstruction_metrics, replacement_metrics
 from transcoders.paths import BUNDLED
+from transcoders.sites import collect
+from transcoders.train import held_out_tokens
+
+pytestmark = pytest.mark.bundled("default", "default-plt", "default-clt")
+
+# README "Bundled transcoders", as quoted: (value, half a unit of its last digit)
+QUOTED = {
+    "default-plt": {
+        "ce_loss_recovered": (0.929, 5e-4),
+        "kl_to_orig": (0.63, 5e-3),
+        "fvu_mean": (0.057, 5e-4),
+        "l0": ([35, 57, 44, 15], 0.5),
+        "dead_fraction_total": (0.003, 5e-4),  # "0.3%"
+    },
+    "default-clt": {
+        "ce_loss_recovered": (0.968, 5e-4),
+        "kl_to_orig": (0.28, 5e-3),
+        "fvu_mean": (0.040, 5e-4),
+        "l0": ([57, 57, 51, 6], 0.5),
+        "dead_fraction_total": (0.0005, 5e-5),  # "0.05%"
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from attrgraph.bundled.loading import load_model
+
+    return load_model("default")
+
+
+@pytest.fixture(scope="module")
+def held_out(model):
+    tokens = held_out_tokens(model, "bundled", 64)
+    assert tokens.shape == (64, 128)
+    return tokens
+
+
+@torch.no_grad()
+def reference_metrics(model, weights: dict, tokens) -> dict:
+    """CE loss recovered, KL, FVU, L0 and dead fraction of a JumpReLU PLT or CLT, from its weights."""
+    L = model.cfg.n_layers
+    clt = "W_dec.0" in weights
+    # W_dec[s][:, j] writes layer s + j
+    W_dec = [weights[f"W_dec.{s}"] if clt else weights["W_dec"][s][:, None] for s in range(L)]
+
+    def encode(x, l):
+        pre = x @ weights["W_enc"][l] + weights["b_enc"][l]
+        return pre * (pre > weights["threshold"][l])
+
+    def decode(acts: dict, l):
+        out = weights["b_dec"][l]
+        for s, a in acts.items():
+            if s == l or (clt and s < l):
+                out = out + a @ W_dec[s][:, l - s]
+        return out
+
+    def run(mode):
+        """Log-probs and, per layer, (MLP input, MLP output) with every MLP left as is, replaced by
+        the transcoders (each layer encoding the replaced model's MLP input), or zeroed;
+        position 0 keeps the MLP's own output in every mode."""
+        seen, acts, handles = {}, {}, []
+        for l in range(L):
+
+            def hook(mlp, inputs, out, l=l):
+                seen[l] = (inputs[0], out)
+                if mode == "model":
+                    return None
+                if mode == "zero":
+                    new = torch.zeros_like(out)
+                else:
+                    acts[l] = encode(inputs[0], l)
+                    new = decode(acts, l).clone()
+                new[:, 0] = out[:, 0]
+                return new
+
+            handles.append(model.blocks[l].mlp.register_forward_hook(hook))
+        try:
+            logp = model(tokens).log_softmax(-1)[:, :-1].double()
+        finally:
+            for h in handles:
+                h.remove()
+        return logp, seen
+
+    (logp, seen), (logp_tc, _), (logp_zero, _) = run("model"), run("tc"), run("zero")
+    target = tokens[:, 1:, None]
+    ce = {
+        k: -lp.gather(-1, target).mean().item()
+        for k, lp in [("model", logp), ("tc", logp_tc), ("zero", logp_zero)]
+    }
+    kl = (logp.exp() * (logp - logp_tc)).sum(-1).mean().item()
+
+    # reconstruction on the unmodified model's activations, position 0 left out
+    x = [seen[l][0][:, 1:].flatten(0, 1) for l in range(L)]
+    y = [seen[l][1][:, 1:].flatten(0, 1).double() for l in range(L)]
+    a = [encode(x[l], l) for l in range(L)]
+    fvu, l0, dead = [], [], []
+    for l in range(L):
+        y_hat = decode({s: a[s] for s in range(l + 1)}, l).double()
+        fvu.append(float((y_hat - y[l]).pow(2).sum() / (y[l] - y[l].mean(0)).pow(2).sum()))
+        l0.append(float((a[l] > 0).double().sum(-1).mean()))
+        dead.append(int((a[l] > 0).any(0).logical_not().sum()))
+    d_sae = weights["W_enc"].shape[-1]
+    return {
+        "ce_orig": ce["model"],
+        "ce_replaced": ce["tc"],
+        "ce_zero_ablated": ce["zero"],
+        "ce_loss_recovered": (ce["zero"] - ce["tc"]) / (ce["zero"] - ce["model"]),
+        "kl_to_orig": kl,
+        "fvu": fvu,
+        "fvu_mean": sum(fvu) / L,
+        "l0": l0,
+        "dead_fraction": [n / d_sae for n in dead],
+        "dead_fraction_total": sum(dead) / (L * d_sae),
+        "n_tokens": int(target.numel()),
+    }
 
 
 @pytest.mark.parametrize("name", ["default-plt", "default-clt"])
-def test_bundled_set_loads_fits_and_meets_targets(name):
-    folder = BUNDLED[name]
-    if not (folder / "manifest.json").exists():
-        pytest.skip(f"{folder} is not built yet (python -m transcoders.train ... --save-to {folder})")
-    from attrgraph.bundled.loading import load_model
-
-    model = load_model("default")
+def test_bundled_set_loads_and_fits(model, name):
     tc = load_transcoders(name)  # checks every sha256 of the manifest
     check_fits(model, tc)
-    assert tc.cfg.kind == name.split("-")[1] and tc.cfg.activation == "jumprelu"
-    m = json.loads((folder / "manifest.json").read_text())["metrics"]
-    assert m["ce_loss_recovered"] >= 0.9
-    assert max(m["l0"]) <= 64  # mean active features per token, every layer
-    assert m["dead_fraction_total"] <= 0.10
-    # the saved weights act on raw activations: reconstruct the model's MLP outputs on a prompt
-    tokens = model.to_tokens("Then , Mary and John went to the store . Mary gave a drink to John")
-    from transcoders.sites import collect
+    assert tc.cfg.kind == name.split("-")[1] and tc.cfg.activation == "jumprelu" and tc.cfg.d_sae == 1024
+    # the loader hands back exactly the tensors of the weights file
+    weights = load_file(BUNDLED[name] / "weights.safetensors")
+    torch.testing.assert_close(tc.W_enc.detach(), weights["W_enc"], rtol=0, atol=0)
+    torch.testing.assert_close(tc.threshold.detach(), weights["threshold"], rtol=0, atol=0)
+    for s in range(tc.n_layers):
+        want = weights[f"W_dec.{s}"] if tc.cfg.kind == "clt" else weights["W_dec"][s]
+        torch.testing.assert_close(tc.W_dec[s].detach(), want, rtol=0, atol=0)
 
+
+@pytest.mark.parametrize("name", ["default-plt", "default-clt"])
+def test_bundled_set_has_the_quoted_quality(model, held_out, name):
+    """CE loss recovered, KL, mean FVU, L0 per layer and dead fraction as the README quotes them,
+    recomputed from the weights on the 8,128 held-out tokens."""
+    m = reference_metrics(model, load_file(BUNDLED[name] / "weights.safetensors"), held_out)
+    assert m["n_tokens"] == 8128
+    assert m["ce_orig"] < m["ce_replaced"] < m["ce_zero_ablated"]
+    for key, (want, tol) in QUOTED[name].items():
+        got = m[key]
+        if isinstance(want, list):
+            assert all(abs(g - w) <= tol for g, w in zip(got, want, strict=True)), (name, key, got, want)
+        else:
+            assert abs(got - want) <= tol, (name, key, got, want)
+
+
+@pytest.mark.parametrize("name", ["default-plt", "default-clt"])
+def test_metrics_module_agrees_with_the_reference(model, held_out, name):
+    """transcoders/metrics.py, which wrote the manifests, equals the reference above (first 8
+    sequences). The shipped thresholds are all 0 (the sets act as ReLU transcoders), so both get
+    the same per-feature thresholds 0, 0.05, 0.1, 0, ... here, which cut L0 several-fold."""
+    tokens = held_out[:8]
+    weights = load_file(BUNDLED[name] / "weights.safetensors")
+    tc = load_transcoders(name)
+    thresholds = 0.05 * (torch.arange(tc.d_sae) % 3).float().expand(tc.n_layers, -1)
+    weights["threshold"] = thresholds.clone()
+    with torch.no_grad():
+        tc.threshold.copy_(thresholds)
+    ref = reference_metrics(model, weights, tokens)
     x, y = collect(model, tokens, tc.cfg)
-    out = tc(x[:, 1:]).out
-    fvu = (out - y[:, 1:]).pow(2).sum() / (y[:, 1:] - y[:, 1:].mean(1, keepdim=True)).pow(2).sum()
-    assert fvu < 0.5
+    got = reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1))
+    got.update(replacement_metrics(model, tc, tokens))
+    for key in ("ce_orig", "ce_replaced", "ce_zero_ablated", "ce_loss_recovered", "kl_to_orig"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
+    for key in ("fvu", "l0", "dead_fraction", "dead_fraction_total"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-7), key
+    assert got["n_tokens"] == ref["n_tokens"] == 8 * 127

@@ -51,16 +51,23 @@ def test_contract_shapes_and_vectors(kind):
         assert enc.shape == (3, D)
         torch.testing.assert_close(enc, tc.W_enc[l][:, feats].T)
         dec = tc.decoder_vectors(l, feats)
-        n_out = L - l if kind == "clt" else 1
-        assert dec.shape == (3, n_out, D)
-    # decoder vectors reproduce decode(): one active feature, output minus b_dec
+        # PLT: W_dec[l] is [d_sae, d_model] and writes layer l only; CLT: W_dec[l] is
+        # [d_sae, n_layers - l, d_model], W_dec[l][:, j] writing layer l + j
+        want = tc.W_dec[l][feats][:, None] if kind == "plt" else tc.W_dec[l][feats]
+        assert dec.shape == (3, L - l if kind == "clt" else 1, D)
+        torch.testing.assert_close(dec, want, rtol=0, atol=0)
+    # decode() of one active feature (layer 1, feature 7, activation 2), less b_dec: a PLT writes
+    # layer 1 only, a CLT layers 1 and 2; nothing reaches layer 0
     acts = torch.zeros(L, S)
     acts[1, 7] = 2.0
     out = tc.decode(acts) - tc.b_dec
     dec = tc.decoder_vectors(1, torch.tensor([7]))[0]
-    first = 1 if kind == "clt" else 1
-    torch.testing.assert_close(out[first : first + dec.shape[0]], 2.0 * dec)
-    assert out[0].abs().max() == 0
+    written = [1] if kind == "plt" else [1, 2]
+    assert dec.shape[0] == len(written)
+    for j, l in enumerate(written):
+        torch.testing.assert_close(out[l], 2.0 * dec[j])
+    for l in set(range(L)) - set(written):
+        assert out[l].abs().max() == 0, l
 
 
 @pytest.mark.parametrize("kind", ["sae", "plt", "clt"])

@@ -64,9 +64,25 @@ def test_output_before_post_norm_round_trips_to_hook_mlp_out():
     torch.testing.assert_close(write_target(model, cache, 0, literal), cache["blocks.0.hook_mlp_out"])
 
 
-def test_check_fits_accepts_a_fitting_set(model):
-    check_fits(model, random_set("clt"))
-    check_fits(model, random_set("sae"))
+@pytest.mark.parametrize(
+    "kind, read, write",
+    [("clt", "mlp in", "mlp out"), ("sae", "blocks.{l}.hook_attn_out", "blocks.{l}.hook_attn_out")],
+)
+def test_check_fits_accepts_a_fitting_set_that_then_runs(model, kind, read, write):
+    """A set that fits passes silently, and it does fit: its sites hold d_model-wide values of
+    every layer (the MLP's own input and output, or the literal hook value), which it encodes."""
+    tc = random_set(kind)
+    assert check_fits(model, tc) is None
+    tokens = torch.randint(0, 50, (2, 5))
+    x, y = collect(model, tokens, tc.cfg)
+    seen = mlp_io(model, tokens)
+    _, cache = model.run_with_cache(tokens)
+    for l in range(2):
+        want_x = seen[l][0] if read == "mlp in" else cache[read.format(l=l)]
+        want_y = seen[l][1] if write == "mlp out" else cache[write.format(l=l)]
+        torch.testing.assert_close(x[:, :, l], want_x)
+        torch.testing.assert_close(y[:, :, l], want_y)
+    assert tc(x).out.shape == y.shape == (2, 5, 2, 32)
 
 
 @pytest.mark.parametrize(

@@ -275,25 +275,14 @@ def test_validate_graph_and_report(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bundled("default", "default-plt")
 def test_validate_cli_on_the_bundled_model(tmp_path):
-    """`attrgraph build` then `attrgraph validate` on the bundled model (its transcoders when present,
-    else a small random set saved in the native format)."""
-    from attrgraph.bundled.paths import BUNDLED
-
-    if not (BUNDLED["default"] / "manifest.json").exists():
-        pytest.skip("bundled model not present yet")
+    """`attrgraph build` then `attrgraph validate` on the bundled model and its PLT."""
     from attrgraph.cli import main
 
-    tc_name = "default-plt"
-    if not (BUNDLED["default-plt"] / "manifest.json").exists():
-        from transcoders import TranscoderConfig, build_transcoders, save_transcoders
-
-        cfg = TranscoderConfig(kind="plt", n_layers=4, d_model=128, d_sae=64, activation="relu")
-        tc = build_transcoders(cfg).init_weights(torch.Generator().manual_seed(0))
-        tc_name = str(save_transcoders(tc, tmp_path / "tc"))
     path = tmp_path / "g.h5"
     prompt = "When Mary and John went to the store , John gave a drink to"
-    assert main(["build", prompt, "-o", str(path), "--transcoders", tc_name, "--json"]) == 0
+    assert main(["build", prompt, "-o", str(path), "--transcoders", "default-plt", "--json"]) == 0
     out = tmp_path / "report"
     assert (
         main(["validate", str(path), "-o", str(out), "--max-features", "10", "--n-perturbations", "2"]) == 0

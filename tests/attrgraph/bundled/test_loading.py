@@ -1,6 +1,7 @@
 """load_model: the bundled model offline, local folders, and each bad input's error."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -23,9 +24,7 @@ TINY = dict(
     normalization_type="LN",
     tokenizer_name=None,
 )
-needs_bundled = pytest.mark.skipif(
-    not (BUNDLED["default"] / "manifest.json").exists(), reason="bundled model not trained yet"
-)
+needs_bundled = pytest.mark.bundled("default")  # fails, never skips, when data/default is missing
 
 
 @pytest.fixture
@@ -139,3 +138,49 @@ def test_damaged_manifest(tiny_folder, text):
     (folder / "manifest.json").write_text(text)
     with pytest.raises(ChecksumError, match="is not a JSON manifest"):
         load_model(folder)
+
+
+def test_missing_bundled_data_fails_and_says_where(tmp_path, bundled_check):
+    """The `bundled` marker's check: a test of the shipped data fails (never skips) when it is gone."""
+
+    def outcome(folder):
+        with pytest.raises(BaseException) as e:  # BaseException: pytest's skip and fail outcomes too
+            bundled_check(["default"], {"default": folder})
+        assert e.type is pytest.fail.Exception, e.type  # a failure, not a skip
+        return str(e.value)
+
+    gone = tmp_path / "default"
+    assert re.fullmatch(
+        r"bundled data missing at .*default/manifest\.json; .*git checkout -- data/.*", outcome(gone)
+    )
+    shutil.copytree(BUNDLED["default"], gone)
+    bundled_check(["default"], {"default": gone})  # complete: passes
+    (gone / "tokenizer" / "tokenizer.json").unlink()
+    assert re.match(r"bundled data missing at .*default/tokenizer/tokenizer\.json;", outcome(gone))
+
+
+def test_bundled_marker_fails_before_fixtures_load(pytester, monkeypatch, tmp_path, request):
+    """End to end: with data/default gone, a marked test errors at setup with the message (no skip),
+    before its fixture would have tried to load the model."""
+    conftest = next(p for p in request.config.pluginmanager.get_plugins() if hasattr(p, "require_bundled"))
+    monkeypatch.setitem(BUNDLED, "default", tmp_path / "gone")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture
+        def model():
+            raise AssertionError("the fixture ran")
+
+        @pytest.mark.bundled("default")
+        def test_needs_it(model):
+            pass
+
+        def test_other():
+            pass
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[conftest])
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*bundled data missing at *gone/manifest.json; *do not skip*"])
+    result.stdout.no_fnmatch_line("*the fixture ran*")

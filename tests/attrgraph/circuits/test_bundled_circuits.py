@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attrgraph.bundled.paths import BUNDLED
-
-pytestmark = pytest.mark.skipif(
-    not (BUNDLED["default"] / "model.safetensors").exists(),
-    reason="the bundled model data/default is not built yet",
-)
+pytestmark = pytest.mark.bundled("default")  # fails, never skips, when data/default is missing
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 

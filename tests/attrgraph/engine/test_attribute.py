@@ -212,9 +212,8 @@ def test_options_that_do_not_apply_to_the_method_are_refused():
     assert g.meta["method"] == "hierarchical"
 
 
+@pytest.mark.bundled("default", "default-plt")
 def test_bundled_model_contract_float32():
-    if not (BUNDLED["default"] / "config.json").exists() or not BUNDLED["default-plt"].is_dir():
-        pytest.skip("the bundled model or its transcoders (data/default, data/default-plt) are not built yet")
     from attrgraph.bundled.loading import load_model
     from transcoders.formats import load_transcoders
 

@@ -269,11 +269,8 @@ def test_other_roots_and_storage(setup, tmp_path):
         attribute_hierarchical(model, rm, TOKENS, root=(0, 0, 0), exclude_bos=True)
 
 
+@pytest.mark.bundled("default", "default-plt")
 def test_theorem_3_1_on_the_bundled_model():
-    from attrgraph.bundled.paths import BUNDLED
-
-    if not all((BUNDLED[n] / "manifest.json").exists() for n in ("default", "default-plt")):
-        pytest.skip("the bundled model or its PLT is not built yet (data/default, data/default-plt)")
     from attrgraph.bundled.loading import load_model
     from attrgraph.bundled.tasks import ioi_pairs
     from transcoders import load_transcoders
