@@ -17,10 +17,10 @@ Layout (schema version 1); `L` layers, `S` features per layer, `W = before + 1 +
     stats/mean                 [L, S] f32         mean nonzero activation
     hist/edges                 [B + 1] f32        log-spaced; values outside go to the end bins
     hist/counts                [L, S, B] int32    nonzero activations per bin
-    top/{act,index}            [L, S, K]          the K largest activations, global token index
+    top/act                    [L, S, K] f32      the K largest activations (K <= n_top; 0 past the count)
     top/{tokens,token_acts}    [L, S, K, W]       the window around each (token -1: none); token_acts
                                                   uint8 in units of stats/max / 255 (`token_acts()`)
-    quantile/{act,index}       [L, S, Q, P]       P examples from each of Q activation-quantile bins
+    quantile/act               [L, S, Q, P] f32   P examples from each of Q activation-quantile bins (0: none)
     quantile/{tokens,token_acts} [L, S, Q, P, W]
     quantile/bounds            [L, S, Q + 1] f32  activation at each bin edge (sample quantiles)
     logits/{top,bottom}_{tokens,values} [L, S, N] direct-path logits, largest / smallest first
@@ -106,7 +106,7 @@ def _open_checked(path: Path):
 
 def _compress(kw: dict, arr: np.ndarray) -> dict:
     if arr.size > 64:
-        kw.update(compression="gzip", compression_opts=9, shuffle=True)
+        kw.update(chunks=arr.shape, compression="gzip", compression_opts=9, shuffle=True)  # one chunk
     return kw
 
 
@@ -244,22 +244,21 @@ class Dashboards:
         return out
 
     def _examples(self, group: str, l: int, i: int, b: int | None = None) -> list[dict]:
-        act, idx = self.data[f"{group}/act"][l, i], self.data[f"{group}/index"][l, i]
+        act = self.data[f"{group}/act"][l, i]
         toks = self.data[f"{group}/tokens"][l, i]
         tacts = self.data[f"{group}/token_acts"][l, i] * (float(self.data["stats/max"][l, i]) / 255)
         if b is not None:  # one quantile bin
-            act, idx, toks, tacts = act[b], idx[b], toks[b], tacts[b]
-        act, idx = act.reshape(-1), idx.reshape(-1)
+            act, toks, tacts = act[b], toks[b], tacts[b]
+        act = act.reshape(-1)
         toks, tacts = toks.reshape(len(act), -1), tacts.reshape(len(act), -1)
         out = []
-        for a, j, t, ta in zip(act, idx, toks, tacts):
-            if j < 0:
+        for a, t, ta in zip(act, toks, tacts):
+            if not a > 0:
                 continue
             keep = t >= 0
             out.append(
                 {
                     "act": float(a),
-                    "index": int(j),
                     "tokens": [str(self.vocab[x]) for x in t[keep]],
                     "token_ids": t[keep].tolist(),
                     "acts": ta[keep].astype(float).tolist(),

@@ -60,7 +60,7 @@ class DashboardConfig:
     """Seed of the bundled corpus stream (training used 0)."""
     chunk_seqs: int = 16
     """Sequences per chunk (memory: one chunk's activations; results do not depend on it)."""
-    n_top: int = 5
+    n_top: int = 4
     """Largest activations kept per feature, with their contexts."""
     n_quantiles: int = 3
     """Activation-quantile bins of the sampled examples."""
@@ -72,7 +72,7 @@ class DashboardConfig:
     """Context tokens before the active token."""
     after: int = 1
     """Context tokens after the active token."""
-    n_logits: int = 5
+    n_logits: int = 4
     """Top and bottom direct-path logits kept per feature."""
     n_bins: int = 24
     """Histogram bins, log-spaced over [hist_min, hist_max] (values outside go to the end bins)."""
@@ -432,9 +432,8 @@ def compute_dashboards(
     token_dtype = np.int16 if len(vocab) < 2**15 else np.int32
     for name in ("top/tokens", "quantile/tokens", "logits/top_tokens", "logits/bottom_tokens"):
         data[name] = data[name].astype(token_dtype)
-    if acc.n_tokens < 2**31:
-        for name in ("top/index", "quantile/index"):
-            data[name] = data[name].astype(np.int32)
+    for name in ("top/index", "quantile/index"):  # the token indices stay in memory: the file stays small
+        del data[name]
     data["labels/auto"] = auto_labels(data, vocab, cfg.before)
     attrs = {
         "transcoders": cfg.transcoders,
