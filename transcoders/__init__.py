@@ -6,14 +6,18 @@ Public API:
   build_transcoders(cfg)                    an untrained set of the class cfg.kind names
   check_fits(model, tc), collect, mlp_input sites.py
   load_transcoders, save_transcoders        formats/
+  compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
+  load_dashboards, set_labels               dashboard_file.py (the HDF5 file; user labels)
 """
 
 from transcoders.base import SparseCoder, TranscoderOutput
 from transcoders.clt import CrossLayerTranscoder
 from transcoders.config import TranscoderConfig
+from transcoders.dashboard_file import load_dashboards, set_labels
 from transcoders.errors import (
     ConfigError,
     CorruptTranscoderError,
+    DashboardFileError,
     NonFiniteError,
     StaleLayersError,
     TranscoderError,
@@ -25,6 +29,18 @@ from transcoders.formats import load_transcoders, save_transcoders
 from transcoders.plt import PerLayerTranscoder
 from transcoders.sae import SAE
 from transcoders.sites import check_fits, collect, mlp_input
+
+# lazy, so that `python -m transcoders.dashboards` runs the module fresh as __main__
+_LAZY = {"compute_dashboards", "DashboardConfig"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from transcoders import dashboards
+
+        return getattr(dashboards, name)
+    raise AttributeError(f"module 'transcoders' has no attribute {name!r}")
+
 
 CLASSES = {"sae": SAE, "plt": PerLayerTranscoder, "clt": CrossLayerTranscoder}
 
@@ -40,6 +56,8 @@ __all__ = [
     "ConfigError",
     "CorruptTranscoderError",
     "CrossLayerTranscoder",
+    "DashboardConfig",
+    "DashboardFileError",
     "NonFiniteError",
     "PerLayerTranscoder",
     "SparseCoder",
@@ -53,6 +71,9 @@ __all__ = [
     "build_transcoders",
     "check_fits",
     "collect",
+    "compute_dashboards",
+    "load_dashboards",
+    "set_labels",
     "load_transcoders",
     "save_transcoders",
     "mlp_input",

@@ -36,3 +36,7 @@ class NonFiniteError(TranscoderError, FloatingPointError):
 
 class StaleLayersError(TranscoderError, FileExistsError):
     """A save target that already holds per-layer files beyond the set's layers (a larger old save)."""
+
+
+class DashboardFileError(TranscoderError, ValueError):
+    """A dashboards file that is missing, not ours, of another schema version, or a bad label request."""

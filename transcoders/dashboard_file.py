@@ -1,0 +1,307 @@
+"""The dashboards file: one HDF5 file per transcoder set (`<set folder>/dashboards.h5` by default).
+
+Written only through `atomic_h5` (a temporary file in the same folder, renamed over the target on
+success, so a crash never leaves a half-written file under the final name; the same approach as
+attrgraph/graph/store.py's `edit_h5`, kept here because transcoders does not import attrgraph's
+graph layer). Versioned: the root attribute `schema_version` is checked on read, and a file of
+another version raises `DashboardFileError` saying what to do.
+
+Layout (schema version 1); `L` layers, `S` features per layer, `W = before + 1 + after` tokens:
+
+    attrs: format="attrgraph-dashboards", schema_version, transcoders, kind, n_layers, d_sae,
+           n_tokens (corpus tokens read), n_counted (positions counted: all but position 0),
+           corpus, config (JSON of the DashboardConfig), direct_path (how logits were computed)
+    vocab                      [V] str            token strings, by id
+    stats/count                [L, S] int64       positions where the feature is active (> 0)
+    stats/min, stats/max       [L, S] f32         smallest / largest nonzero activation (0 if never)
+    stats/mean                 [L, S] f32         mean nonzero activation
+    hist/edges                 [B + 1] f32        log-spaced; values outside go to the end bins
+    hist/counts                [L, S, B] int32    nonzero activations per bin
+    top/act                    [L, S, K] f32      the K largest activations (K <= n_top; 0 past the count)
+    top/{tokens,token_acts}    [L, S, K, W]       the window around each (token -1: none); token_acts
+                                                  uint8 in units of stats/max / 255 (`token_acts()`)
+    quantile/act               [L, S, Q, P] f32   P examples from each of Q activation-quantile bins (0: none)
+    quantile/{tokens,token_acts} [L, S, Q, P, W]
+    quantile/bounds            [L, S, Q + 1] f32  activation at each bin edge (sample quantiles)
+    logits/{top,bottom}_{tokens,values} [L, S, N] direct-path logits, largest / smallest first
+    labels/auto                [L, S] str         automatic labels
+    labels/user/{layer,feature,label} [n]         user labels (kept when dashboards are recomputed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from transcoders.errors import DashboardFileError
+
+FORMAT = "attrgraph-dashboards"
+SCHEMA_VERSION = 1
+FILE_NAME = "dashboards.h5"
+
+
+def _h5py():
+    import h5py
+
+    return h5py
+
+
+def _str_dtype():
+    return _h5py().string_dtype("utf-8")
+
+
+@contextlib.contextmanager
+def atomic_h5(path: str | os.PathLike, copy_existing: bool = False):
+    """Open a temporary HDF5 file beside `path` for writing (a copy of `path` if `copy_existing`);
+    on success it is renamed over `path`, on an exception it is deleted and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        if copy_existing and path.exists():
+            shutil.copyfile(path, tmp)
+        with _h5py().File(tmp, "a" if copy_existing else "w") as f:
+            yield f
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _open_checked(path: Path):
+    path = Path(path)
+    if not path.exists():
+        raise DashboardFileError(
+            f"{path} does not exist; compute it with `python -m transcoders.dashboards --transcoders NAME`."
+        )
+    try:
+        f = _h5py().File(path, "r")
+    except OSError as e:
+        raise DashboardFileError(
+            f"{path} is not a readable HDF5 file ({e}); recompute the dashboards."
+        ) from e
+    if f.attrs.get("format") != FORMAT:
+        f.close()
+        raise DashboardFileError(f"{path} is not a dashboards file (no format={FORMAT!r}); pass one.")
+    version = int(f.attrs.get("schema_version", -1))
+    if version != SCHEMA_VERSION:
+        f.close()
+        raise DashboardFileError(
+            f"{path} has dashboards schema version {version}, this code reads version {SCHEMA_VERSION}; "
+            "recompute it with `python -m transcoders.dashboards` (user labels are kept)."
+        )
+    return f
+
+
+def _compress(kw: dict, arr: np.ndarray) -> dict:
+    if arr.size > 64:
+        kw.update(chunks=arr.shape, compression="gzip", compression_opts=9, shuffle=True)  # one chunk
+    return kw
+
+
+def write_dashboards(path: str | os.PathLike, data: dict, attrs: dict) -> Path:
+    """Write `data` ({"group/name": array}) and root `attrs` atomically, keeping the user labels of
+    any dashboards file already at `path`."""
+    path = Path(path)
+    user = read_user_labels(path) if path.exists() else {}
+    with atomic_h5(path) as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        for k, v in attrs.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, dict | list) else v
+        for name, arr in data.items():
+            if arr.dtype.kind in "OU":  # fixed-length UTF-8 bytes: gzip compresses them, vlen strings not
+                arr = np.array([str(s).encode() for s in arr.ravel()]).reshape(arr.shape)
+                f.create_dataset(name, data=arr, **_compress({}, arr))
+            else:
+                f.create_dataset(name, data=arr, **_compress({}, arr))
+        _write_user_labels(f, user)
+    return path
+
+
+def read_user_labels(path: str | os.PathLike) -> dict[tuple[int, int], str]:
+    """{(layer, feature): label} of the user labels in `path` (any schema version: they are kept)."""
+    try:
+        f = _h5py().File(path, "r")
+    except OSError as e:
+        raise DashboardFileError(
+            f"{path} exists but is not a readable HDF5 file ({e}); move it away and recompute."
+        ) from e
+    with f:
+        if "labels/user" not in f:
+            return {}
+        g = f["labels/user"]
+        return {
+            (int(l), int(i)): s.decode() if isinstance(s, bytes) else str(s)
+            for l, i, s in zip(g["layer"][()], g["feature"][()], g["label"][()])
+        }
+
+
+def _write_user_labels(f, labels: dict[tuple[int, int], str]) -> None:
+    if "labels/user" in f:
+        del f["labels/user"]
+    g = f.require_group("labels").create_group("user")
+    keys = sorted(labels)
+    g.create_dataset("layer", data=np.array([k[0] for k in keys], dtype=np.int32))
+    g.create_dataset("feature", data=np.array([k[1] for k in keys], dtype=np.int64))
+    g.create_dataset("label", data=np.array([labels[k] for k in keys], dtype=object), dtype=_str_dtype())
+
+
+_NODE = re.compile(r"^L(\d+)/F(\d+)$")
+
+
+def feature_key(key) -> tuple[int, int]:
+    """(layer, feature) from a (layer, feature) pair or a node name like "L1/F254"."""
+    if isinstance(key, str):
+        m = _NODE.match(key.split("@")[0])
+        if m:
+            return int(m[1]), int(m[2])
+    elif isinstance(key, tuple | list) and len(key) == 2:
+        return int(key[0]), int(key[1])
+    raise DashboardFileError(
+        f"feature {key!r} is neither (layer, feature) nor a name like 'L1/F254'; pass one."
+    )
+
+
+def set_labels(path: str | os.PathLike, labels: dict) -> None:
+    """Set user labels {feature: label} in the dashboards file `path` (feature: (layer, feature) or
+    "L1/F254"; a label of None or "" removes the user label, so the automatic one shows again).
+    User labels are stored apart from the automatic ones and survive recomputing the dashboards."""
+    with _open_checked(path) as f:
+        n_layers, d_sae = int(f.attrs["n_layers"]), int(f.attrs["d_sae"])
+    current = read_user_labels(path)
+    for key, label in labels.items():
+        l, i = feature_key(key)
+        if not (0 <= l < n_layers and 0 <= i < d_sae):
+            raise DashboardFileError(
+                f"feature L{l}/F{i} is outside this set ({n_layers} layers x {d_sae} features); pass one inside."
+            )
+        if label is None or str(label) == "":
+            current.pop((l, i), None)
+        else:
+            current[(l, i)] = str(label)
+    with atomic_h5(path, copy_existing=True) as f:
+        _write_user_labels(f, current)
+
+
+class Dashboards:
+    """A dashboards file read into memory (numpy arrays); `feature(layer, i)` gives one dashboard."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with _open_checked(self.path) as f:
+            self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+            self.data = {}
+
+            def visit(name, obj):
+                if isinstance(obj, _h5py().Dataset) and not name.startswith("labels/user"):
+                    v = obj[()]
+                    if obj.dtype.kind in "OS":
+                        v = np.array(
+                            [s.decode() if isinstance(s, bytes) else s for s in v.ravel()], dtype=object
+                        )
+                        v = v.reshape(obj.shape)
+                    self.data[name] = v
+
+            f.visititems(visit)
+        self.user_labels = read_user_labels(self.path)
+        self.n_layers, self.d_sae = int(self.attrs["n_layers"]), int(self.attrs["d_sae"])
+        self.vocab = self.data["vocab"]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name]
+
+    def frequency(self) -> np.ndarray:
+        """[L, S] share of counted positions where each feature is active."""
+        return self.data["stats/count"] / max(int(self.attrs["n_counted"]), 1)
+
+    def token_acts(self, group: str) -> np.ndarray:
+        """`group/token_acts` ("top" or "quantile") as float activations."""
+        q = self.data[f"{group}/token_acts"].astype(np.float32)
+        scale = self.data["stats/max"].reshape(self.n_layers, self.d_sae, *[1] * (q.ndim - 2)) / 255
+        return q * scale
+
+    def label(self, layer: int, feature: int) -> str:
+        """The user's label if set, else the automatic one."""
+        return self.user_labels.get((layer, feature)) or str(self.data["labels/auto"][layer, feature])
+
+    def labels(self) -> np.ndarray:
+        """[L, S] labels, user labels over automatic ones."""
+        out = self.data["labels/auto"].copy()
+        for (l, i), s in self.user_labels.items():
+            out[l, i] = s
+        return out
+
+    def _examples(self, group: str, l: int, i: int, b: int | None = None) -> list[dict]:
+        act = self.data[f"{group}/act"][l, i]
+        toks = self.data[f"{group}/tokens"][l, i]
+        tacts = self.data[f"{group}/token_acts"][l, i] * (float(self.data["stats/max"][l, i]) / 255)
+        if b is not None:  # one quantile bin
+            act, toks, tacts = act[b], toks[b], tacts[b]
+        act = act.reshape(-1)
+        toks, tacts = toks.reshape(len(act), -1), tacts.reshape(len(act), -1)
+        out = []
+        for a, t, ta in zip(act, toks, tacts):
+            if not a > 0:
+                continue
+            keep = t >= 0
+            out.append(
+                {
+                    "act": float(a),
+                    "tokens": [str(self.vocab[x]) for x in t[keep]],
+                    "token_ids": t[keep].tolist(),
+                    "acts": ta[keep].astype(float).tolist(),
+                    "center": int(np.count_nonzero(keep[: int(self.attrs["before"])])),
+                }
+            )
+        return out
+
+    def feature(self, layer: int, feature: int) -> dict:
+        """One feature's dashboard as plain Python values (JSON-ready)."""
+        l, i = layer, feature
+        d = self.data
+        q = d["quantile/act"].shape[-2]
+        return {
+            "layer": l,
+            "feature": i,
+            "label": self.label(l, i),
+            "auto_label": str(d["labels/auto"][l, i]),
+            "frequency": float(self.frequency()[l, i]),
+            "count": int(d["stats/count"][l, i]),
+            "min": float(d["stats/min"][l, i]),
+            "max": float(d["stats/max"][l, i]),
+            "mean": float(d["stats/mean"][l, i]),
+            "histogram": {"edges": d["hist/edges"].tolist(), "counts": d["hist/counts"][l, i].tolist()},
+            "top": self._examples("top", l, i),
+            "quantiles": [
+                {
+                    "range": [float(d["quantile/bounds"][l, i, b]), float(d["quantile/bounds"][l, i, b + 1])],
+                    "examples": self._examples("quantile", l, i, b),
+                }
+                for b in range(q)
+            ],
+            "top_logits": [
+                (str(self.vocab[t]), float(v))
+                for t, v in zip(d["logits/top_tokens"][l, i], d["logits/top_values"][l, i])
+            ],
+            "bottom_logits": [
+                (str(self.vocab[t]), float(v))
+                for t, v in zip(d["logits/bottom_tokens"][l, i], d["logits/bottom_values"][l, i])
+            ],
+        }
+
+
+def load_dashboards(path: str | os.PathLike) -> Dashboards:
+    """Read a dashboards file (checks its format and schema version)."""
+    return Dashboards(path)
