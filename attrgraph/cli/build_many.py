@@ -4,7 +4,7 @@
    `prompt_<line number>`) is the graph's name in the file; `target` (optional) is one token
    (`" Mary"`: its logit) or two (`[" Mary", " John"]`: the logit difference), else the default logit
    targets. Every other option is `attrgraph build`'s, the same for all prompts.
-2. Cluster: a local one (`ray.init(num_cpus=--workers)`, no dashboard, bound to 127.0.0.1) unless
+2. Cluster: a local one (`ray.init(num_cpus=--workers)`, no dashboard, node address 127.0.0.1) unless
    `--address` names a running one (`ray start --head`; every node needs attrgraph installed), or
    Ray is already initialized in this process. `--workers` actors, one CPU each, load the model
    and transcoders once and keep them; each builds, prunes and returns graphs one prompt at a time.
@@ -258,7 +258,7 @@ def build_many(
     on_result=None,
 ) -> dict:
     """Build every prompt of `prompts` not yet in `output` on `workers` Ray actors; returns counts
-    `{built, skipped, failed, workers, seconds}`. `options` holds `BUILD_OPTIONS`; `on_result(result)`
+    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph). `options` holds `BUILD_OPTIONS`; `on_result(result)`
     is called on the driver after each prompt's result is handled."""
     from tqdm.auto import tqdm
 
@@ -272,7 +272,7 @@ def build_many(
     todo = [it for it in items if it["name"] not in done]
     side = failures_path(output)
     side.write_text("")
-    counts = {"built": 0, "skipped": len(items) - len(todo), "failed": 0, "workers": workers}
+    counts = {"built": 0, "skipped": len(items) - len(todo), "failed": 0, "workers": workers, "write_s": 0.0}
 
     def fail(record: dict) -> None:
         counts["failed"] += 1
@@ -323,8 +323,10 @@ def build_many(
                 if "error" in result:
                     fail({"line": item["line"], "name": item["name"], "error": result["error"]})
                 elif item["name"] not in done:
+                    t_write = time.perf_counter()
                     for name, graph in result.pop("graphs").items():
                         save_graph(graph, output, name)
+                    counts["write_s"] += time.perf_counter() - t_write
                     done.add(item["name"])
                     counts["built"] += 1
                 bar.update(1)
@@ -337,6 +339,7 @@ def build_many(
             if owns:
                 ray.shutdown()
     counts["seconds"] = round(time.perf_counter() - t0, 3)
+    counts["write_s"] = round(counts["write_s"], 3)
     return counts
 
 
