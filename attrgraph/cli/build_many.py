@@ -17,8 +17,8 @@
 5. Failures: a prompt that cannot be built (a line that is not a JSON object or lacks "prompt",
    an empty prompt, an unknown target token, a duplicate name, a worker that died on it every
    attempt) is recorded with its line number and error in the sidecar `GRAPHS.h5.failures.jsonl`
-   (rewritten each run: it lists the prompts of the last run that are not in the file) and the rest
-   go on; the exit code is then 1.
+   (rewritten each run: it lists the prompts of the last run that are not in the file; absent when
+   none failed) and the rest go on; the exit code is then 1.
 """
 
 from __future__ import annotations
@@ -258,8 +258,9 @@ def build_many(
     on_result=None,
 ) -> dict:
     """Build every prompt of `prompts` not yet in `output` on `workers` Ray actors; returns counts
-    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph). `options` holds `BUILD_OPTIONS`; `on_result(result)`
-    is called on the driver after each prompt's result is handled."""
+    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
+    `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
+    result is handled. The failures sidecar is left only when some prompt failed."""
     from tqdm.auto import tqdm
 
     from attrgraph.graph.store import list_graphs, save_graph
@@ -271,6 +272,7 @@ def build_many(
     done = set(list_graphs(output)) if Path(output).exists() else set()
     todo = [it for it in items if it["name"] not in done]
     side = failures_path(output)
+    side.parent.mkdir(parents=True, exist_ok=True)
     side.write_text("")
     counts = {"built": 0, "skipped": len(items) - len(todo), "failed": 0, "workers": workers, "write_s": 0.0}
 
@@ -338,6 +340,8 @@ def build_many(
         finally:
             if owns:
                 ray.shutdown()
+    if not counts["failed"]:
+        side.unlink()
     counts["seconds"] = round(time.perf_counter() - t0, 3)
     counts["write_s"] = round(counts["write_s"], 3)
     return counts

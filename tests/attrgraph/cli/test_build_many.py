@@ -147,6 +147,16 @@ def test_read_prompts_records_bad_lines(tmp_path):
         build_many.read_prompts(tmp_path / "missing.jsonl")
 
 
+def test_build_many_of_bad_lines_only_records_them(tmp_path):
+    """No prompt to build: no worker starts; the failures land beside an output in a new folder."""
+    f, out = tmp_path / "p.jsonl", tmp_path / "new" / "g.h5"
+    write_jsonl(f, ["[1, 2]", {"name": "x"}])
+    counts = build_many.build_many(f, out, {}, workers=2, progress=False)
+    assert (counts["built"], counts["failed"]) == (0, 2) and not out.exists()
+    lines = build_many.failures_path(out).read_text().splitlines()
+    assert [json.loads(line)["line"] for line in lines] == [1, 2]
+
+
 def test_build_many_targets_failures_and_same_graphs_as_build(cluster, deadline, model_dir, tmp_path, capsys):
     rows = prompts(3) + [
         {"prompt": PROMPT, "name": "mary", "target": " Mary"},
@@ -213,6 +223,7 @@ def test_build_many_resumes(cluster, deadline, model_dir, tmp_path):
     assert sorted(list_graphs(out)) == [f"ioi_{i}" for i in range(5)]
     with h5py.File(out) as h:
         assert all(h[f"graphs/{n}"].attrs["created"] == c for n, c in created.items())
+    assert not build_many.failures_path(out).exists()  # nothing failed: no sidecar
     # all done: a rerun starts no worker and builds nothing
     assert build_many.build_many(f, out, o, workers=2, progress=False)["built"] == 0
 
