@@ -84,6 +84,10 @@ class ConstantMetricError(AttrgraphError, ValueError):
     """A metric that takes the same value whatever the model does, so no edge can matter."""
 
 
+class ClusterError(AttrgraphError, ConnectionError):
+    """Ray that is not installed, or a Ray cluster address that cannot be reached."""
+
+
 class SparsityError(AttrgraphError, ValueError):
     """A target sparsity (or kept fraction) outside the open interval (0, 1)."""
 

@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "predict": "attrgraph.cli.predict",
     "circuit": "attrgraph.cli.circuit",
     "build": "attrgraph.cli.build",
+    "build-many": "attrgraph.cli.build_many",
     "show": "attrgraph.cli.show",
     "validate": "attrgraph.cli.validate",
     "export": "attrgraph.cli.export",

@@ -80,6 +80,17 @@ def select_logit_targets(
     return out
 
 
+def logit_target(model: HookedTransformer, token: str | int, position: int = -1) -> Target:
+    """Target the demeaned logit of one token (e.g. " Mary") at `position`, as the default logit nodes."""
+    i = _token_id(model, token)
+    d_vocab = model.cfg.d_vocab_out
+    vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=model.cfg.dtype)
+    vec[i] += 1.0
+    return Target(
+        name=token_str(getattr(model, "tokenizer", None), i), vector=vec, position=position, token=i
+    )
+
+
 def logit_difference(
     model: HookedTransformer, token_a: str | int, token_b: str | int, position: int = -1
 ) -> Target:

@@ -1,0 +1,372 @@
+"""`attrgraph build-many PROMPTS.jsonl -o GRAPHS.h5`: one graph per prompt, built on Ray.
+
+1. Input: one JSON object per line, `{"prompt": ..., "name": ..., "target": ...}`. `name` (default
+   `prompt_<line number>`) is the graph's name in the file; `target` (optional) is one token
+   (`" Mary"`: its logit) or two (`[" Mary", " John"]`: the logit difference), else the default logit
+   targets. Every other option is `attrgraph build`'s, the same for all prompts.
+2. Cluster: a local one (`ray.init(num_cpus=--workers)`, no dashboard, node address 127.0.0.1) unless
+   `--address` names a running one (`ray start --head`; every node needs attrgraph installed), or
+   Ray is already initialized in this process. `--workers` actors, one CPU each, load the model
+   and transcoders once and keep them; each builds, prunes and returns graphs one prompt at a time.
+3. One writer: the driver stores every result with `save_graph` (atomic: a crash never leaves a
+   half-written file), the pruned graph as NAME (and with `--full` the unpruned one as NAME_full,
+   written first, so NAME present means the prompt is done).
+4. Resumable: prompts whose NAME is already in the output are skipped, so a rerun after a crash
+   builds only what is missing. A worker that dies is restarted by Ray and its prompt retried
+   (by Ray, then by the driver, `ATTEMPTS` times in all); results are written by name, once.
+5. Failures: a prompt that cannot be built (a line that is not a JSON object or lacks "prompt",
+   an empty prompt, an unknown target token, a duplicate name, a worker that died on it every
+   attempt) is recorded with its line number and error in the sidecar `GRAPHS.h5.failures.jsonl`
+   (rewritten each run: it lists the prompts of the last run that are not in the file; absent when
+   none failed) and the rest go on; the exit code is then 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import deque
+from pathlib import Path
+
+from attrgraph.errors import ClusterError, OptionError, PromptError
+
+KEYS = ("prompt", "name", "target")
+"""The keys a JSONL line may hold."""
+ATTEMPTS = 3
+"""Tries of one prompt by the driver (each of which Ray may retry once more) before it is recorded."""
+BUILD_OPTIONS = (
+    "model",
+    "transcoders",
+    "node_threshold",
+    "edge_threshold",
+    "max_logits",
+    "logit_prob",
+    "batch_size",
+    "method",
+    "tau",
+    "max_feature_nodes",
+    "threads",
+    "full",
+)
+"""The options of `attrgraph build` that apply to every prompt here (the test checks they match)."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build-many", help="build one graph per prompt of a JSONL file, on Ray")
+    p.add_argument("prompts", help='JSONL file: {"prompt": ..., "name": ..., "target": ...} per line')
+    p.add_argument("-o", "--output", default="graphs.h5", help="HDF5 file to write (default graphs.h5)")
+    p.add_argument("--workers", type=int, default=2, help="Ray actors building graphs (default 2)")
+    p.add_argument(
+        "--address", default=None, help="a running Ray cluster (host:port or 'auto'); default: a local one"
+    )
+    p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
+    p.add_argument(
+        "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
+    )
+    p.add_argument("--node-threshold", type=float, default=0.8)
+    p.add_argument("--edge-threshold", type=float, default=0.98)
+    p.add_argument("--max-logits", type=int, default=None, help="most logit targets (default 10)")
+    p.add_argument(
+        "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
+    )
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--method", choices=("standard", "hierarchical", "adaptive"), default="standard")
+    p.add_argument(
+        "--tau", type=float, default=None, help="hierarchical: detach nodes whose attribution is below tau"
+    )
+    p.add_argument(
+        "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default 1)")
+    p.add_argument("--full", action="store_true", help="also store each unpruned graph as NAME_full")
+    p.add_argument("--json", action="store_true", help="print the run's counts as one JSON object")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def failures_path(output: str | os.PathLike) -> Path:
+    """The sidecar where a run records the prompts it could not build."""
+    return Path(f"{output}.failures.jsonl")
+
+
+def read_prompts(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """Parse a prompts file into work items `{line, name, prompt, target}` and failures
+    `{line, name, error}` (lines that are not usable: not a JSON object, no string "prompt",
+    unknown keys, a bad name or target, a name used before). Blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise OptionError(
+            f"prompts file {str(path)!r} does not exist; pass a JSONL file of {{'prompt': ...}}."
+        )
+    items, failures, seen = [], [], set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            name, error = f"prompt_{n}", None
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                row, error = None, f"line is not JSON ({e.msg}); write one JSON object per line."
+            if error is None and not isinstance(row, dict):
+                error = 'line is not a JSON object; write {"prompt": ...}.'
+            if error is None:
+                name = row.get("name", name)
+                target = row.get("target")
+                if not isinstance(row.get("prompt"), str):
+                    error = 'line lacks a string "prompt"; write {"prompt": "some text"}.'
+                elif extra := sorted(set(row) - set(KEYS)):
+                    error = f"unknown keys {extra}; a line may hold only {list(KEYS)}."
+                elif not isinstance(name, str) or not name or "/" in name:
+                    error = f"name {name!r} is not a non-empty string without '/'; pick a plain name."
+                elif name in seen:
+                    error = f"name {name!r} is used by an earlier line; give every prompt its own name."
+                elif not (
+                    target is None
+                    or isinstance(target, str | int)
+                    or (isinstance(target, list) and len(target) == 2)
+                ):
+                    error = f'target {target!r} is neither one token nor two; write " Mary" or [" Mary", " John"].'
+            if error is not None:
+                failures.append({"line": n, "name": name if isinstance(name, str) else None, "error": error})
+                continue
+            seen.add(name)
+            items.append({"line": n, "name": name, "prompt": row["prompt"], "target": target})
+    return items, failures
+
+
+def build_graphs(model, tc, item: dict, options: dict) -> dict:
+    """Attribute and prune one work item with `attrgraph build`'s options: {name: graph} to store,
+    the unpruned graph (with `full`) before the pruned one."""
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.targets import logit_difference, logit_target
+    from attrgraph.graph.prune import prune_graph
+
+    if not item["prompt"].strip():
+        raise PromptError("prompt is empty; pass at least one token of text.")
+    method = options["method"]
+    if options["max_feature_nodes"] is not None and method == "standard":
+        method = "adaptive"  # --max-feature-nodes alone asks for an adaptive graph, as in `build`
+    given = dict(
+        max_n_logits=options["max_logits"],
+        desired_logit_prob=options["logit_prob"],
+        tau=options["tau"],
+        max_feature_nodes=options["max_feature_nodes"],
+    )
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    target = item.get("target")
+    if isinstance(target, list):
+        kwargs["targets"] = [logit_difference(model, *target)]
+    elif target is not None:
+        kwargs["targets"] = [logit_target(model, target)]
+    if method == "standard":
+        kwargs["progress"] = False
+    graph = attribute(model, tc, item["prompt"], method=method, batch_size=options["batch_size"], **kwargs)
+    graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
+    pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
+    out = {f"{item['name']}_full": graph} if options["full"] else {}
+    out[item["name"]] = pruned
+    return out
+
+
+class GraphWorker:
+    """One Ray actor: loads the model and transcoders once, then builds graphs one prompt at a time.
+    Errors of a prompt come back as a result (`error`), never as an exception, so the run goes on."""
+
+    def __init__(self, options: dict):
+        import torch
+
+        from attrgraph.bundled.loading import load_model
+        from attrgraph.errors import AttrgraphError
+        from transcoders.formats import load_transcoders
+
+        torch.set_num_threads(options["threads"])
+        self.options = options
+        self.error = None
+        try:
+            self.model = load_model(options["model"])
+            self.tc = load_transcoders(options["transcoders"])
+        except AttrgraphError as e:  # a wrong --model or --transcoders: the driver raises it
+            self.error = e
+
+    def ready(self):
+        """None once loaded, else the user's mistake that stopped the loading."""
+        return self.error
+
+    def build(self, item: dict) -> dict:
+        t0 = time.perf_counter()
+        out = {"name": item["name"], "line": item["line"], "pid": os.getpid()}
+        try:
+            if self.error is not None:
+                raise self.error
+            out["graphs"] = build_graphs(self.model, self.tc, item, self.options)
+        except Exception as e:  # any prompt's failure is recorded, the others go on
+            out["error"] = f"{type(e).__name__}: {e}"
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+
+def _check_reachable(address: str) -> None:
+    """Ray waits minutes on an address nobody answers; a plain TCP connect says so in seconds."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except (OSError, ValueError) as e:
+        raise ClusterError(
+            f"no Ray cluster answers at {address!r} ({e}); start one with `ray start --head` and pass its address."
+        ) from None
+
+
+def _start_ray(workers: int, address: str | None) -> bool:
+    """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError(
+            "build-many needs Ray, which is not installed; run pip install 'attrgraph[distributed]'."
+        ) from None
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        _check_reachable(address)
+        try:
+            ray.init(address=address, logging_level="WARNING")
+        except ConnectionError as e:
+            raise ClusterError(
+                f"cannot connect to the Ray cluster at {address!r} ({e}); check `ray status` there."
+            ) from None
+    else:
+        ray.init(
+            num_cpus=workers,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            logging_level="WARNING",
+        )
+    return True
+
+
+def build_many(
+    prompts: str | os.PathLike,
+    output: str | os.PathLike,
+    options: dict,
+    workers: int = 2,
+    address: str | None = None,
+    progress: bool = True,
+    on_result=None,
+) -> dict:
+    """Build every prompt of `prompts` not yet in `output` on `workers` Ray actors; returns counts
+    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
+    `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
+    result is handled. The failures sidecar is left only when some prompt failed."""
+    from tqdm.auto import tqdm
+
+    from attrgraph.graph.store import list_graphs, save_graph
+
+    if workers < 1:
+        raise OptionError(f"--workers is {workers}; pass at least 1.")
+    t0 = time.perf_counter()
+    items, failures = read_prompts(prompts)
+    done = set(list_graphs(output)) if Path(output).exists() else set()
+    todo = [it for it in items if it["name"] not in done]
+    side = failures_path(output)
+    side.parent.mkdir(parents=True, exist_ok=True)
+    side.write_text("")
+    counts = {"built": 0, "skipped": len(items) - len(todo), "failed": 0, "workers": workers, "write_s": 0.0}
+
+    def fail(record: dict) -> None:
+        counts["failed"] += 1
+        with open(side, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    for record in failures:
+        fail(record)
+    if todo:
+        owns = _start_ray(workers, address)
+        import ray
+
+        try:
+            actor_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=1)(GraphWorker)
+            actors = [actor_cls.remote(options) for _ in range(min(workers, len(todo)))]
+            error = ray.get(actors[0].ready.remote())  # a model that cannot load stops the run here
+            if error is not None:
+                raise error
+            queue = deque((it, 1) for it in todo)
+            pending = {}  # in-flight task -> (item, attempt, actor index)
+
+            def submit(i: int) -> None:
+                if queue:
+                    item, attempt = queue.popleft()
+                    pending[actors[i].build.remote(item)] = (item, attempt, i)
+
+            for i in range(len(actors)):  # two each: one running, one waiting, so no actor idles
+                submit(i)
+                submit(i)
+            bar = tqdm(total=len(todo), unit="graph", desc="build-many", disable=not progress)
+            while pending:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+                item, attempt, i = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as e:  # the worker died (Ray retried it once already)
+                    if attempt < ATTEMPTS:
+                        queue.appendleft((item, attempt + 1))
+                        submit(i)
+                        continue
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    result = {
+                        "name": item["name"],
+                        "line": item["line"],
+                        "pid": None,
+                        "error": f"{type(e).__name__}: {first}",
+                    }
+                if "error" in result:
+                    fail({"line": item["line"], "name": item["name"], "error": result["error"]})
+                elif item["name"] not in done:
+                    t_write = time.perf_counter()
+                    for name, graph in result.pop("graphs").items():
+                        save_graph(graph, output, name)
+                    counts["write_s"] += time.perf_counter() - t_write
+                    done.add(item["name"])
+                    counts["built"] += 1
+                bar.update(1)
+                bar.set_postfix(failed=counts["failed"])
+                if on_result is not None:
+                    on_result(result)
+                submit(i)
+            bar.close()
+        finally:
+            if owns:
+                ray.shutdown()
+    if not counts["failed"]:
+        side.unlink()
+    counts["seconds"] = round(time.perf_counter() - t0, 3)
+    counts["write_s"] = round(counts["write_s"], 3)
+    return counts
+
+
+def run(args) -> int:
+    options = {k: getattr(args, k) for k in BUILD_OPTIONS}
+    if args.threads < 1:
+        raise OptionError(f"--threads is {args.threads}; pass at least 1.")
+    counts = build_many(
+        args.prompts,
+        args.output,
+        options,
+        workers=args.workers,
+        address=args.address,
+        progress=not args.no_progress and not args.json,
+    )
+    side = failures_path(args.output)
+    if args.json:
+        print(json.dumps({**counts, "file": str(args.output), "failures": str(side)}))
+    else:
+        print(
+            f"built {counts['built']}, skipped {counts['skipped']} (already in {args.output}), "
+            f"failed {counts['failed']}"
+            + (f" (see {side})" if counts["failed"] else "")
+            + f" with {counts['workers']} workers in {counts['seconds']:.1f} s"
+        )
+    return 1 if counts["failed"] else 0

@@ -1,0 +1,286 @@
+"""`attrgraph build-many`: many graphs on a local Ray cluster (one, shared by the module), resumed,
+surviving a killed worker, recording the prompts that fail."""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from attrgraph.bundled import tasks
+from attrgraph.bundled.tokenizer import build_tokenizer
+from attrgraph.cli import build, build_many, main
+from attrgraph.errors import OptionError
+from attrgraph.graph.store import list_graphs, load_graph
+from tests.attrgraph.ag_helpers import tiny_transcoders
+from transcoders.formats import save_transcoders
+
+ray = pytest.importorskip("ray", reason="Ray is in the 'distributed' extra, which the 'test' extra includes")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PROMPT = "When Mary and John went to the store , John gave a drink to"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module: two CPUs, no dashboard, on 127.0.0.1."""
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def deadline():
+    """Fail a test that runs past 240 s instead of hanging the suite (Ray's waits check signals)."""
+
+    def expire(signum, frame):
+        raise TimeoutError("build-many test ran past its 240 s deadline")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny model folder (config.json, model.safetensors, tokenizer/) plus transcoders in tc/."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    root = tmp_path_factory.mktemp("tiny_model")
+    tok = build_tokenizer(tasks.vocabulary(), root / "tokenizer")
+    kwargs = dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_head=4,
+        d_mlp=64,
+        d_vocab=len(tok),
+        n_ctx=32,
+        act_fn="gelu",
+        normalization_type="LN",
+        seed=0,
+    )
+    (root / "config.json").write_text(json.dumps(kwargs))
+    model = HookedTransformer(HookedTransformerConfig(**kwargs))
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith((".mask", ".IGNORE"))},
+        str(root / "model.safetensors"),
+    )
+    save_transcoders(tiny_transcoders(model, "plt").to(torch.float32), root / "tc")
+    return root
+
+
+def options(model_dir, **over) -> dict:
+    base = dict(
+        model=str(model_dir),
+        transcoders=str(model_dir / "tc"),
+        node_threshold=0.8,
+        edge_threshold=0.98,
+        max_logits=3,
+        logit_prob=None,
+        batch_size=64,
+        method="standard",
+        tau=None,
+        max_feature_nodes=None,
+        threads=1,
+        full=False,
+    )
+    return {**base, **over}
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def prompts(n: int, seed: int = 0) -> list[dict]:
+    return [{"prompt": ex.prompt, "name": f"ioi_{i}"} for i, ex in enumerate(tasks.generate("ioi", n, seed))]
+
+
+def test_build_many_options_are_builds():
+    """Every option of `attrgraph build` that applies per prompt is taken by build-many too."""
+
+    def dests(module, command):
+        sub = argparse.ArgumentParser().add_subparsers()
+        module.add_parser(sub)
+        return {a.dest for a in sub.choices[command]._actions}
+
+    per_prompt = {"help", "prompt", "output", "name", "json", "no_progress"}
+    assert dests(build, "build") - per_prompt == set(build_many.BUILD_OPTIONS)
+    assert set(build_many.BUILD_OPTIONS) <= dests(build_many, "build-many")
+
+
+def test_read_prompts_records_bad_lines(tmp_path):
+    f = tmp_path / "p.jsonl"
+    write_jsonl(
+        f,
+        [
+            {"prompt": "a b", "name": "x"},
+            "{not json",
+            "",
+            {"name": "no prompt"},
+            ["a list"],
+            {"prompt": "a", "name": "x"},
+            {"prompt": "a", "colour": "red"},
+            {"prompt": "a", "target": [" Mary"]},
+            {"prompt": "a", "name": "a/b"},
+            {"prompt": "c", "target": [" Mary", " John"]},
+        ],
+    )
+    items, failures = build_many.read_prompts(f)
+    assert [(it["line"], it["name"], it["target"]) for it in items] == [
+        (1, "x", None),
+        (10, "prompt_10", [" Mary", " John"]),
+    ]
+    assert [r["line"] for r in failures] == [2, 4, 5, 6, 7, 8, 9]
+    assert "not JSON" in failures[0]["error"] and '"prompt"' in failures[1]["error"]
+    assert "earlier line" in failures[3]["error"] and "colour" in failures[4]["error"]
+    with pytest.raises(OptionError, match="does not exist"):
+        build_many.read_prompts(tmp_path / "missing.jsonl")
+
+
+def test_build_many_of_bad_lines_only_records_them(tmp_path):
+    """No prompt to build: no worker starts; the failures land beside an output in a new folder."""
+    f, out = tmp_path / "p.jsonl", tmp_path / "new" / "g.h5"
+    write_jsonl(f, ["[1, 2]", {"name": "x"}])
+    counts = build_many.build_many(f, out, {}, workers=2, progress=False)
+    assert (counts["built"], counts["failed"]) == (0, 2) and not out.exists()
+    lines = build_many.failures_path(out).read_text().splitlines()
+    assert [json.loads(line)["line"] for line in lines] == [1, 2]
+
+
+def test_build_many_targets_failures_and_same_graphs_as_build(cluster, deadline, model_dir, tmp_path, capsys):
+    rows = prompts(3) + [
+        {"prompt": PROMPT, "name": "mary", "target": " Mary"},
+        {"prompt": PROMPT, "name": "mary_john", "target": [" Mary", " John"]},
+        {"prompt": "   ", "name": "empty"},
+        {"prompt": PROMPT, "name": "unknown", "target": " Mary John"},
+        "not json",
+        {"prompt": PROMPT},
+    ]
+    f, out = tmp_path / "p.jsonl", tmp_path / "g.h5"
+    write_jsonl(f, rows)
+    o = options(model_dir)
+    args = ["build-many", str(f), "-o", str(out), "--workers", "2", "--json", "--full"]
+    args += [
+        "--model",
+        o["model"],
+        "--transcoders",
+        o["transcoders"],
+        "--max-logits",
+        "3",
+        "--batch-size",
+        "64",
+    ]
+    assert main(args) == 1  # some prompts failed: exit 1, the rest built
+    counts = json.loads(capsys.readouterr().out)
+    assert (counts["built"], counts["skipped"], counts["failed"]) == (6, 0, 3)
+    names = ["ioi_0", "ioi_1", "ioi_2", "mary", "mary_john", "prompt_9"]
+    assert sorted(list_graphs(out)) == sorted(names + [n + "_full" for n in names])
+    failures = [json.loads(line) for line in build_many.failures_path(out).read_text().splitlines()]
+    assert sorted((r["line"], r["name"]) for r in failures) == [(6, "empty"), (7, "unknown"), (8, "prompt_8")]
+    by_name = {r["name"]: r["error"] for r in failures}
+    assert by_name["empty"].startswith("PromptError") and by_name["unknown"].startswith("TargetError")
+    assert list(load_graph(out, "mary").logit_strings) == ["Mary"]
+    assert list(load_graph(out, "mary_john").logit_strings) == ["Mary - John"]
+    # the same graph as `attrgraph build` with the same options
+    single = tmp_path / "single.h5"
+    build_args = ["build", rows[1]["prompt"], "-o", str(single), "--model", o["model"]]
+    build_args += ["--transcoders", o["transcoders"], "--max-logits", "3", "--batch-size", "64", "--json"]
+    assert main(build_args) == 0
+    a, b = load_graph(out, "ioi_1"), load_graph(single)
+    assert list(a.prompt_tokens) == list(b.prompt_tokens) and np.array_equal(a.nodes.feature, b.nodes.feature)
+    assert np.allclose(a.adjacency.toarray(), b.adjacency.toarray(), atol=1e-6)
+
+
+def test_build_many_resumes(cluster, deadline, model_dir, tmp_path):
+    """Graphs already in the file (here: written in-process, as an interrupted run leaves them) are skipped."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.graph.store import save_graph
+    from transcoders.formats import load_transcoders
+
+    rows, f, out = prompts(5, seed=1), tmp_path / "p.jsonl", tmp_path / "g.h5"
+    o = options(model_dir)
+    model, tc = load_model(o["model"]), load_transcoders(o["transcoders"])
+    for line, row in enumerate(rows[:3], start=1):
+        for name, graph in build_many.build_graphs(model, tc, {**row, "line": line}, o).items():
+            save_graph(graph, out, name)
+    with h5py.File(out) as h:
+        created = {n: h[f"graphs/{n}"].attrs["created"] for n in list_graphs(out)}
+    write_jsonl(f, rows)
+    seen = []
+    counts = build_many.build_many(f, out, o, workers=2, progress=False, on_result=seen.append)
+    assert (counts["built"], counts["skipped"], counts["failed"]) == (2, 3, 0)
+    assert sorted(r["name"] for r in seen) == ["ioi_3", "ioi_4"]
+    assert sorted(list_graphs(out)) == [f"ioi_{i}" for i in range(5)]
+    with h5py.File(out) as h:
+        assert all(h[f"graphs/{n}"].attrs["created"] == c for n, c in created.items())
+    assert not build_many.failures_path(out).exists()  # nothing failed: no sidecar
+    # all done: a rerun starts no worker and builds nothing
+    assert build_many.build_many(f, out, o, workers=2, progress=False)["built"] == 0
+
+
+def test_build_many_survives_a_killed_worker(cluster, deadline, model_dir, tmp_path):
+    """SIGKILL the worker that returned the first result while it builds its next prompt: Ray restarts
+    it, the prompt is retried, and every graph is in the file once, under its own name."""
+    rows, f, out = prompts(8, seed=2), tmp_path / "p.jsonl", tmp_path / "g.h5"
+    write_jsonl(f, rows)
+    killed, pids = [], []
+
+    def kill_first(result):
+        pids.append(result["pid"])
+        if not killed:
+            killed.append(result["pid"])
+            os.kill(result["pid"], signal.SIGKILL)
+
+    counts = build_many.build_many(
+        f, out, options(model_dir), workers=2, progress=False, on_result=kill_first
+    )
+    assert (counts["built"], counts["skipped"], counts["failed"]) == (8, 0, 0)
+    assert len(set(pids)) == 3  # two workers, one of them restarted in a new process
+    assert pids[1:].count(killed[0]) == 0
+    names = list_graphs(out)
+    assert sorted(names) == sorted(r["name"] for r in rows) and len(names) == len(set(names))
+    for r in rows:
+        tokens = "".join(load_graph(out, r["name"]).prompt_tokens).removeprefix("<bos>")
+        assert tokens.replace(" ", "") == r["prompt"].replace(" ", "")
+
+
+def test_build_many_user_errors(tmp_path):
+    f = tmp_path / "p.jsonl"
+    write_jsonl(f, [{"prompt": PROMPT}])
+
+    def cli(*extra):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from attrgraph.cli import main; sys.exit(main())",
+                "build-many",
+                str(f),
+                "-o",
+                str(tmp_path / "g.h5"),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+
+    for extra, words in [
+        (("--workers", "0"), "--workers is 0"),
+        (("--address", "127.0.0.1:9"), "no Ray cluster answers at '127.0.0.1:9'"),
+    ]:
+        p = cli(*extra)
+        assert p.returncode == 2, p.stderr
+        assert words in p.stderr and "Traceback" not in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
