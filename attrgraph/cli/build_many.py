@@ -30,7 +30,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.errors import ClusterError, OptionError, PromptError
+from attrgraph.cli import add_prompt_options
+from attrgraph.errors import ClusterError, OptionError
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Read by Ray at import: "0" keeps every Ray process of a local cluster on 127.0.0.1."""
 
 KEYS = ("prompt", "name", "target")
 """The keys a JSONL line may hold."""
@@ -49,6 +53,8 @@ BUILD_OPTIONS = (
     "max_feature_nodes",
     "threads",
     "full",
+    "strict",
+    "truncate",
 )
 """The options of `attrgraph build` that apply to every prompt here (the test checks they match)."""
 
@@ -83,6 +89,7 @@ def add_parser(sub) -> None:
     p.add_argument("--full", action="store_true", help="also store each unpruned graph as NAME_full")
     p.add_argument("--json", action="store_true", help="print the run's counts as one JSON object")
     p.add_argument("--no-progress", action="store_true")
+    add_prompt_options(p)
 
 
 def failures_path(output: str | os.PathLike) -> Path:
@@ -140,11 +147,12 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     """Attribute and prune one work item with `attrgraph build`'s options: {name: graph} to store,
     the unpruned graph (with `full`) before the pruned one."""
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.engine.targets import logit_difference, logit_target
     from attrgraph.graph.prune import prune_graph
 
-    if not item["prompt"].strip():
-        raise PromptError("prompt is empty; pass at least one token of text.")
+    check_prompt_text(item["prompt"])
+    tokens = to_tokens(model, item["prompt"], strict=options["strict"], truncate=options["truncate"])
     method = options["method"]
     if options["max_feature_nodes"] is not None and method == "standard":
         method = "adaptive"  # --max-feature-nodes alone asks for an adaptive graph, as in `build`
@@ -162,7 +170,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
         kwargs["targets"] = [logit_target(model, target)]
     if method == "standard":
         kwargs["progress"] = False
-    graph = attribute(model, tc, item["prompt"], method=method, batch_size=options["batch_size"], **kwargs)
+    graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
     graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
     pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
     out = {f"{item['name']}_full": graph} if options["full"] else {}
@@ -222,6 +230,10 @@ def _check_reachable(address: str) -> None:
 
 def _start_ray(workers: int, address: str | None) -> bool:
     """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
+    if address is None:
+        # Ray swaps 127.0.0.1 for the host's network address (services.resolve_ip_for_localhost)
+        # unless its single-machine mode is on; a local cluster then binds and talks on loopback only
+        os.environ.setdefault(LOOPBACK_ENV, "0")
     try:
         import ray
     except ImportError:

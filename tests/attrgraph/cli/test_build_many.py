@@ -17,11 +17,13 @@ from safetensors.torch import save_file
 from attrgraph.bundled import tasks
 from attrgraph.bundled.tokenizer import build_tokenizer
 from attrgraph.cli import build, build_many, main
+from attrgraph.cli.build_many import LOOPBACK_ENV
 from attrgraph.errors import OptionError
 from attrgraph.graph.store import list_graphs, load_graph
 from tests.attrgraph.ag_helpers import tiny_transcoders
 from transcoders.formats import save_transcoders
 
+os.environ.setdefault(LOOPBACK_ENV, "0")  # before Ray is imported: the test cluster stays on 127.0.0.1
 ray = pytest.importorskip("ray", reason="Ray is in the 'distributed' extra, which the 'test' extra includes")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -32,6 +34,7 @@ PROMPT = "When Mary and John went to the store , John gave a drink to"
 def cluster():
     """One local Ray cluster for the module: two CPUs, no dashboard, on 127.0.0.1."""
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
     yield
     ray.shutdown()
 
@@ -93,6 +96,8 @@ def options(model_dir, **over) -> dict:
         max_feature_nodes=None,
         threads=1,
         full=False,
+        strict=False,
+        truncate=False,
     )
     return {**base, **over}
 
