@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -31,6 +32,18 @@ def add_parser(sub) -> None:
         help="HDF5 file to write or add to (default graph.h5); missing parent folders are created",
     )
     p.add_argument("--name", default=None, help="graph name inside the file (default 'graph')")
+    add_build_options(p)
+    p.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (attribution, influence, writing)"
+    )
+
+
+def add_build_options(
+    p: argparse.ArgumentParser, threads_default: int | None = None, threads_help: str | None = None
+) -> None:
+    """The options of one graph's build (model, transcoders, attribution method, pruning, prompt
+    checks), shared by `build` and `build-many`."""
     p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
     p.add_argument(
         "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
@@ -49,12 +62,13 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--full", action="store_true", help="also store the unpruned graph as NAME_full")
-    p.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
     p.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (attribution, influence, writing)"
+        "--threads",
+        type=int,
+        default=threads_default,
+        help=threads_help or "torch CPU threads (default: torch's choice)",
     )
+    p.add_argument("--full", action="store_true", help="also store each unpruned graph as NAME_full")
     add_prompt_options(p)
 
 

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.cli import add_prompt_options
+from attrgraph.cli.build import add_build_options
 from attrgraph.errors import ClusterError, OptionError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -67,29 +67,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--address", default=None, help="a running Ray cluster (host:port or 'auto'); default: a local one"
     )
-    p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
-    p.add_argument(
-        "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
-    )
-    p.add_argument("--node-threshold", type=float, default=0.8)
-    p.add_argument("--edge-threshold", type=float, default=0.98)
-    p.add_argument("--max-logits", type=int, default=None, help="most logit targets (default 10)")
-    p.add_argument(
-        "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
-    )
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--method", choices=("standard", "hierarchical", "adaptive"), default="standard")
-    p.add_argument(
-        "--tau", type=float, default=None, help="hierarchical: detach nodes whose attribution is below tau"
-    )
-    p.add_argument(
-        "--max-feature-nodes", type=int, default=None, help="adaptive: explore at most this many features"
-    )
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (default 1)")
-    p.add_argument("--full", action="store_true", help="also store each unpruned graph as NAME_full")
+    add_build_options(p, threads_default=1, threads_help="torch CPU threads per worker (default 1)")
     p.add_argument("--json", action="store_true", help="print the run's counts as one JSON object")
     p.add_argument("--no-progress", action="store_true")
-    add_prompt_options(p)
 
 
 def failures_path(output: str | os.PathLike) -> Path:

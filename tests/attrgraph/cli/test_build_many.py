@@ -11,17 +11,12 @@ import sys
 import h5py
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from attrgraph.bundled import tasks
-from attrgraph.bundled.tokenizer import build_tokenizer
 from attrgraph.cli import build, build_many, main
 from attrgraph.cli.build_many import LOOPBACK_ENV
 from attrgraph.errors import OptionError
 from attrgraph.graph.store import list_graphs, load_graph
-from tests.attrgraph.ag_helpers import tiny_transcoders
-from transcoders.formats import save_transcoders
 
 os.environ.setdefault(LOOPBACK_ENV, "0")  # before Ray is imported: the test cluster stays on 127.0.0.1
 ray = pytest.importorskip("ray", reason="Ray is in the 'distributed' extra, which the 'test' extra includes")
@@ -51,35 +46,6 @@ def deadline():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny model folder (config.json, model.safetensors, tokenizer/) plus transcoders in tc/."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    root = tmp_path_factory.mktemp("tiny_model")
-    tok = build_tokenizer(tasks.vocabulary(), root / "tokenizer")
-    kwargs = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        d_head=4,
-        d_mlp=64,
-        d_vocab=len(tok),
-        n_ctx=32,
-        act_fn="gelu",
-        normalization_type="LN",
-        seed=0,
-    )
-    (root / "config.json").write_text(json.dumps(kwargs))
-    model = HookedTransformer(HookedTransformerConfig(**kwargs))
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith((".mask", ".IGNORE"))},
-        str(root / "model.safetensors"),
-    )
-    save_transcoders(tiny_transcoders(model, "plt").to(torch.float32), root / "tc")
-    return root
 
 
 def options(model_dir, **over) -> dict:
