@@ -246,13 +246,13 @@ class LinearBackward:
         g = torch.zeros(B, P, d, dtype=self.dtype)
         j0 = injections[0]
         if j0.logits:
-            v = torch.stack([j.vector.to(self.dtype) for j in injections])
+            v = torch.stack([j.vector for j in injections]).to(self.dtype)
             u = v @ self.W_U_T
             self.flops += 2 * u.numel() * v.shape[-1]
             g[torch.arange(B), torch.tensor([j.position for j in injections])] = u
             return self.ln_final.back(g), self.L - 1, False
         rows, positions = torch.arange(B), torch.tensor([j.position for j in injections])
-        g[rows, positions] = torch.stack([j.vector.to(self.dtype) for j in injections])
+        g[rows, positions] = torch.stack([j.vector for j in injections]).to(self.dtype)
         return self.read_back(j0.layer, g), j0.layer, True
 
 
