@@ -223,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--before", help="another source tree of ours to time beside this one (e.g. the previous commit)"
     )
+    ap.add_argument("--before-label", default="", help="what --before is, for the results (e.g. a commit)")
     ap.add_argument("--conditions", default="as-is,busy")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "busy_machine"))
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
@@ -292,7 +293,7 @@ def main(argv=None) -> int:
             load_average_1min=[round(x[0], 2) for x in loads],
             micro=micro,
         )
-    write_results(args, command, dir_, profiles, conditions)
+    write_results(args, command, dir_, harness, profiles, conditions)
     ok = all(
         s["match"]
         for c in conditions.values()
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def write_results(args, command, dir_, profiles, conditions) -> None:
+def write_results(args, command, dir_, harness, profiles, conditions) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(
@@ -314,6 +315,8 @@ def write_results(args, command, dir_, profiles, conditions) -> None:
         batch_size=args.batch_size,
         repeats=args.repeats,
         before=args.before,
+        before_label=args.before_label,
+        harness=harness,
         date=time.strftime("%Y-%m-%d %H:%M"),
         cpus=os.cpu_count(),
     )
@@ -336,6 +339,14 @@ def write_results(args, command, dir_, profiles, conditions) -> None:
         "runners interleaved. `busy`: one busy-loop process pinned to CPU 0 for the whole condition. "
         "`as is`: no process of ours beside, but the machine is shared (its 1-minute load average is "
         "given; 2.0 means both cores already busy).",
+        "",
+        f"Case folder `{dir_}`: the peer harness (`ct_graph.py {' '.join(harness)}`, seeded); circuit-tracer "
+        "is timed on it with `--load`."
+        + (
+            f" Before this change: the source tree `{args.before}` ({args.before_label})."
+            if args.before
+            else ""
+        ),
         "",
         "| condition | 1-min load avg (start..end) | runner | median time | samples | ct / runner | adjacency match |",
         "|---|---|---|---|---|---|---|",
