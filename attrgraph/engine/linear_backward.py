@@ -38,7 +38,7 @@ general autograd graph, apply it layer by layer with matrix products:
 
 6. Threads (threads.py): the products of a batch are small (~0.1 GFLOP at 1 MiB working tensors),
    and with OpenMP's default spin-waiting, two threads beside another busy process made a
-   6-layer graph 30x slower than one thread. The batches therefore run on one thread unless
+   6-layer graph 5-30x slower than one thread (threads.py). The batches therefore run on one thread unless
    their largest product passes `threads.PARALLEL_FLOPS` or `OMP_WAIT_POLICY=PASSIVE` is set
    (then the caller's thread count); the caller's setting is restored after.
 

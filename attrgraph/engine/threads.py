@@ -3,8 +3,9 @@
 torch's CPU threads are OpenMP threads. Between two parallel operations an OpenMP worker
 spin-waits (libgomp's default, `OMP_WAIT_POLICY` unset); when another process holds one of the
 cores, each parallel operation then waits for a descheduled thread, and a walk of many
-millisecond-sized matrix products becomes tens of times slower than one thread (measured in
-`benchmarks/busy_machine.py`: 2 threads against 1 beside one busy core). Two remedies:
+millisecond-sized matrix products becomes many times slower than on one thread (a 6-layer graph:
+30x in issue 15's measurement; medians of 50-53 s against 5.5-9 s on a shared 2-core machine in
+`benchmarks/busy_machine.py`). Two remedies:
 
 - `OMP_WAIT_POLICY=PASSIVE` (waiting threads sleep); libgomp reads it once, when torch is
   imported, so only a process that is ours can set it: the CLI does (cli/__init__.py);
@@ -23,8 +24,10 @@ import torch
 PARALLEL_FLOPS = 1e9
 """Largest product (multiply-adds x 2) of a phase below which that phase runs on one thread unless
 the wait policy is passive. Measured in `benchmarks/busy_machine.py` (float32 `[n, 256] @ [256, 256]`
-products, 1 against 2 threads beside a busy core): 2 threads lose by 2-40x below ~0.5 GFLOP per
-product and break even near 1-2 GFLOP."""
+products, mean time, 2 threads against 1 on a shared 2-core machine, with and without a busy core):
+5-340x slower up to 0.07 GFLOP per product, 2.7-3.1x at 0.27, 1.4-1.9x at 1.1, 0.9-1.2x at 4.3.
+Above it the loss is bounded and large products keep the caller's threads; the linear engine's
+products are ~0.13 GFLOP at d_model 256 and ~0.4 at 768 (1 MiB working tensors)."""
 
 
 def passive_wait() -> bool:
