@@ -1,5 +1,9 @@
 """The `attrgraph` command line. Each subcommand lives beside the code it drives and
-registers itself in `SUBCOMMANDS` (name -> module path exposing `add_parser(sub)` and `run(args)`)."""
+registers itself in `SUBCOMMANDS` (name -> module path exposing `add_parser(sub)` and `run(args)`).
+
+The process is ours, so `main` also sets `OMP_WAIT_POLICY=PASSIVE` (unless the user set it) before
+anything imports torch: waiting OpenMP threads then sleep instead of spinning, which keeps two
+threads fast beside other busy processes (engine/threads.py)."""
 
 from __future__ import annotations
 
@@ -33,9 +37,20 @@ def add_prompt_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def passive_openmp() -> bool:
+    """Set `OMP_WAIT_POLICY=PASSIVE` unless the user set a policy; True when it is set here.
+    libgomp reads the variable once, when torch loads it: once torch is imported, setting it would
+    change nothing but what the engine believes (engine/threads.py reads it), so it is left alone."""
+    if "OMP_WAIT_POLICY" in os.environ or "torch" in sys.modules:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    passive_openmp()  # before the subcommands import torch
     parser = argparse.ArgumentParser(prog="attrgraph", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}

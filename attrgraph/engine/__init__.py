@@ -7,6 +7,7 @@ targets.py           logit, logit-difference and direction targets
 autograd_rows.py     the reference rows engine (one autograd backward per batch of targets)
 linear_backward.py   the fast rows engine (the frozen backward as explicit matrix products)
 csr_rows.py          the rows engines' sparse output
+threads.py           thread counts chosen for the work (robust on a machine with other work on it)
 attribute.py         `attribute`: the full graph
 hierarchical.py      `attribute_hierarchical`: detach-during-backward from one root
 adaptive.py          `attribute_adaptive`: partial graphs within a feature budget

@@ -12,6 +12,9 @@ general autograd graph, apply it layer by layer with matrix products:
 2. Frozen norms (scale s frozen, weight w): LayerNorm `y = (x - mean x) / s * w + b` has
    `J^T g = C(g * w / s)` with C the centering `u - mean(u)`; RMSNorm `J^T g = g * w / s`;
    the `Pre` variants have no w. Post-norms (Gemma-2 `ln1_post`, `ln2_post`) are the same.
+   Where a product follows, w and C are folded into its matrix and 1/s is applied after it;
+   ln1's 1/s is folded into the key rows of the stored attention pattern, so that attention ends
+   with its last product.
 3. Layer j, from the gradient g at `resid_post[j]`:
    the write site gets `gw[j] = g` (or `ln2_post^T g` when the transcoder writes before ln2_post);
    the skip adds `ln2^T (gw[j] @ W_skip[j]^T)` (the MLP itself is cut);
@@ -33,6 +36,12 @@ general autograd graph, apply it layer by layer with matrix products:
    are dropped then: a per-layer transcoder's batch keeps a few [B, P, d_model] tensors alive, not
    one per layer (a cross-layer transcoder's features read every layer above them).
 
+6. Threads (threads.py): the products of a batch are small (~0.1 GFLOP at 1 MiB working tensors),
+   and with OpenMP's default spin-waiting, two threads beside another busy process made a
+   6-layer graph 5-30x slower than one thread (threads.py). The batches therefore run on one thread unless
+   their largest product passes `threads.PARALLEL_FLOPS` or `OMP_WAIT_POLICY=PASSIVE` is set
+   (then the caller's thread count); the caller's setting is restored after.
+
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
 (`unsupported_reason` says why not); `attribute(..., backend="auto")` falls back to autograd.
 """
@@ -50,6 +59,7 @@ from tqdm.auto import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.threads import threads_for, torch_threads
 from transcoders import sites
 
 if TYPE_CHECKING:
@@ -155,7 +165,12 @@ class LinearBackward:
             self.W_O.append(W_O.reshape(H * dh, d).contiguous())
             # [H*dh, d] with ln1's weight and centering folded in (step 2: only 1/s is left to apply)
             self.W_V.append(self.ln1[l].fold(W_V.permute(1, 0, 2).reshape(d, H * dh).T))
-            self.pattern.append(fr[f"blocks.{l}.attn.hook_pattern"][0].to(dt).transpose(-1, -2).contiguous())
+            # A^T as [H, k, q], each key row k scaled by ln1's 1/s at k (step 2: the last factor of
+            # the folded W_V), so that the attention step ends with a product, not a scaling pass
+            pattern = fr[f"blocks.{l}.attn.hook_pattern"][0].to(dt).transpose(-1, -2)
+            if not self.ln1[l].identity:
+                pattern = pattern * self.ln1[l].inv.view(1, -1, 1)
+            self.pattern.append(pattern.contiguous())
             ws = rm.tc.W_skip
             fold = self.ln2[l].fold if rm.tc.cfg.input_hook == sites.MLP_INPUT else (lambda W: W.contiguous())
             self.W_skip.append(None if ws is None else fold(ws[l].detach().to(dt).T))
@@ -181,10 +196,10 @@ class LinearBackward:
         gv = torch.bmm(self.pattern[l][:, :P, :P], gz)
         del gz
         gv = gv.view(H, P, B, dh).permute(2, 1, 0, 3).reshape(B, P, H * dh)
-        gx = gv @ self.W_V[l]
+        gx = gv @ self.W_V[l]  # ln1's 1/s is already in the pattern's rows
         del gv
         self.flops += 4 * B * P * d * H * dh + 2 * B * H * P * P * dh
-        return self.ln1[l].scale_(gx)
+        return gx
 
     def attention_back_at(self, l: int, g: Tensor, positions: Tensor) -> Tensor:
         """`attention_back` when row b of g is nonzero only at `positions[b]` (a feature target's
@@ -199,9 +214,9 @@ class LinearBackward:
         u = torch.bmm(gz.transpose(0, 1), self.W_V[l].view(H, dh, d)).transpose(0, 1)  # [B, H, d]
         # A[h, p_b, k] as [B, k, H], contiguous: a strided batch of tiny products is very slow multi-threaded
         a = self.pattern[l][:, :P, positions].permute(2, 1, 0).contiguous()
-        gx = torch.bmm(a, u)
+        gx = torch.bmm(a, u)  # ln1's 1/s is already in the pattern's rows
         self.flops += 2 * B * d * H * dh * 2 + 2 * B * P * H * d
-        return self.ln1[l].scale_(gx)
+        return gx
 
     def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor | None = None):
         """Step 3: from g at resid_post[start] (or resid_mid[start] when `at_mid`) down to the embedding.
@@ -231,13 +246,13 @@ class LinearBackward:
         g = torch.zeros(B, P, d, dtype=self.dtype)
         j0 = injections[0]
         if j0.logits:
-            v = torch.stack([j.vector.to(self.dtype) for j in injections])
+            v = torch.stack([j.vector for j in injections]).to(self.dtype)
             u = v @ self.W_U_T
             self.flops += 2 * u.numel() * v.shape[-1]
             g[torch.arange(B), torch.tensor([j.position for j in injections])] = u
             return self.ln_final.back(g), self.L - 1, False
         rows, positions = torch.arange(B), torch.tensor([j.position for j in injections])
-        g[rows, positions] = torch.stack([j.vector.to(self.dtype) for j in injections])
+        g[rows, positions] = torch.stack([j.vector for j in injections]).to(self.dtype)
         return self.read_back(j0.layer, g), j0.layer, True
 
 
@@ -326,11 +341,14 @@ def linear_rows(
         cur.append(i)
     if cur:
         batches.append(cur)
+    # step 6: one thread unless the largest product of a batch pays for parallel waits
+    threads = threads_for(largest_product(lb, layers, [(len(b), key[b[-1]][1] + 1) for b in batches]))
     n_cols = sources.n_columns
     written = CsrRowWriter(len(injections), n_cols, torch.empty(0, dtype=dt).numpy().dtype)
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
     t_backward = t_sparse = 0.0  # walk with contractions; CSR blocks
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(threads):
+        threads = torch.get_num_threads()  # what the batches run on (reported in stats)
         for idx in batches:
             t0 = time.perf_counter()
             inj = [injections[i] for i in idx]
@@ -379,7 +397,22 @@ def linear_rows(
         stats["flops"] = stats.get("flops", 0) + lb.flops
         stats["seconds_backward"] = stats.get("seconds_backward", 0.0) + t_backward
         stats["seconds_sparse"] = stats.get("seconds_sparse", 0.0) + t_sparse
+        stats["batches"] = stats.get("batches", 0) + len(batches)
+        stats["threads"] = threads
     return written.to_csr()
+
+
+def largest_product(lb: LinearBackward, layers: list[_LayerDecoders], shapes: list[tuple[int, int]]) -> float:
+    """Flops (multiply-adds x 2) of the largest matrix product of batches of `shapes` (targets,
+    positions): attention's `[B P, d] @ [d, H dh]`, the skip's `[B P, d] @ [d, d]` or one layer's
+    contraction, at most `[B P, n_out d] @ [n_out d, k_max]`."""
+    d = lb.W_U_T.shape[1]
+    per_row = max(
+        [d * W.shape[0] for W in lb.W_O]
+        + [d * d for W in lb.W_skip if W is not None]
+        + [x.dec.shape[1] * x.k_max for x in layers if x.n]
+    )
+    return 2.0 * max((B * P for B, P in shapes), default=0) * per_row
 
 
 BACKENDS = ("auto", "linear", "autograd")
