@@ -30,12 +30,9 @@ Layout (schema version 1); `L` layers, `S` features per layer, `W = before + 1 +
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -57,26 +54,13 @@ def _str_dtype():
     return _h5py().string_dtype("utf-8")
 
 
-@contextlib.contextmanager
 def atomic_h5(path: str | os.PathLike, copy_existing: bool = False):
-    """Open a temporary HDF5 file beside `path` for writing (a copy of `path` if `copy_existing`);
-    on success it is renamed over `path`, on an exception it is deleted and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        if copy_existing and path.exists():
-            shutil.copyfile(path, tmp)
-        with _h5py().File(tmp, "a" if copy_existing else "w") as f:
-            yield f
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """attrgraph's one atomic HDF5 writer (graph/store.py `edit_h5`): a temporary file beside
+    `path` (a copy of `path` if `copy_existing`), renamed over it on success, deleted on an
+    exception so `path` is untouched."""
+    from attrgraph.graph.store import edit_h5
+
+    return edit_h5(path, fresh=not copy_existing)
 
 
 def _open_checked(path: Path):

@@ -176,10 +176,11 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
 
 
 @contextlib.contextmanager
-def edit_h5(path: str | os.PathLike):
-    """Open a copy of the HDF5 file `path` (or a new file) for writing; on success the copy is
-    renamed over `path` with the permissions a plain `open` would give, so a crash never leaves
-    a half-written file under the final name. Every writer of graph files goes through here.
+def edit_h5(path: str | os.PathLike, fresh: bool = False):
+    """Open a copy of the HDF5 file `path` (or a new file; with `fresh`, always a new one) for
+    writing; on success the copy is renamed over `path` with the permissions a plain `open` would
+    give, so a crash never leaves a half-written file under the final name. Every writer of HDF5
+    files goes through here (graphs, supernodes, circuits, transcoders' dashboards).
     Missing parent folders are created; stale temporaries of dead writers are removed (step 3)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,9 +191,9 @@ def edit_h5(path: str | os.PathLike):
         )
         os.close(fd)
         try:
-            if path.exists():
+            if path.exists() and not fresh:
                 shutil.copyfile(path, tmp)
-            with h5py.File(tmp, "a", libver=LIBVER) as f:
+            with h5py.File(tmp, "w" if fresh else "a", libver=LIBVER) as f:
                 yield f
             umask = os.umask(0)
             os.umask(umask)
