@@ -72,6 +72,25 @@ def add_build_options(
     add_prompt_options(p)
 
 
+def attribute_options(options: dict, progress: bool) -> tuple[str, dict]:
+    """The method and the `attribute` keywords for the build options in `options` (as parsed by
+    `add_build_options`): only those given, since attribute() refuses what the method does not
+    take; `--max-feature-nodes` alone asks for an adaptive graph."""
+    method = options["method"]
+    if options["max_feature_nodes"] is not None and method == "standard":
+        method = "adaptive"
+    given = dict(
+        max_n_logits=options["max_logits"],
+        desired_logit_prob=options["logit_prob"],
+        tau=options["tau"],
+        max_feature_nodes=options["max_feature_nodes"],
+    )
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    if method == "standard":
+        kwargs["progress"] = progress
+    return method, kwargs
+
+
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
@@ -92,19 +111,8 @@ def run(args) -> int:
     tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
     tc = load_transcoders(args.transcoders)
     t1 = time.perf_counter()
-    if args.max_feature_nodes is not None and args.method == "standard":
-        args.method = "adaptive"  # --max-feature-nodes alone asks for an adaptive graph
-    given = dict(
-        max_n_logits=args.max_logits,
-        desired_logit_prob=args.logit_prob,
-        tau=args.tau,
-        max_feature_nodes=args.max_feature_nodes,
-    )
-    # attribute() refuses what the method does not take
-    options = {k: v for k, v in given.items() if v is not None}
-    if args.method == "standard":
-        options["progress"] = progress
-    graph = attribute(model, tc, tokens, method=args.method, batch_size=args.batch_size, **options)
+    method, options = attribute_options(vars(args), progress)
+    graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
     graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
     t2 = time.perf_counter()
     pruned = prune_graph(graph, args.node_threshold, args.edge_threshold, progress=progress)

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.cli.build import add_build_options
+from attrgraph.cli.build import add_build_options, attribute_options
 from attrgraph.errors import ClusterError, OptionError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -133,23 +133,12 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
 
     check_prompt_text(item["prompt"])
     tokens = to_tokens(model, item["prompt"], strict=options["strict"], truncate=options["truncate"])
-    method = options["method"]
-    if options["max_feature_nodes"] is not None and method == "standard":
-        method = "adaptive"  # --max-feature-nodes alone asks for an adaptive graph, as in `build`
-    given = dict(
-        max_n_logits=options["max_logits"],
-        desired_logit_prob=options["logit_prob"],
-        tau=options["tau"],
-        max_feature_nodes=options["max_feature_nodes"],
-    )
-    kwargs = {k: v for k, v in given.items() if v is not None}
+    method, kwargs = attribute_options(options, progress=False)
     target = item.get("target")
     if isinstance(target, list):
         kwargs["targets"] = [logit_difference(model, *target)]
     elif target is not None:
         kwargs["targets"] = [logit_target(model, target)]
-    if method == "standard":
-        kwargs["progress"] = False
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
     graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
     pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
