@@ -22,9 +22,6 @@ from attrgraph.bundled import tasks
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-if TYPE_CHECKING:
-    from transformer_lens import HookedTransformer
-
 EVAL_SEED = 1_000_003  # training streams use small seeds; evaluation draws its own examples with this one
 EVALUATION_NOTE = (
     "Metrics on fresh draws from the task generators with a seed training does not use. They are not "
