@@ -57,7 +57,9 @@ def example_scores(
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
     graph = ComponentGraph.from_model(model)
-    valid = graph.valid.to(pairs.clean.device)
+    device = next(model.parameters()).device
+    pairs = pairs.to(device)  # the pairs go to the model's device once; the scores come back once per batch
+    valid = graph.valid.to(device)
     parts: list[ExampleScores] = []
     for i in range(0, len(pairs), batch_size):
         p = pairs[i : i + batch_size]
@@ -79,9 +81,13 @@ def example_scores(
         attn = None
         if cross_position:
             W_O = torch.stack([b.attn.W_O for b in model.blocks]).detach()
-            scale = torch.tensor([float(b.attn.attn_scale) for b in model.blocks])
+            scale = torch.tensor([float(b.attn.attn_scale) for b in model.blocks], device=W_O.device)
             attn = attention_edge_scores(clean, corr, g_res / len(alphas), W_O, scale)
-        parts.append(ExampleScores(resid.detach(), attn, m_clean, m_corr))
+        parts.append(
+            ExampleScores(
+                resid.detach().cpu(), None if attn is None else attn.cpu(), m_clean.cpu(), m_corr.cpu()
+            )
+        )
     out = ExampleScores(
         *(None if parts[0][j] is None else torch.cat([q[j] for q in parts]) for j in range(4))
     )

@@ -44,7 +44,9 @@ def backward_rows(
     hooks = tuple(sorted({j.hook for j in injections if j.hook is not None}))
     n_emb, n_exc = n_pos, sources.n_excluded
     err_cols = [n_emb + l * (n_pos - n_exc) for l in range(n_layers)]
-    written = CsrRowWriter(len(injections), sources.n_columns, torch.empty(0, dtype=dtype).numpy().dtype)
+    written = CsrRowWriter(
+        len(injections), sources.n_columns, torch.empty(0, dtype=dtype, device="cpu").numpy().dtype
+    )
     bar = tqdm(total=len(injections), desc="attribution", unit="target", disable=not progress)
     with torch.enable_grad(), rm.frozen(state, constant, batch=B, probes=True, capture=hooks) as run:
         logits = rm.model(state.tokens[None].expand(B, n_pos))

@@ -79,7 +79,11 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
     if len(features):
         keys = features[:, 0] * P + features[:, 1]
         bounds = torch.cat(
-            [torch.tensor([0]), (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1, torch.tensor([len(keys)])]
+            [
+                torch.tensor([0], device=keys.device),
+                (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1,
+                torch.tensor([len(keys)], device=keys.device),
+            ]
         )
         for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             l, p = int(features[i0, 0]), int(features[i0, 1])
@@ -122,7 +126,7 @@ def to_tokens(
         tokens = model.to_tokens(prompt, truncate=False)[0]
         _check_known_words(model.tokenizer, prompt, tokens, strict)
     else:
-        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long).flatten()
+        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long, device=model.cfg.device).flatten()
     if tokens.numel() == 0:
         raise PromptError("prompt has 0 tokens; pass at least one.")
     n_ctx = model.cfg.n_ctx
@@ -268,7 +272,7 @@ def node_table(state, sources: Sources, targets, positions, values, n_layers: in
     err_l, err_p = np.meshgrid(np.arange(L), np.arange(n_exc, P), indexing="ij")
     n_err, n_feat, n_t = err_l.size, len(feats), len(targets)
     err_norm = state.errors[:, n_exc:].norm(dim=-1).reshape(-1)
-    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0)
+    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0, device=state.acts.device)
     return Nodes(
         kind=np.array(["embedding"] * P + ["error"] * n_err + ["feature"] * n_feat + ["logit"] * n_t),
         layer=np.concatenate([np.full(P, -1), err_l.ravel(), feats[:, 0], [t.layer(L) for t in targets]]),
