@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.sources import Injection, Sources
 
@@ -44,9 +45,7 @@ def backward_rows(
     hooks = tuple(sorted({j.hook for j in injections if j.hook is not None}))
     n_emb, n_exc = n_pos, sources.n_excluded
     err_cols = [n_emb + l * (n_pos - n_exc) for l in range(n_layers)]
-    written = CsrRowWriter(
-        len(injections), sources.n_columns, torch.empty(0, dtype=dtype, device="cpu").numpy().dtype
-    )
+    written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(dtype))
     bar = tqdm(total=len(injections), desc="attribution", unit="target", disable=not progress)
     with torch.enable_grad(), rm.frozen(state, constant, batch=B, probes=True, capture=hooks) as run:
         logits = rm.model(state.tokens[None].expand(B, n_pos))
@@ -91,7 +90,9 @@ def backward_rows(
                         continue
                     n_out = dec.shape[1]
                     rows[:, c0:c1] = G[:, p, l : l + n_out].reshape(B, -1) @ dec.reshape(len(dec), -1).T
-            written.append(np.arange(start, start + len(batch)), rows[: len(batch)].cpu().numpy())
+            # a half-precision model's rows leave in float32 (precision.py step 3), in one copy per batch
+            rows = rows[: len(batch)].to(compute_dtype(dtype)).cpu().numpy()
+            written.append(np.arange(start, start + len(batch)), rows)
             bar.update(len(batch))
     bar.close()
     return written.to_csr()

@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.threads import threads_for, torch_threads
 from transcoders import sites
 
@@ -143,7 +144,7 @@ class LinearBackward:
 
     def __init__(self, rm, state):
         model, fr, L = rm.model, state.frozen, rm.cfg.n_layers
-        dt = state.errors.dtype
+        dt = compute_dtype(state.errors.dtype)  # float32 for a half-precision model (precision.py)
         self.L, self.dtype, self.device = L, dt, state.errors.device
 
         def norm(module, hook):
@@ -354,7 +355,7 @@ def linear_rows(
     # step 6: one thread unless the largest product of a batch pays for parallel waits
     threads = threads_for(largest_product(lb, layers, [(len(b), key[b[-1]][1] + 1) for b in batches]))
     n_cols = sources.n_columns
-    written = CsrRowWriter(len(injections), n_cols, torch.empty(0, dtype=dt, device="cpu").numpy().dtype)
+    written = CsrRowWriter(len(injections), n_cols, numpy_dtype(dt))
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
     t_backward = t_sparse = 0.0  # walk with contractions; CSR blocks
     with torch.no_grad(), torch_threads(threads):

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attrgraph.engine.precision import compute_dtype
 from attrgraph.errors import TargetError
 
 if TYPE_CHECKING:
@@ -79,7 +80,8 @@ def select_logit_targets(
     d_vocab = logits.shape[-1]
     out = []
     for p, i in zip(top_p[:k].tolist(), top_i[:k].tolist()):
-        vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=logits.dtype, device=logits.device)
+        # at least float32: -1/d_vocab is not exact in a half-precision model's dtype
+        vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=compute_dtype(logits.dtype), device=logits.device)
         vec[i] += 1.0
         out.append(Target(name=token_str(tokenizer, i), vector=vec, token=i, weight=p))
     return out
@@ -89,7 +91,9 @@ def logit_target(model: HookedTransformer, token: str | int, position: int = -1)
     """Target the demeaned logit of one token (e.g. " Mary") at `position`, as the default logit nodes."""
     i = _token_id(model, token)
     d_vocab = model.cfg.d_vocab_out
-    vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=model.cfg.dtype, device=model.cfg.device)
+    vec = torch.full(
+        (d_vocab,), -1.0 / d_vocab, dtype=compute_dtype(model.cfg.dtype), device=model.cfg.device
+    )
     vec[i] += 1.0
     return Target(
         name=token_str(getattr(model, "tokenizer", None), i), vector=vec, position=position, token=i
