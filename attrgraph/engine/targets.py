@@ -118,7 +118,9 @@ def direction(
     """Target `vector . value_of(hook)[position]` for any TransformerLens hook of the residual width."""
     return Target(
         name=name or f"{hook}@{position}",
-        vector=vector if isinstance(vector, Tensor) else torch.as_tensor(vector),  # a tensor keeps its device
+        vector=vector
+        if isinstance(vector, Tensor)
+        else torch.as_tensor(vector, device="cpu"),  # a tensor keeps its device
         position=position,
         hook=hook,
         weight=weight,
