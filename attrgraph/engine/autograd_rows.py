@@ -40,7 +40,8 @@ def backward_rows(
     """Steps 3-5: one row per injection, over the `sources.n_columns` source columns (CSR)."""
     n_pos, n_layers = state.tokens.shape[0], state.acts.shape[0]
     B = max(1, min(batch_size, len(injections)))
-    dtype, device = state.errors.dtype, state.errors.device
+    # gradients have the model's dtype; rows and the decoder contraction are float32 at least
+    dtype, device = compute_dtype(state.errors.dtype), state.errors.device
     constant = rm.constant(state)
     hooks = tuple(sorted({j.hook for j in injections if j.hook is not None}))
     n_emb, n_exc = n_pos, sources.n_excluded
@@ -90,8 +91,7 @@ def backward_rows(
                         continue
                     n_out = dec.shape[1]
                     rows[:, c0:c1] = G[:, p, l : l + n_out].reshape(B, -1) @ dec.reshape(len(dec), -1).T
-            # a half-precision model's rows leave in float32 (precision.py step 3), in one copy per batch
-            rows = rows[: len(batch)].to(compute_dtype(dtype)).cpu().numpy()
+            rows = rows[: len(batch)].cpu().numpy()  # one copy per batch
             written.append(np.arange(start, start + len(batch)), rows)
             bar.update(len(batch))
     bar.close()

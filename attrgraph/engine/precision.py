@@ -5,12 +5,14 @@ computed in the model's dtype is off by a few per cent (benchmarks/results/dtype
 
 1. The recorded forward (`ReplacementModel.run`) runs the model in its own dtype: it is the model
    being explained, and its patterns, norm scales, activations and errors are what they are.
-2. The linear backward (linear_backward.py, the default engine) casts those recorded values and the
-   weights it reads to `compute_dtype(model dtype)`, per layer: float64 and float32 models compute
-   in their own dtype, bfloat16 and float16 models in float32. Rows leave as arrays of that dtype.
+2. The sources' scaled decoder rows `a_s W_dec_s` (sources.py) and the linear backward
+   (linear_backward.py, the default engine) are computed in `compute_dtype(model dtype)`, the
+   recorded values and weights cast per layer: float64 and float32 models compute in their own
+   dtype, bfloat16 and float16 models in float32. Rows leave as arrays of that dtype.
 3. The autograd engine (autograd_rows.py, the reference and the fallback) differentiates through
-   the model itself, so its gradients have the model's precision; its rows, sums and all values
-   that leave for numpy are cast to `compute_dtype` first (numpy has no bfloat16).
+   the model itself, so its gradients have the model's precision; the contraction with the
+   sources and the rows are in `compute_dtype` (numpy has no bfloat16). Logit target vectors
+   (`e_tok - 1/d_vocab`) and EAP scores are float32 at least too.
 
 `compute_dtype` is `torch.promote_types(dtype, float32)`: it never lowers a dtype.
 """

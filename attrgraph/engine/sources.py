@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
 from attrgraph.errors import PromptError, PromptWarning
@@ -76,6 +77,7 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
     features = active.nonzero()  # sorted by (layer, position, feature)
     offset = P + L * (P - state.n_excluded)
     decoders, groups = [], []
+    dt = compute_dtype(state.errors.dtype)  # a * W_dec is not exact in a half-precision dtype (precision.py)
     if len(features):
         keys = features[:, 0] * P + features[:, 1]
         bounds = torch.cat(
@@ -88,9 +90,9 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
         for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             l, p = int(features[i0, 0]), int(features[i0, 1])
             f = features[i0:i1, 2]
-            a = state.acts[l, p, f]
+            a = state.acts[l, p, f].to(dt)
             with torch.no_grad():
-                dec = rm.tc.decoder_vectors(l, f.to(rm.tc.device)).to(state.errors.dtype)
+                dec = rm.tc.decoder_vectors(l, f.to(rm.tc.device)).to(dt)
             decoders.append(dec * a[:, None, None])
             groups.append((l, p, offset + i0, offset + i1))
     return Sources(state.embed, state.errors, state.n_excluded, features, decoders, groups)
