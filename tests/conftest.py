@@ -16,6 +16,41 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# ---------------------------------------------------------------------- devices
+# Device-sensitive tests take the `device` fixture: they run on the CPU and, where CUDA is present,
+# on the GPU; without CUDA the cuda case is skipped with the reason below (`pytest -rs` lists it).
+NO_CUDA = "CUDA is not available on this machine"
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """The device a test puts its model and transcoders on."""
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def foreign_default_device(device):
+    """A context in which a tensor made without `device=` lands on a device the model is not on:
+    the CPU when the model is on CUDA, the data-less `meta` device when it is on the CPU. Any such
+    tensor that meets the model's tensors, or is read (`.item()`, `.numpy()`), then raises, so a
+    CPU-only machine catches what would be a host/device mix on a GPU."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def foreign():
+        torch.set_default_device("meta" if device.type == "cpu" else "cpu")
+        try:
+            yield
+        finally:
+            torch.set_default_device(None)
+
+    return foreign
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)

@@ -192,3 +192,17 @@ def test_quickstart_output(readme):
     shown += [ln for ln in lines if re.match(r"\s+L\d+/F\d+", ln)][:2]
     for ln in shown:
         quoted(readme, ln)
+
+
+def test_dtype_tolerances(readme):
+    r = load(RESULTS / "dtypes.json")
+    quoted(readme, f"{r['n_prompts']} IOI prompts")
+    for row in r["rows"]:
+        if row["dtype"] == "float64":
+            continue
+        c = f"{row['compute_max_rel']:.1e}" if "compute_max_rel" in row else "-"
+        quoted(
+            readme,
+            f"| {row['dtype']} | {row['backend']} | {row['feature_jaccard']:.3f} | {row['edge_max_rel']:.1e} | "
+            f"{row['edge_fro_rel']:.1e} | {row['logit_rows_max_rel']:.1e} | {c} |",
+        )

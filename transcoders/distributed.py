@@ -193,10 +193,12 @@ def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Ten
     (equal on every rank) are counted once.
     """
 
+    device = next(p.device for p in list(sharded) + list(replicated))  # NCCL reduces device tensors only
+
     def sq(ps):
         return sum(
             (p.grad.double().pow(2).sum() for p in ps if p.grad is not None),
-            torch.zeros((), dtype=torch.float64),
+            torch.zeros((), dtype=torch.float64, device=device),
         )
 
     local = sq(sharded)

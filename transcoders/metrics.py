@@ -35,16 +35,18 @@ if TYPE_CHECKING:
 @torch.no_grad()
 def reconstruction_metrics(tc: SparseCoder, x: Tensor, y: Tensor, batch_size: int = 4096) -> dict:
     """Step 1 on `x, y` of shape [tokens, n_layers, d_model]."""
-    L = tc.n_layers
-    err = torch.zeros(L, dtype=torch.float64)
-    l0 = torch.zeros(L, dtype=torch.float64)
-    fired = torch.zeros(L, tc.d_sae, dtype=torch.bool)
+    L, dev = tc.n_layers, tc.device
+    # sums stay on the set's device; one copy of each to the host at the end
+    err = torch.zeros(L, dtype=torch.float64, device=dev)
+    l0 = torch.zeros(L, dtype=torch.float64, device=dev)
+    fired = torch.zeros(L, tc.d_sae, dtype=torch.bool, device=dev)
     for xb, yb in zip(x.split(batch_size), y.split(batch_size), strict=True):
-        res = tc(xb.to(tc.device, tc.dtype))
-        err += (res.out.double().cpu() - yb.double()).pow(2).sum(dim=(0, 2))
-        active = res.acts.cpu() > 0
+        res = tc(xb.to(dev, tc.dtype))
+        err += (res.out.double() - yb.to(dev).double()).pow(2).sum(dim=(0, 2))
+        active = res.acts > 0
         l0 += active.sum(dim=(0, 2)).double()
         fired |= active.any(0)
+    err, l0, fired = err.cpu(), l0.cpu(), fired.cpu()
     var = (y.double() - y.double().mean(0)).pow(2).sum(dim=(0, 2))
     fvu = (err / var).tolist()
     return {

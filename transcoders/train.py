@@ -261,8 +261,11 @@ def train(
     ckpt = out / "checkpoint"
     total = cfg.n_tokens // cfg.batch_size
     sharded = d.mode == "features"
+    # train where the model runs (its activations come from there); under NCCL, the rank's GPU
     device = (
-        torch.device("cuda", torch.cuda.current_device()) if d.active and dist_backend() == "nccl" else None
+        torch.device("cuda", torch.cuda.current_device())
+        if d.active and dist_backend() == "nccl"
+        else next(model.parameters()).device
     )
     full = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
     tc = full
@@ -270,8 +273,7 @@ def train(
         tc = build_transcoders(tdist.local_config(tcfg, d))
         init = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, tcfg.kind, d)
         tc.load_state_dict({k[3:]: v for k, v in init.items()})
-    if device is not None:
-        tc.to(device)
+    tc.to(device)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
     if (ckpt / "meta.json").exists():
         meta, state = read_checkpoint(ckpt)
@@ -293,18 +295,19 @@ def train(
             "in": x0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
             "out": y0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
         }
-        step, last_fired = 0, torch.zeros(tcfg.n_layers, tc.cfg.d_sae)
+        step, last_fired = 0, torch.zeros(tcfg.n_layers, tc.cfg.d_sae, device=device)
     if d.active:
         dist_barrier()  # every rank has read the checkpoint before rank 0 may replace it
-    if device is not None:
-        scales = {k: v.to(device) for k, v in scales.items()}
-        last_fired = last_fired.to(device)
+    scales = {
+        k: v.to(device) for k, v in scales.items()
+    }  # the store's blocks and checkpoints are on the host
+    last_fired = last_fired.to(device)
     s_in, s_out = scales["in"][:, None], scales["out"][:, None]
     forward = tc
     if d.mode == "data":
         from torch.nn.parallel import DistributedDataParallel
 
-        forward = DistributedDataParallel(tc, device_ids=None if device is None else [device.index])
+        forward = DistributedDataParallel(tc, device_ids=[device.index] if device.type == "cuda" else None)
     replicated = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is None]
     local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
 
@@ -332,8 +335,7 @@ def train(
         if d.mode == "data" and not store.sliced:  # this rank's rows of the global batch
             n = x.shape[0] // d.world
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
-        if device is not None:
-            x, y = x.to(device), y.to(device)
+        x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
         xn, yn = x / s_in, y / s_out
         if sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)

@@ -241,7 +241,7 @@ def patched_forward(
     tcd = tc.dtype
 
     # step 3: the clamped outputs, computed once from the clean values
-    delta = torch.zeros(B, L, P, state.y_out.shape[-1], dtype=dtype)
+    delta = torch.zeros(B, L, P, state.y_out.shape[-1], dtype=dtype, device=state.y_out.device)
     if mode == "constrained":
         for b, edits in enumerate(batch_edits):
             for e in edits:
@@ -251,7 +251,9 @@ def patched_forward(
                     continue
                 a0 = state.acts[e.layer, pos, e.feature]
                 da = (e.apply(a0) - a0).to(dtype)
-                dec = tc.decoder_vectors(e.layer, torch.tensor([e.feature]))[0].to(dtype)  # [n_out, d]
+                dec = tc.decoder_vectors(e.layer, torch.tensor([e.feature], device=tc.device))[0].to(
+                    dtype
+                )  # [n_out, d]
                 for j in range(dec.shape[0]):
                     lo = e.layer + j
                     if start <= lo <= end:
@@ -374,7 +376,7 @@ def generate(
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
     hold = n_tokens if hold is None else hold
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=tokens.device).manual_seed(seed)  # multinomial samples on the model's device
     L, S = rm.cfg.n_layers, rm.tc.cfg.d_sae
     for step in range(n_tokens):
         if tokens.numel() >= model.cfg.n_ctx:

@@ -139,11 +139,11 @@ def qk_attribution(
     injections = []
     for name, pos, h, full in ((q_name, i, head, q_full), (k_name, j, kv_head, k_full)):
         for d in range(d_head):
-            v = torch.zeros(full.shape[1:], dtype=full.dtype)
+            v = torch.zeros(full.shape[1:], dtype=full.dtype, device=full.device)
             v[h, d] = 1.0
             injections.append(Injection(v, pos, hook=name))
     rows = backward_rows(rm, state, sources, injections, batch_size=2 * d_head).toarray()  # [2 d_head, n_src]
-    q, k = q_full[i, head].double().numpy(), k_full[j, kv_head].double().numpy()
+    q, k = q_full[i, head].double().cpu().numpy(), k_full[j, kv_head].double().cpu().numpy()
     Q = np.vstack([rows[:d_head].T, q - rows[:d_head].sum(1)])
     K = np.vstack([rows[d_head:].T, k - rows[d_head:].sum(1)])
     scale = float(attn.attn_scale)

@@ -115,7 +115,7 @@ def node_to_logit(rm: ReplacementModel, state: ReplacementState, graph: Graph, c
     pos = {int(i): k for k, i in enumerate(feats)}
     for sub, wd, run in _ablations(rm, state, graph, feats, cfg.windows, batch_size=cfg.batch_size):
         logp = torch.log_softmax(run.logits[:, -1].double(), -1)
-        values = (clean.exp() * (clean - logp)).sum(-1).clamp_min(0).numpy()
+        values = (clean.exp() * (clean - logp)).sum(-1).clamp_min(0).cpu().numpy()
         for i, v in zip(sub, values):
             kl[wd][pos[int(i)]] = v
     out = {"n_features": int(len(feats)), "windows": {}}
@@ -154,15 +154,17 @@ def feature_to_feature(
         return {"spearman": math.nan, "n_pairs": 0, "_scatter": {"influence": [], "effect": []}}
     B = influence_columns(graph, sources)
     select = torch.tensor(
-        np.stack([n.layer[feats], n.position[feats], n.feature[feats]], 1), dtype=torch.long
+        np.stack([n.layer[feats], n.position[feats], n.feature[feats]], 1),
+        dtype=torch.long,
+        device=state.acts.device,
     )
-    base = state.acts[tuple(select.T)].double().numpy()
+    base = state.acts[tuple(select.T)].double().cpu().numpy()
     col = {int(s): k for k, s in enumerate(sources)}
     infl, eff = [], []
     for sub, _, run in _ablations(
         rm, state, graph, sources, (cfg.ff_window,), select=select, batch_size=cfg.batch_size
     ):
-        after = run.acts.double().numpy()
+        after = run.acts.double().cpu().numpy()
         for s, row in zip(sub, after):
             down = (n.layer[feats] > n.layer[s]) & (n.position[feats] >= n.position[s]) & (base > 0)
             infl.append(B[feats[down], col[int(s)]])
@@ -223,7 +225,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
     resid = [f"blocks.{k}.hook_resid_post" for k in range(L)]
     rep0 = _replacement(rm, state, [], resid)
     und0 = _underlying(rm, state, [], resid)
-    active = state.acts.nonzero().numpy()
+    active = state.acts.nonzero().cpu().numpy()
     active = active[active[:, 1] >= 1] if (active[:, 1] >= 1).any() else active
     out = {}
     for kind in ("encoder", "random", "upstream"):
@@ -254,7 +256,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
                 gain = float(tc.W_enc[l][:, f].detach().to(u.dtype) @ (w * centered)) / float(scale)
                 vec = u * (cfg.delta / gain) if abs(gain) > 1e-12 else u * 0
                 if kind == "random":
-                    r = torch.as_tensor(gen.standard_normal(u.shape[0]), dtype=u.dtype)
+                    r = torch.as_tensor(gen.standard_normal(u.shape[0]), dtype=u.dtype, device=u.device)
                     vec = r / r.norm() * vec.norm()
 
                 def add(x, hook, vec=vec, p=p):
@@ -295,7 +297,7 @@ def validate_graph(
             )
     if graph.n_features == 0:
         raise ValidationError("the graph has no feature nodes; there is nothing to ablate.")
-    state = rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=False)
+    state = rm.run(torch.as_tensor(graph.prompt_ids, device=rm.cfg.device), exclude_bos=False)
     return {
         "prompt": " ".join(graph.prompt_tokens),
         "node_to_logit": node_to_logit(rm, state, graph, cfg),

@@ -63,13 +63,13 @@ class EdgeLayout:
 
     def unflatten(self, flat: Tensor) -> tuple[Tensor, Tensor | None]:
         rv = self.resid_valid()
-        resid = torch.zeros(rv.shape, dtype=flat.dtype)
+        resid = torch.zeros(rv.shape, dtype=flat.dtype, device=flat.device)
         n = int(rv.sum())
         resid[rv] = flat[:n]
         attn = None
         if self.positional:
             av = self.attn_valid_full()
-            attn = torch.zeros(av.shape, dtype=flat.dtype)
+            attn = torch.zeros(av.shape, dtype=flat.dtype, device=flat.device)
             attn[av] = flat[n:]
         return resid, attn
 
@@ -151,7 +151,7 @@ class Circuit:
         if not self.layout.positional:
             return self.resid.float(), None
         if span_index is None:
-            span_index = torch.arange(n_pos or self.layout.n_pos).unsqueeze(0)
+            span_index = torch.arange(n_pos or self.layout.n_pos, device=self.resid.device).unsqueeze(0)
         return expand_to_positions(self.resid.float(), self.attn.float(), span_index)
 
 

@@ -26,7 +26,7 @@ def edge_table(layout: EdgeLayout):
     """(parent, child, n_nodes, sources, sink) of every edge in flat order (module docstring, step 1)."""
     g = layout.graph
     U, L, H = g.n_up, g.n_layers, g.n_heads
-    valid = g.valid.nonzero().numpy()  # [(u, d)]
+    valid = g.valid.nonzero().cpu().numpy()  # [(u, d)]
     down_node = np.array(g.down_node)
     slot_of = np.full(g.n_down, -1)  # flattened (layer, head, slot) for head inputs
     for layer in range(L):
@@ -43,7 +43,7 @@ def edge_table(layout: EdgeLayout):
     parent = pos * U + u
     child = np.where(slot_of[d] >= 0, base + pos * L * H * 3 + slot_of[d], pos * U + down_node[d])
     child = np.where(d == g.down_logits, sink, child)
-    att = layout.attn_valid_full().nonzero().numpy()  # [(layer, head, slot, t, t')]
+    att = layout.attn_valid_full().nonzero().cpu().numpy()  # [(layer, head, slot, t, t')]
     layer, h, s, t, tp = att.T
     src_pos = np.where(s == 0, t, tp)
     a_parent = base + src_pos * L * H * 3 + (layer * H + h) * 3 + s
@@ -55,7 +55,7 @@ def edge_table(layout: EdgeLayout):
 def top_n(scores: EdgeScores, n: int) -> Circuit:
     """The n edges of largest |score|."""
     flat = scores.flat().abs()
-    keep = torch.zeros(flat.shape, dtype=torch.bool)
+    keep = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
     keep[flat.topk(min(n, flat.numel())).indices] = True
     return Circuit.from_flat(scores.layout, keep, "top-n:" + scores.method, {"n": n})
 
@@ -63,7 +63,7 @@ def top_n(scores: EdgeScores, n: int) -> Circuit:
 def greedy(scores: EdgeScores, n: int) -> Circuit:
     """A circuit of (up to) n edges, every one on a path input -> logits (module docstring, step 3)."""
     parent, child, n_nodes, sources, sink = edge_table(scores.layout)
-    mag = scores.flat().abs().numpy()
+    mag = scores.flat().abs().cpu().numpy()
     order = np.argsort(child, kind="stable")
     starts = np.searchsorted(child[order], np.arange(n_nodes + 1))
     into = lambda node: order[starts[node] : starts[node + 1]]  # noqa: E731
@@ -104,7 +104,7 @@ def greedy(scores: EdgeScores, n: int) -> Circuit:
 def is_connected(circuit: Circuit) -> bool:
     """Whether every edge lies on a path from an input node to the logits."""
     parent, child, n_nodes, sources, sink = edge_table(circuit.layout)
-    kept = circuit.flat().numpy()
+    kept = circuit.flat().cpu().numpy()
     p, c = parent[kept], child[kept]
     fwd = np.zeros(n_nodes, dtype=bool)
     fwd[sources] = True

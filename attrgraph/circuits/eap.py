@@ -48,6 +48,12 @@ class ExampleScores(NamedTuple):
     """M on the corrupted prompts."""
 
 
+def _to_host(x: Tensor | None) -> Tensor | None:
+    """Scores leave the model's device once per batch, at float32 at least (they are summed over
+    examples, and numpy has no bfloat16)."""
+    return None if x is None else x.detach().to(torch.promote_types(x.dtype, torch.float32)).cpu()
+
+
 def example_scores(
     model: HookedTransformer,
     pairs: Pairs,
@@ -57,7 +63,9 @@ def example_scores(
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
     graph = ComponentGraph.from_model(model)
-    valid = graph.valid.to(pairs.clean.device)
+    device = next(model.parameters()).device
+    pairs = pairs.to(device)  # the pairs go to the model's device once; the scores come back once per batch
+    valid = graph.valid.to(device)
     parts: list[ExampleScores] = []
     for i in range(0, len(pairs), batch_size):
         p = pairs[i : i + batch_size]
@@ -79,9 +87,9 @@ def example_scores(
         attn = None
         if cross_position:
             W_O = torch.stack([b.attn.W_O for b in model.blocks]).detach()
-            scale = torch.tensor([float(b.attn.attn_scale) for b in model.blocks])
+            scale = torch.tensor([float(b.attn.attn_scale) for b in model.blocks], device=W_O.device)
             attn = attention_edge_scores(clean, corr, g_res / len(alphas), W_O, scale)
-        parts.append(ExampleScores(resid.detach(), attn, m_clean, m_corr))
+        parts.append(ExampleScores(*(_to_host(x) for x in (resid, attn, m_clean, m_corr))))
     out = ExampleScores(
         *(None if parts[0][j] is None else torch.cat([q[j] for q in parts]) for j in range(4))
     )

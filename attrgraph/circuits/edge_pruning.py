@@ -95,7 +95,8 @@ def gate_open_prob(log_alpha: Tensor, beta: float) -> Tensor:
 
 
 def sample_gates(log_alpha: Tensor, beta: float, gen: torch.Generator) -> Tensor:
-    u = torch.rand(log_alpha.shape, generator=gen, dtype=log_alpha.dtype).clamp(1e-6, 1 - 1e-6)
+    u = torch.rand(log_alpha.shape, generator=gen, dtype=log_alpha.dtype, device=log_alpha.device)
+    u = u.clamp(1e-6, 1 - 1e-6)
     s = torch.sigmoid((u.log() - (-u).log1p() + log_alpha) / beta)
     return (s * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
 
@@ -116,7 +117,9 @@ def prune_edges(
     graph = ComponentGraph.from_model(model)
     layout = EdgeLayout(graph)
     n = graph.n_edges
-    allowed = torch.ones(n, dtype=torch.bool) if allowed is None else allowed.bool()
+    device = next(model.parameters()).device  # the gates train on the model's device
+    pairs = pairs.to(device)
+    allowed = torch.ones(n, dtype=torch.bool, device=device) if allowed is None else allowed.bool().to(device)
     n_keep = round((1 - config.sparsity) * n)
     if int(allowed.sum()) < n_keep:
         raise SparsityError(
@@ -128,18 +131,18 @@ def prune_edges(
     for p in params:  # gradients flow to the gates only
         p.requires_grad_(False)
     dtype = next(model.parameters()).dtype
-    log_alpha = torch.full((int(allowed.sum()),), config.init_log_alpha, dtype=dtype)
+    log_alpha = torch.full((int(allowed.sum()),), config.init_log_alpha, dtype=dtype, device=device)
     if init is not None:
-        log_alpha = init[allowed].to(dtype).clone()
+        log_alpha = init.to(device)[allowed].to(dtype).clone()
     log_alpha.requires_grad_(True)
-    lambdas = torch.zeros(2, dtype=dtype, requires_grad=True)
+    lambdas = torch.zeros(2, dtype=dtype, device=device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=config.lr)
     opt_l = torch.optim.SGD([lambdas], lr=config.lr_lambda, maximize=True)
-    gen = torch.Generator().manual_seed(config.seed)
+    gen = torch.Generator(device=device).manual_seed(config.seed)
     with torch.no_grad():
         corr = record_run(model, pairs.corrupt)
         target_logp = last_logits(model(pairs.clean), pairs.last).log_softmax(-1)
-    valid = graph.valid
+    valid = graph.valid.to(device)
     with torch.no_grad():
         s0 = 1 - gate_open_prob(log_alpha, config.beta).sum().item() / n
     kls = []
@@ -147,11 +150,11 @@ def prune_edges(
     stable, last_top = 0, None
     try:
         for step in range(config.steps):
-            idx = torch.randperm(len(pairs), generator=gen)[: config.batch_size]
+            idx = torch.randperm(len(pairs), generator=gen, device=device)[: config.batch_size]
             p = pairs[idx]
-            flat = torch.zeros(n, dtype=dtype)
+            flat = torch.zeros(n, dtype=dtype, device=device)
             flat = flat.masked_scatter(allowed, sample_gates(log_alpha, config.beta, gen))
-            keep = torch.zeros(valid.shape, dtype=dtype).masked_scatter(valid, flat)
+            keep = torch.zeros(valid.shape, dtype=dtype, device=device).masked_scatter(valid, flat)
             run = run_edges(model, p.clean, corrupt=_slice(corr, idx), keep=keep)
             logq = last_logits(run.logits, p.last).log_softmax(-1)
             logp = target_logp[idx]
@@ -164,7 +167,7 @@ def prune_edges(
             loss.backward()
             opt.step()
             opt_l.step()
-            kls.append(kl.item())
+            kls.append(kl.detach())  # read once after the loop, not a device sync per step
             if config.patience:
                 top = frozenset(log_alpha.detach().topk(n_keep).indices.tolist())
                 stable = stable + 1 if step >= warm and top == last_top else 0
@@ -174,9 +177,11 @@ def prune_edges(
     finally:
         for p_, w in zip(params, was, strict=True):
             p_.requires_grad_(w)
-    final = torch.full((n,), float("-inf"), dtype=dtype)
+    kls = torch.stack(kls).tolist() if kls else []
+    final = torch.full((n,), float("-inf"), dtype=dtype, device=device)
     final[allowed] = log_alpha.detach()
-    chosen = torch.zeros(n, dtype=torch.bool)
+    final = final.cpu()  # the result (masks, circuit) is host bookkeeping, as EAP's scores
+    chosen = torch.zeros(n, dtype=torch.bool, device="cpu")
     chosen[final.topk(n_keep).indices] = True
     s_hat = 1 - gate_open_prob(log_alpha.detach(), config.beta).sum().item() / n
     circuit = Circuit.from_flat(layout, chosen, "ep", {"sparsity": config.sparsity, "steps": config.steps})

@@ -51,6 +51,7 @@ def circuit_logits(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, corrupt=None, batch_size: int = 64
 ):
     """Next-token logits at each example's scored position with everything outside `circuit` ablated."""
+    pairs = pairs.to(next(model.parameters()).device)
     out = []
     for i in range(0, len(pairs), batch_size):
         p = pairs[i : i + batch_size]
@@ -67,6 +68,7 @@ def evaluate(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, batch_size: int = 64
 ) -> Faithfulness:
     """Faithfulness of `circuit` on `pairs` (module docstring). Positional circuits over spans need `schema`."""
+    pairs = pairs.to(next(model.parameters()).device)
     full, corr_logits = [], []
     for i in range(0, len(pairs), batch_size):
         p = pairs[i : i + batch_size]

@@ -131,7 +131,7 @@ class ComponentGraph:
     @cached_property
     def valid(self) -> Tensor:
         """Bool `[n_up, n_down]`: which (upstream, downstream) pairs are edges."""
-        valid = torch.zeros(self.n_up, self.n_down, dtype=torch.bool)
+        valid = torch.zeros(self.n_up, self.n_down, dtype=torch.bool, device="cpu")  # structure: host
         for layer in range(self.n_layers):
             for s in range(3):
                 for h in range(self.n_heads):

@@ -36,7 +36,7 @@ def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:
     if not 0.0 < keep_frac < 1.0:
         raise SparsityError(f"the kept fraction must lie strictly between 0 and 1, got {keep_frac}.")
     flat = scores.flat().abs()
-    allowed = torch.zeros(flat.shape, dtype=torch.bool)
+    allowed = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
     allowed[flat.topk(max(1, round(keep_frac * flat.numel()))).indices] = True
     return allowed
 

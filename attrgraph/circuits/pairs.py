@@ -97,12 +97,13 @@ def make_pairs(
                 "give every corrupted prompt the same length as its clean pair."
             )
     n_pos = max(len(a) for a in clean)
-    c = torch.full((len(clean), n_pos), pad, dtype=torch.long)
+    # host tensors: the functions that run the model move the pairs to its device (`Pairs.to`)
+    c = torch.full((len(clean), n_pos), pad, dtype=torch.long, device="cpu")
     x = torch.full_like(c, pad)
     for i, (a, b) in enumerate(zip(clean, corrupt, strict=True)):
-        c[i, : len(a)] = torch.tensor(a)
-        x[i, : len(b)] = torch.tensor(b)
-    last = torch.tensor([len(a) - 1 for a in clean])
+        c[i, : len(a)] = torch.tensor(a, device="cpu")
+        x[i, : len(b)] = torch.tensor(b, device="cpu")
+    last = torch.tensor([len(a) - 1 for a in clean], device="cpu")
     return Pairs(c, x, last, weights, kind)
 
 
@@ -121,7 +122,7 @@ def task_pairs(model: HookedTransformer, examples) -> Pairs:
     """`Pairs` for IOI (logit difference IO - S) or greater-than (probability difference) examples."""
     task = examples[0].task
     clean, corrupt = [], []
-    weights = torch.zeros(len(examples), model.cfg.d_vocab)
+    weights = torch.zeros(len(examples), model.cfg.d_vocab, device="cpu")
     for i, ex in enumerate(examples):
         end = ex.graded[0]
         clean.append(_ids(model, ex.tokens[:end]))

@@ -116,7 +116,9 @@ def run_edges(
     with component_hooks(model) as g:
         if attn_keep is not None and model.cfg.attn_scores_soft_cap > 0:
             raise UnsupportedModelError("attention soft-capping is not supported by cross-position patching.")
-        keep = _as4(keep)
+        # keep masks (host bookkeeping, circuit.py) go to the model's device once per run
+        keep = None if keep is None else _as4(keep).to(tokens.device)
+        attn_keep = None if attn_keep is None else attn_keep.to(tokens.device)
         H = g.n_heads
         outs: list[Tensor] = []
         inputs: list[Tensor] = []

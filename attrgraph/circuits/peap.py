@@ -53,7 +53,7 @@ def peap(
     if schema is None:
         T = int(pairs.last[0]) + 1
         positions = tuple(f"t{t}" for t in range(T))
-        layout = EdgeLayout(graph, positions, torch.ones(T, T, dtype=torch.bool).tril())
+        layout = EdgeLayout(graph, positions, torch.ones(T, T, dtype=torch.bool, device="cpu").tril())
         return EdgeScores(layout, ex.resid[:, :T].mean(0), ex.attn[..., :T, :T].mean(0), "peap")
     resid, attn, attn_valid = aggregate(ex, schema, aggregation)
     layout = EdgeLayout(graph, schema.spans, attn_valid)

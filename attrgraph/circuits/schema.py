@@ -58,7 +58,7 @@ class Schema:
     def from_ranges(cls, spans, examples: list[dict], lengths: list[int]) -> Schema:
         """Build from per-example {span: (start, end)} ranges; `lengths` are the prompt lengths."""
         spans = tuple(spans)
-        idx = torch.full((len(examples), max(lengths)), -1, dtype=torch.long)
+        idx = torch.full((len(examples), max(lengths)), -1, dtype=torch.long, device="cpu")
         for b, (ranges, n) in enumerate(zip(examples, lengths, strict=True)):
             for name, (start, end) in ranges.items():
                 if name not in spans:
@@ -145,11 +145,11 @@ def aggregate(example, schema: Schema, how: str = "avg"):
     B, T = example.resid.shape[:2]
     idx = idx[:, :T]
     S = len(schema.spans)
-    member = idx[:, :, None] == torch.arange(S)  # [b t s]
+    member = idx[:, :, None] == torch.arange(S, device=idx.device)  # [b t s]
     present = member.any(1).to(example.resid.dtype)  # [b s]
     resid = _combine(example.resid, member, how)  # [b s u d]
     resid = (resid * present[:, :, None, None]).sum(0) / present.sum(0).clamp(min=1)[:, None, None]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
     pair = member[:, :, None, :, None] & member[:, None, :, None, :] & causal[None, :, :, None, None]
     pair = pair.reshape(B, T * T, S * S)  # [b (t t') (s s')]
     attn = example.attn.reshape(*example.attn.shape[:4], T * T).movedim(-1, 1)  # [b (t t') l h 3]
@@ -231,9 +231,9 @@ def propose_schema(
             role.append(r)
         roles.append(role)
     spans = tuple(dict.fromkeys(r for role in roles for r in role))
-    idx = torch.full(pairs.clean.shape, -1, dtype=torch.long)
+    idx = torch.full(pairs.clean.shape, -1, dtype=torch.long, device="cpu")
     for b, role in enumerate(roles):
-        idx[b, : len(role)] = torch.tensor([spans.index(r) for r in role])
+        idx[b, : len(role)] = torch.tensor([spans.index(r) for r in role], device="cpu")
     return Schema(spans, idx)
 
 
@@ -257,5 +257,7 @@ def salient_token_set(pairs, example, words: list[list[str]], top_frac: float = 
 
 def align_schema(schema: Schema, spans: tuple[str, ...]) -> Schema:
     """Re-index `schema` onto `spans` (a circuit's); positions in spans it lacks get -2 (ablated)."""
-    lookup = torch.tensor([spans.index(s) if s in spans else -2 for s in schema.spans] + [-1])
+    lookup = torch.tensor(
+        [spans.index(s) if s in spans else -2 for s in schema.spans] + [-1], device=schema.span_index.device
+    )
     return Schema(spans, lookup[schema.span_index])

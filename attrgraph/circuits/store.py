@@ -50,15 +50,15 @@ def save_circuit(
             has_mlp=g.has_mlp,
             meta=json.dumps(circuit.meta, default=str),
         )
-        grp.create_dataset("resid", data=circuit.resid.numpy())
+        grp.create_dataset("resid", data=circuit.resid.cpu().numpy())
         if circuit.layout.positional:
             grp.attrs["positions"] = np.array(circuit.layout.positions, dtype=h5py.string_dtype())
-            grp.create_dataset("attn", data=circuit.attn.numpy())
-            grp.create_dataset("attn_valid", data=circuit.layout.attn_valid.numpy())
+            grp.create_dataset("attn", data=circuit.attn.cpu().numpy())
+            grp.create_dataset("attn_valid", data=circuit.layout.attn_valid.cpu().numpy())
         if scores is not None:
-            grp.create_dataset("scores/resid", data=scores.resid.float().numpy())
+            grp.create_dataset("scores/resid", data=scores.resid.float().cpu().numpy())
             if scores.attn is not None:
-                grp.create_dataset("scores/attn", data=scores.attn.float().numpy())
+                grp.create_dataset("scores/attn", data=scores.attn.float().cpu().numpy())
     return name
 
 
@@ -128,8 +128,8 @@ def circuit_to_networkx(circuit: Circuit, scores: EdgeScores | None = None):
 
     parent, child, _, _, _ = edge_table(circuit.layout)
     names = node_names(circuit.layout)
-    kept = circuit.flat().numpy()
-    values = scores.flat().numpy() if scores is not None else np.full(len(kept), np.nan)
+    kept = circuit.flat().cpu().numpy()
+    values = scores.flat().cpu().numpy() if scores is not None else np.full(len(kept), np.nan)
     out = nx.MultiDiGraph(method=circuit.method)
     for e in np.flatnonzero(kept):
         out.add_edge(names[parent[e]], names[child[e]], score=float(values[e]))

@@ -36,6 +36,7 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
     build_sources,
+    feature_injections,
     graph_provenance,
     node_table,
     prompt_strings,
@@ -115,10 +116,8 @@ def attribute_adaptive(
         order = np.sort(order[influence[order] > 0])
         if not len(order):
             break
-        inj = [
-            Injection(rm.tc.encoder_vectors(int(l), torch.tensor([int(f)]))[0].detach(), int(p), layer=int(l))
-            for l, p, f in feats[order].tolist()
-        ]
+        # one gather per layer (feats[order] is sorted by layer, as feature_injections returns them)
+        inj = feature_injections(rm, torch.from_numpy(feats[order]))
         row_sets.append((n_src + order, rows_for(inj)))
         explored = np.concatenate([explored, order])
         if trace is not None:

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.sources import Injection, Sources
 
@@ -39,12 +40,13 @@ def backward_rows(
     """Steps 3-5: one row per injection, over the `sources.n_columns` source columns (CSR)."""
     n_pos, n_layers = state.tokens.shape[0], state.acts.shape[0]
     B = max(1, min(batch_size, len(injections)))
-    dtype, device = state.errors.dtype, state.errors.device
+    # gradients have the model's dtype; rows and the decoder contraction are float32 at least
+    dtype, device = compute_dtype(state.errors.dtype), state.errors.device
     constant = rm.constant(state)
     hooks = tuple(sorted({j.hook for j in injections if j.hook is not None}))
     n_emb, n_exc = n_pos, sources.n_excluded
     err_cols = [n_emb + l * (n_pos - n_exc) for l in range(n_layers)]
-    written = CsrRowWriter(len(injections), sources.n_columns, torch.empty(0, dtype=dtype).numpy().dtype)
+    written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(dtype))
     bar = tqdm(total=len(injections), desc="attribution", unit="target", disable=not progress)
     with torch.enable_grad(), rm.frozen(state, constant, batch=B, probes=True, capture=hooks) as run:
         logits = rm.model(state.tokens[None].expand(B, n_pos))
@@ -89,7 +91,8 @@ def backward_rows(
                         continue
                     n_out = dec.shape[1]
                     rows[:, c0:c1] = G[:, p, l : l + n_out].reshape(B, -1) @ dec.reshape(len(dec), -1).T
-            written.append(np.arange(start, start + len(batch)), rows[: len(batch)].cpu().numpy())
+            rows = rows[: len(batch)].cpu().numpy()  # one copy per batch
+            written.append(np.arange(start, start + len(batch)), rows)
             bar.update(len(batch))
     bar.close()
     return written.to_csr()

@@ -56,6 +56,7 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
     build_sources,
+    feature_injections,
     graph_provenance,
     node_table,
     prompt_strings,
@@ -155,7 +156,11 @@ def node_biases(
             "the graph's meta does not say how it was built (exclude_bos, embedding); "
             "pass a graph from attribute or attribute_hierarchical."
         )
-    state = rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=m["exclude_bos"], embedding=m["embedding"])
+    state = rm.run(
+        torch.as_tensor(graph.prompt_ids, device=rm.cfg.device),
+        exclude_bos=m["exclude_bos"],
+        embedding=m["embedding"],
+    )
     logit_idx = np.flatnonzero(nodes.kind == "logit")
     targets = list(targets)
     if not targets:
@@ -165,7 +170,7 @@ def node_biases(
             )
         d_vocab = state.logits.shape[-1]
         for tok in nodes.token[logit_idx].tolist():
-            vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=torch.float64)
+            vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=torch.float64, device=state.logits.device)
             vec[tok] += 1.0
             targets.append(Target(name=str(tok), vector=vec, token=tok))
     if len(targets) != len(logit_idx):
@@ -293,7 +298,9 @@ def attribute_hierarchical(
                 f"feature {(l, p, f)} is not active on this prompt; pick an active (layer, position, feature)."
             )
         root_col = n_src + int(match[0])
-        root_inj = Injection(rm.tc.encoder_vectors(l, torch.tensor([f]))[0].detach(), p, layer=l)
+        root_inj = Injection(
+            rm.tc.encoder_vectors(l, torch.tensor([f], device=rm.tc.device))[0].detach(), p, layer=l
+        )
         root_value = float(state.pre_acts[l, p, f])
         root_layer = l
     engine = rows_engine(backend, rm, [root_inj])
@@ -325,10 +332,8 @@ def attribute_hierarchical(
         sel, cols, attr = sel[ok], cols[ok], attr[ok]
         if not len(sel):
             continue
-        inj = [
-            Injection(rm.tc.encoder_vectors(int(l), torch.tensor([int(f)]))[0].detach(), int(p), layer=int(l))
-            for l, p, f in feats[sel].tolist()
-        ]
+        # one gather of the layer's encoder vectors (not one host-to-device index per feature)
+        inj = feature_injections(rm, torch.from_numpy(feats[sel]))
         rows = rows_for(inj)
         grad = attr / acts[sel]
         acc += rows.T @ grad

@@ -59,6 +59,7 @@ from tqdm.auto import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.threads import threads_for, torch_threads
 from transcoders import sites
 
@@ -143,8 +144,8 @@ class LinearBackward:
 
     def __init__(self, rm, state):
         model, fr, L = rm.model, state.frozen, rm.cfg.n_layers
-        dt = state.errors.dtype
-        self.L, self.dtype = L, dt
+        dt = compute_dtype(state.errors.dtype)  # float32 for a half-precision model (precision.py)
+        self.L, self.dtype, self.device = L, dt, state.errors.device
 
         def norm(module, hook):
             return _Norm(module, fr[hook][0] if hook in fr else None, dt)
@@ -206,7 +207,7 @@ class LinearBackward:
         first attention, step 4)."""
         B, P, d = g.shape
         H = self.pattern[l].shape[0]
-        rows = torch.arange(B)
+        rows = torch.arange(B, device=g.device)
         g1 = self.ln1_post[l].back(g)[rows, positions]
         gz = (g1 @ self.W_O[l].T).view(B, H, -1)  # [B, H, dh]
         dh = gz.shape[-1]
@@ -243,23 +244,25 @@ class LinearBackward:
     def start(self, injections, P: int) -> tuple[Tensor, int, bool]:
         """Step 1 for a batch with one start (all logits, or all reads of one layer)."""
         B, d = len(injections), self.W_U_T.shape[1]
-        g = torch.zeros(B, P, d, dtype=self.dtype)
+        dev = self.device
+        g = torch.zeros(B, P, d, dtype=self.dtype, device=dev)
         j0 = injections[0]
+        rows = torch.arange(B, device=dev)
+        positions = torch.tensor([j.position for j in injections], device=dev)
+        v = torch.stack([j.vector.to(device=dev) for j in injections]).to(self.dtype)
         if j0.logits:
-            v = torch.stack([j.vector for j in injections]).to(self.dtype)
             u = v @ self.W_U_T
             self.flops += 2 * u.numel() * v.shape[-1]
-            g[torch.arange(B), torch.tensor([j.position for j in injections])] = u
+            g[rows, positions] = u
             return self.ln_final.back(g), self.L - 1, False
-        rows, positions = torch.arange(B), torch.tensor([j.position for j in injections])
-        g[rows, positions] = torch.stack([j.vector for j in injections]).to(self.dtype)
+        g[rows, positions] = v
         return self.read_back(j0.layer, g), j0.layer, True
 
 
 class _LayerDecoders:
     """The scaled decoder rows of one source layer, padded per position for one batched product (step 5)."""
 
-    def __init__(self, sources, layer: int, dtype):
+    def __init__(self, sources, layer: int, dtype, device=None):
         mine = [
             (p, c0, c1, dec) for (l, p, c0, c1), dec in zip(sources.groups, sources.decoders) if l == layer
         ]
@@ -271,21 +274,29 @@ class _LayerDecoders:
         k_max = max(c1 - c0 for _, c0, c1, _ in mine)
         n_out, d = mine[0][3].shape[1:]
         self.reads = range(layer, layer + n_out)
-        self.positions = torch.tensor([p for p, *_ in mine])
-        self.dec = torch.zeros(self.n, n_out * d, k_max, dtype=dtype)
+        # index arrays: on the host for searchsorted and the CSR columns, on the device for gathers
+        self.positions_np = np.array([p for p, *_ in mine])
+        self.positions = torch.from_numpy(self.positions_np).to(device)
+        self.dec = torch.zeros(self.n, n_out * d, k_max, dtype=dtype, device=device)
         cols, slots = [], []
         for g, (_, c0, c1, dec) in enumerate(mine):
             self.dec[g, :, : c1 - c0] = dec.reshape(c1 - c0, -1).T.to(dtype)
-            cols.append(torch.arange(c0, c1))
-            slots.append(g * k_max + torch.arange(c1 - c0))
-        self.cols_np, self.slots, self.k_max, self.d = torch.cat(cols).numpy(), torch.cat(slots), k_max, d
+            cols.append(np.arange(c0, c1))
+            slots.append(g * k_max + np.arange(c1 - c0))
+        self.slots_np = np.concatenate(slots)
+        self.cols_np, self.slots, self.k_max, self.d = (
+            np.concatenate(cols),
+            torch.from_numpy(self.slots_np).to(device),
+            k_max,
+            d,
+        )
 
     def contract(self, gw: list, P: int) -> tuple[Tensor, np.ndarray, int] | None:
         """This layer's feature columns for a batch cut to P positions: (values [B, n], their global
         column indices (ascending), flops); None when the batch cannot reach them."""
         if not self.n or gw[self.layer] is None:
             return None
-        n_g = int(torch.searchsorted(self.positions, P))
+        n_g = int(np.searchsorted(self.positions_np, P))
         if n_g == 0:
             return None
         pos = self.positions[:n_g]
@@ -294,7 +305,7 @@ class _LayerDecoders:
         ]
         G = (reach[0] if len(reach) == 1 else torch.cat(reach, -1)).transpose(0, 1)  # [n_g, B, m d]
         out = torch.bmm(G, self.dec[:n_g, : G.shape[-1]])  # [n_g, B, k_max]
-        n_v = int(torch.searchsorted(self.slots, n_g * self.k_max))
+        n_v = int(np.searchsorted(self.slots_np, n_g * self.k_max))
         values = out.transpose(0, 1).reshape(out.shape[1], -1)[:, self.slots[:n_v]]
         return values, self.cols_np[:n_v], 2 * out.numel() * G.shape[-1]
 
@@ -322,7 +333,7 @@ def linear_rows(
     n_exc = sources.n_excluded
     err_cols = [n_pos + l * (n_pos - n_exc) for l in range(L)]
     embed, errors = sources.embed.to(dt), sources.errors.to(dt)
-    layers = [_LayerDecoders(sources, l, dt) for l in range(L)]
+    layers = [_LayerDecoders(sources, l, dt, lb.device) for l in range(L)]
     # the lowest layer whose contraction reads the write-site gradient of layer j (j itself: errors)
     last_read = [min([j] + [d.layer for d in layers if j in d.reads]) for j in range(L)]
     # step 4: group by start (logits = L) and sort by position, keeping the original row index
@@ -344,7 +355,7 @@ def linear_rows(
     # step 6: one thread unless the largest product of a batch pays for parallel waits
     threads = threads_for(largest_product(lb, layers, [(len(b), key[b[-1]][1] + 1) for b in batches]))
     n_cols = sources.n_columns
-    written = CsrRowWriter(len(injections), n_cols, torch.empty(0, dtype=dt).numpy().dtype)
+    written = CsrRowWriter(len(injections), n_cols, numpy_dtype(dt))
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
     t_backward = t_sparse = 0.0  # walk with contractions; CSR blocks
     with torch.no_grad(), torch_threads(threads):
@@ -354,7 +365,7 @@ def linear_rows(
             inj = [injections[i] for i in idx]
             P = max(j.position for j in inj) + 1
             g, start, at_mid = lb.start(inj, P)
-            walk = lb.walk(g, start, at_mid, torch.tensor([j.position for j in inj]))
+            walk = lb.walk(g, start, at_mid, torch.tensor([j.position for j in inj], device=lb.device))
             del g
             # contract each layer as soon as the walk has passed it, dropping write-site gradients
             # that no lower layer reads (all but one for per-layer transcoders)
@@ -384,7 +395,7 @@ def linear_rows(
             del walk, gw
             t1 = time.perf_counter()
             pieces.sort(key=lambda piece: piece[0])
-            values = torch.cat([v for _, v, _ in pieces], 1).numpy()
+            values = torch.cat([v for _, v, _ in pieces], 1).cpu().numpy()  # the batch's one copy to the host
             cols = np.concatenate([c for _, _, c in pieces])
             del pieces
             lb.flops += 2 * len(inj) * P * embed.shape[1] * (1 + L)

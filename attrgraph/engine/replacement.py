@@ -125,6 +125,12 @@ class ReplacementModel:
                 f"the transcoders write {transcoders.cfg.output_hook!r}; the replacement model needs them "
                 f"to write the MLP output {sites.MLP_OUTPUT!r}."
             )
+        where = next(model.parameters()).device
+        if transcoders.device != where:
+            raise TranscoderMismatchError(
+                f"the transcoders are on {transcoders.device} but the model is on {where}; move them "
+                "with transcoders.to(model.cfg.device) (attribution keeps both on one device)."
+            )
         cap = getattr(model.cfg, "output_logits_soft_cap", 0.0) or 0.0
         if cap > 0:
             raise UnsupportedModelError(

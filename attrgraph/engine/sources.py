@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
 from attrgraph.errors import PromptError, PromptWarning
@@ -76,17 +77,22 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
     features = active.nonzero()  # sorted by (layer, position, feature)
     offset = P + L * (P - state.n_excluded)
     decoders, groups = [], []
+    dt = compute_dtype(state.errors.dtype)  # a * W_dec is not exact in a half-precision dtype (precision.py)
     if len(features):
         keys = features[:, 0] * P + features[:, 1]
         bounds = torch.cat(
-            [torch.tensor([0]), (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1, torch.tensor([len(keys)])]
+            [
+                torch.tensor([0], device=keys.device),
+                (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1,
+                torch.tensor([len(keys)], device=keys.device),
+            ]
         )
         for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             l, p = int(features[i0, 0]), int(features[i0, 1])
             f = features[i0:i1, 2]
-            a = state.acts[l, p, f]
+            a = state.acts[l, p, f].to(dt)
             with torch.no_grad():
-                dec = rm.tc.decoder_vectors(l, f.to(rm.tc.device)).to(state.errors.dtype)
+                dec = rm.tc.decoder_vectors(l, f.to(rm.tc.device)).to(dt)
             decoders.append(dec * a[:, None, None])
             groups.append((l, p, offset + i0, offset + i1))
     return Sources(state.embed, state.errors, state.n_excluded, features, decoders, groups)
@@ -122,7 +128,7 @@ def to_tokens(
         tokens = model.to_tokens(prompt, truncate=False)[0]
         _check_known_words(model.tokenizer, prompt, tokens, strict)
     else:
-        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long).flatten()
+        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long, device=model.cfg.device).flatten()
     if tokens.numel() == 0:
         raise PromptError("prompt has 0 tokens; pass at least one.")
     n_ctx = model.cfg.n_ctx
@@ -268,7 +274,7 @@ def node_table(state, sources: Sources, targets, positions, values, n_layers: in
     err_l, err_p = np.meshgrid(np.arange(L), np.arange(n_exc, P), indexing="ij")
     n_err, n_feat, n_t = err_l.size, len(feats), len(targets)
     err_norm = state.errors[:, n_exc:].norm(dim=-1).reshape(-1)
-    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0)
+    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0, device=state.acts.device)
     return Nodes(
         kind=np.array(["embedding"] * P + ["error"] * n_err + ["feature"] * n_feat + ["logit"] * n_t),
         layer=np.concatenate([np.full(P, -1), err_l.ravel(), feats[:, 0], [t.layer(L) for t in targets]]),

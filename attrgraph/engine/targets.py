@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attrgraph.engine.precision import compute_dtype
 from attrgraph.errors import TargetError
 
 if TYPE_CHECKING:
@@ -68,13 +69,19 @@ def select_logit_targets(
     probs = torch.softmax(logits.double(), dim=-1)
     top_p, top_i = probs.topk(min(max_n_logits, probs.numel()))
     k = min(
-        int(torch.searchsorted(top_p.cumsum(0), torch.tensor(desired_logit_prob, dtype=top_p.dtype))) + 1,
+        int(
+            torch.searchsorted(
+                top_p.cumsum(0), torch.tensor(desired_logit_prob, dtype=top_p.dtype, device=top_p.device)
+            )
+        )
+        + 1,
         len(top_p),
     )
     d_vocab = logits.shape[-1]
     out = []
     for p, i in zip(top_p[:k].tolist(), top_i[:k].tolist()):
-        vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=logits.dtype)
+        # at least float32: -1/d_vocab is not exact in a half-precision model's dtype
+        vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=compute_dtype(logits.dtype), device=logits.device)
         vec[i] += 1.0
         out.append(Target(name=token_str(tokenizer, i), vector=vec, token=i, weight=p))
     return out
@@ -84,7 +91,9 @@ def logit_target(model: HookedTransformer, token: str | int, position: int = -1)
     """Target the demeaned logit of one token (e.g. " Mary") at `position`, as the default logit nodes."""
     i = _token_id(model, token)
     d_vocab = model.cfg.d_vocab_out
-    vec = torch.full((d_vocab,), -1.0 / d_vocab, dtype=model.cfg.dtype)
+    vec = torch.full(
+        (d_vocab,), -1.0 / d_vocab, dtype=compute_dtype(model.cfg.dtype), device=model.cfg.device
+    )
     vec[i] += 1.0
     return Target(
         name=token_str(getattr(model, "tokenizer", None), i), vector=vec, position=position, token=i
@@ -96,7 +105,7 @@ def logit_difference(
 ) -> Target:
     """Target `logit_a - logit_b` at `position` (e.g. " Mary" minus " John")."""
     a, b = _token_id(model, token_a), _token_id(model, token_b)
-    vec = torch.zeros(model.cfg.d_vocab_out, dtype=model.cfg.dtype)
+    vec = torch.zeros(model.cfg.d_vocab_out, dtype=model.cfg.dtype, device=model.cfg.device)
     vec[a] += 1.0
     vec[b] -= 1.0
     tok = getattr(model, "tokenizer", None)
@@ -109,7 +118,9 @@ def direction(
     """Target `vector . value_of(hook)[position]` for any TransformerLens hook of the residual width."""
     return Target(
         name=name or f"{hook}@{position}",
-        vector=torch.as_tensor(vector),
+        vector=vector
+        if isinstance(vector, Tensor)
+        else torch.as_tensor(vector, device="cpu"),  # a tensor keeps its device
         position=position,
         hook=hook,
         weight=weight,

@@ -32,9 +32,9 @@ def target_values(graph, state, out):
     """(pre-activation of every feature node, demeaned logit of every logit node) from a forward output."""
     n = graph.nodes
     f = n.kind == "feature"
-    pre = out.pre_acts[n.layer[f], n.position[f], n.feature[f]].double().numpy()
+    pre = out.pre_acts[n.layer[f], n.position[f], n.feature[f]].double().cpu().numpy()
     last = out.logits[-1].double()
-    logit = (last[graph.logit_tokens] - last.mean()).numpy()
+    logit = (last[graph.logit_tokens] - last.mean()).cpu().numpy()
     return pre, logit
 
 
@@ -87,9 +87,9 @@ def test_exactness_contract_with_a_literal_read_hook():
     check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
 
 
-def test_exactness_contract_float32_with_position_zero_included():
+def test_exactness_contract_float32_with_position_zero_included(device):
     model = tiny_model("gpt2", torch.float32)
-    rm = ReplacementModel(model, tiny_transcoders(model, "clt"))
+    rm = ReplacementModel(model.to(device), tiny_transcoders(model, "clt").to(device))
     graph = attribute(model, rm, TOKENS, exclude_bos=False)
     assert (graph.nodes.position[graph.nodes.kind == "feature"] == 0).any()
     check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=False), rtol=1e-4)

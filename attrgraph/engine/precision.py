@@ -1,0 +1,36 @@
+"""The dtype attribution computes in, for a model of any floating dtype.
+
+A bfloat16 model keeps 8 significant bits and a float16 model 11, so a sum of thousands of edges
+computed in the model's dtype is off by a few per cent (benchmarks/results/dtypes.md). Hence:
+
+1. The recorded forward (`ReplacementModel.run`) runs the model in its own dtype: it is the model
+   being explained, and its patterns, norm scales, activations and errors are what they are.
+2. The sources' scaled decoder rows `a_s W_dec_s` (sources.py) and the linear backward
+   (linear_backward.py, the default engine) are computed in `compute_dtype(model dtype)`, the
+   recorded values and weights cast per layer: float64 and float32 models compute in their own
+   dtype, bfloat16 and float16 models in float32. Rows leave as arrays of that dtype.
+3. The autograd engine (autograd_rows.py, the reference and the fallback) differentiates through
+   the model itself, so its gradients have the model's precision; the contraction with the
+   sources and the rows are in `compute_dtype` (numpy has no bfloat16). Logit target vectors
+   (`e_tok - 1/d_vocab`) and EAP scores are float32 at least too.
+
+`compute_dtype` is `torch.promote_types(dtype, float32)`: it never lowers a dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+HALF = (torch.bfloat16, torch.float16)
+"""Model dtypes that attribution does not compute in (step 2)."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the frozen backward of a model in `dtype` computes in (float32 at least)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of rows computed for a model in `dtype`."""
+    return np.dtype(str(compute_dtype(dtype)).removeprefix("torch."))

@@ -1,0 +1,226 @@
+"""Every path runs with the model and transcoders on one device, without host/device mixing.
+
+Two checks, both useful on a machine without a GPU:
+1. Static: in the modules that compute on the model's device, every tensor factory names its
+   device (`device=`), and `.numpy()` is only called on a `.cpu()` result (a CUDA tensor has no
+   numpy view). Deliberate host tensors say `device="cpu"`.
+2. Dynamic: attribution (three methods, both backends), pruning, interventions, validation, QK,
+   circuits (EAP, PEAP, faithfulness, Edge Pruning) and a training step run with the model on
+   `device` (cpu; cuda where present) while tensors made without `device=` land elsewhere
+   (tests/conftest.py `foreign_default_device`), and give the same results as a plain CPU run.
+"""
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = (
+    sorted((ROOT / "attrgraph" / "engine").glob("*.py"))
+    + sorted((ROOT / "attrgraph" / "analysis").glob("*.py"))
+    + sorted((ROOT / "attrgraph" / "circuits").glob("*.py"))
+    + [ROOT / "transcoders" / n for n in ("train.py", "metrics.py", "distributed.py")]
+)
+FACTORIES = {
+    "zeros", "ones", "empty", "full", "arange", "tensor", "as_tensor", "eye", "rand", "randn",
+    "randint", "randperm", "linspace", "logspace", "Generator",
+}  # fmt: skip
+# (file, text of the call): factories that are host-side on purpose
+ALLOWED = {
+    # the initialization is drawn on the host, so that a seed gives one set whatever the device
+    ("transcoders/train.py", "torch.Generator()"),
+    # token ids read from a corpus file, moved to the model's device by the activation store
+    ("transcoders/train.py", "torch.tensor([next(it) for _ in range(n_seq)])"),
+}
+
+
+def _offences(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT).as_posix()
+    text = path.read_text()
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        f = node.func
+        call = ast.get_source_segment(text, node) or ""
+        if (
+            isinstance(f.value, ast.Name)
+            and f.value.id == "torch"
+            and f.attr in FACTORIES
+            and not any(k.arg == "device" for k in node.keywords)
+            and (rel, call) not in ALLOWED
+        ):
+            out.append(f"{rel}:{node.lineno} {call[:80]} has no device=")
+        if f.attr == "numpy" and not (
+            isinstance(f.value, ast.Call)
+            and isinstance(f.value.func, ast.Attribute)
+            and f.value.func.attr == "cpu"
+        ):
+            out.append(f"{rel}:{node.lineno} {call[:80]}: call .numpy() on a .cpu() result")
+    return out
+
+
+def test_factories_name_their_device_and_numpy_follows_cpu():
+    bad = [o for path in SCANNED for o in _offences(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_scan_sees_what_it_must_flag(tmp_path):
+    """The check of test 1 itself: each kind of offence is found, and named host tensors pass."""
+    path = ROOT / "attrgraph" / "engine" / "_scan_probe.py"
+    try:
+        path.write_text(
+            "import torch\n"
+            "a = torch.zeros(3)\n"
+            "b = torch.arange(4, device=x.device)\n"
+            "c = torch.tensor([1], device='cpu')\n"
+            "d = y.numpy()\n"
+            "e = y.cpu().numpy()\n"
+        )
+        got = _offences(path)
+    finally:
+        path.unlink()
+    assert [o.split()[0].rsplit(":", 1)[1] for o in got] == ["2", "5"]
+
+
+# ---------------------------------------------------------------------------------- dynamic
+PROMPT = [1, 2, 3, 4, 5, 6, 7]
+
+
+def _model(device, arch="gpt2"):
+    from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+
+    model = tiny_model(arch, torch.float32)
+    tc = tiny_transcoders(model, "clt" if arch == "llama" else "plt", skip=arch == "gpt2")
+    return model.to(device), tc.to(device)
+
+
+def _graphs(model, tc):
+    from attrgraph.engine.attribute import attribute
+
+    out = {}
+    for backend in ("linear", "autograd"):
+        out[f"standard-{backend}"] = attribute(model, tc, PROMPT, backend=backend)
+        out[f"hierarchical-{backend}"] = attribute(model, tc, PROMPT, method="hierarchical", backend=backend)
+        out[f"adaptive-{backend}"] = attribute(
+            model, tc, PROMPT, method="adaptive", max_feature_nodes=6, batch_size=4, backend=backend
+        )
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_attribution_on_device_equals_the_cpu_graph(device, foreign_default_device, arch):
+    ref = _graphs(*_model("cpu", arch))
+    model, tc = _model(device, arch)
+    with foreign_default_device():
+        got = _graphs(model, tc)
+    for name, g in ref.items():
+        h = got[name]
+        assert h.adjacency.dtype == np.float32, name
+        np.testing.assert_array_equal(h.nodes.feature, g.nodes.feature, err_msg=name)
+        scale = np.abs(g.dense()).max()
+        np.testing.assert_allclose(h.dense(), g.dense(), rtol=0, atol=1e-5 * scale, err_msg=name)
+        np.testing.assert_allclose(h.nodes.influence, g.nodes.influence, rtol=1e-4, atol=1e-7, err_msg=name)
+
+
+def _analyses(model, tc, graph):
+    from attrgraph.analysis.intervene import intervene
+    from attrgraph.analysis.qk import qk_attribution
+    from attrgraph.analysis.validate import ValidateConfig, validate_graph
+    from attrgraph.graph.prune import prune_graph
+
+    n = graph.nodes
+    f = int(np.flatnonzero(n.kind == "feature")[-1])
+    key = (int(n.layer[f]), int(n.position[f]), int(n.feature[f]))
+    pruned = prune_graph(graph, 0.5, 0.9)
+    out = {"pruned": pruned.dense(), "pruned_features": pruned.nodes.feature}
+    for mode in ("constrained", "iterative"):
+        run = intervene(model, tc, PROMPT, {key: 0.0}, mode=mode)
+        out[f"{mode}-logits"] = run.logits.cpu().numpy()
+    report = validate_graph(model, tc, graph, ValidateConfig(max_features=4, n_perturbations=2))
+    out["kl"] = np.array(report["node_to_logit"]["_scatter"]["kl"])
+    out["faithful"] = np.array(report["faithfulness"]["encoder"]["cosine"])
+    out["qk"] = qk_attribution(model, tc, PROMPT, 1, 0, 5, 2).pairs()
+    return out
+
+
+def test_pruning_interventions_validation_on_device(device, foreign_default_device):
+    from attrgraph.engine.attribute import attribute
+
+    ref_model, ref_tc = _model("cpu")
+    ref = _analyses(ref_model, ref_tc, attribute(ref_model, ref_tc, PROMPT))
+    model, tc = _model(device)
+    with foreign_default_device():
+        got = _analyses(model, tc, attribute(model, tc, PROMPT))
+    for k, v in ref.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def _circuits(model, pairs):
+    from attrgraph.circuits.construct import top_n
+    from attrgraph.circuits.eap import eap, example_scores
+    from attrgraph.circuits.edge_pruning import PruneConfig, prune_edges
+    from attrgraph.circuits.evaluate import evaluate
+    from attrgraph.circuits.peap import peap
+
+    scores = eap(model, pairs)
+    ex = example_scores(model, pairs, cross_position=True)
+    positional = peap(model, pairs, example=ex)
+    circuit = top_n(scores, 20)
+    faith = evaluate(model, pairs, circuit)
+    pruned = prune_edges(model, pairs, PruneConfig(steps=3, sparsity=0.9, batch_size=4))
+    return {
+        "eap": scores.resid.numpy(),
+        "peap": positional.attn.numpy(),
+        "faith": np.array([faith.soft, faith.kl]),
+        "ep": pruned.log_alpha.numpy(),
+    }
+
+
+def test_circuits_on_device(device, foreign_default_device):
+    from tests.attrgraph.circuits.circuit_helpers import make_pairs, tiny_model
+
+    pairs = make_pairs()
+    ref = _circuits(tiny_model(torch.float32), pairs)
+    model = tiny_model(torch.float32).to(device)
+    with foreign_default_device():
+        got = _circuits(model, pairs)
+    for k, v in ref.items():
+        if k == "ep" and device.type != "cpu":
+            continue  # the gates are sampled from the device's generator
+        np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_a_training_step_runs_on_the_models_device(device, tmp_path):
+    from tests.transcoders.tc_helpers import tiny_model
+    from transcoders.train import TrainConfig, train
+
+    model = tiny_model().to(device)
+    seqs = torch.randint(0, 50, (256, 32), generator=torch.Generator().manual_seed(0))
+    cfg = TrainConfig(
+        kind="plt", d_sae=32, n_tokens=256 * 4, batch_size=256, block_tokens=1024, out=str(tmp_path / "run")
+    )
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: seen.append(o.out.device) if type(o).__name__ == "TranscoderOutput" else None
+    )
+    try:
+        tc, info = train(cfg, model=model, sequences=seqs, progress=False)
+    finally:
+        hook.remove()
+    assert info["steps"] == 4 and seen and all(d.type == device.type for d in seen)
+    assert tc.device.type == device.type
+
+
+def test_transcoders_on_another_device_than_the_model_are_refused():
+    from attrgraph.engine.attribute import attribute
+    from transcoders import TranscoderMismatchError
+
+    model, tc = _model("cpu")
+    with pytest.raises(
+        TranscoderMismatchError, match=r"transcoders are on meta but the model is on cpu.*\.to\("
+    ):
+        attribute(model, tc.to("meta"), PROMPT)
