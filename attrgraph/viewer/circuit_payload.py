@@ -5,8 +5,9 @@
 2. Rows bottom to top: input, then per layer the heads' q/k/v inputs (positional circuits
    only), the heads, the MLP; the logits on top. Columns are positions (or schema spans); a
    non-positional circuit has one column.
-3. Edges: `[source, target, score]` of every kept edge, the stored edge score (NaN -> null when
-   the circuit was stored without scores).
+3. Edges: `[source, target, score]` of every kept edge, the stored edge score (null when the
+   circuit was stored without scores), and `edge_labels` their names (EdgeLayout.edge_names): a
+   non-positional circuit may hold a head's q, k and v edges from one node, drawn as one pair.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def circuit_payload(path: str | os.PathLike, name: str) -> dict:
     layout = circuit.layout
     g, positional = layout.graph, layout.positional
     parent, child, _, _, _ = edge_table(layout)
-    names = node_names(layout)
+    names, edge_names = node_names(layout), layout.edge_names()
     kept = np.flatnonzero(circuit.flat().numpy())
     values = scores.flat().double().numpy() if scores is not None else np.full(len(parent), np.nan)
     used = sorted(set(parent[kept].tolist()) | set(child[kept].tolist()))
@@ -81,4 +82,5 @@ def circuit_payload(path: str | os.PathLike, name: str) -> dict:
         "col_labels": positions or ["all positions"],
         "nodes": nodes,
         "edges": [[index[int(parent[e])], index[int(child[e])], json_number(values[e])] for e in kept],
+        "edge_labels": [edge_names[e] for e in kept],
     }

@@ -57,6 +57,10 @@ class GraphView:
         self.html = standalone_html(payload)
         """The standalone page."""
 
+    def __repr__(self) -> str:
+        p = self.payload
+        return f"GraphView({p['name']!r}: {len(p['nodes'])} nodes, {len(p['edges'])} edges)"
+
     def _repr_html_(self) -> str:
         return (
             f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width:100%;height:{self.height}px;'

@@ -13,7 +13,7 @@
   const EMBEDDED = window.ATTRGRAPH_DATA || null;
   const PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
     "#9a6324", "#469990", "#808000"];
-  const ROW_H = 64, GAP = 14, MIN_COL = 56, MARGIN_L = 58, MARGIN_T = 24, MARGIN_B = 70, N_EDGES_LISTED = 15;
+  const ROW_H = [48, 140], GAP = 14, MIN_COL = 56, MARGIN_L = 58, MARGIN_T = 24, MARGIN_B = 70, N_EDGES_LISTED = 15;
   const HINT = "Hover a node to see it; click to keep it here. Shift-click pins a node.";
 
   const state = {
@@ -133,8 +133,6 @@
     $("save").style.display = data.editable ? "" : "none";
     $("save-status").textContent = "";
     layout(data);
-    const room = $("canvas").clientWidth - 4;  // fit the width at first, within reason
-    state.zoom = room > 0 ? Math.min(1, Math.max(0.5, room / state.size[0])) : 1;
     draw(data);
     showDetails(null);
     renderPins();
@@ -174,6 +172,11 @@
     const x0 = [MARGIN_L];
     for (let c = 0; c < nCols; c++) x0.push(x0[c] + width[c]);
     state.cols = { x0, width };
+    // fit the canvas at first, within reason: the width by zooming out, the height by taller rows
+    const canvas = $("canvas"), W = x0[nCols] + 12;
+    state.zoom = canvas.clientWidth > 4 ? Math.min(1, Math.max(0.5, (canvas.clientWidth - 4) / W)) : 1;
+    const fill = (canvas.clientHeight - 4) / state.zoom - MARGIN_T - MARGIN_B;
+    state.rowH = Math.min(ROW_H[1], Math.max(ROW_H[0], fill / nRows || 0));
     state.xy = new Array(data.nodes.length);
     const rank = (n) => (n.kind === "error" ? 0 : 1);
     for (const [k, ids] of cells) {
@@ -184,10 +187,10 @@
         state.xy[id] = [cx + (j - (ids.length - 1) / 2) * GAP, y];
       });
     }
-    state.size = [x0[nCols] + 12, MARGIN_T + nRows * ROW_H + MARGIN_B];
+    state.size = [W, MARGIN_T + nRows * state.rowH + MARGIN_B];
   }
 
-  const rowY = (row, nRows) => MARGIN_T + (nRows - 1 - row) * ROW_H + ROW_H / 2;
+  const rowY = (row, nRows) => MARGIN_T + (nRows - 1 - row) * state.rowH + state.rowH / 2;
 
   function shape(kind) {
     if (kind === "feature" || kind === "component") return s("circle", { class: "shape", r: 5 });
@@ -218,7 +221,7 @@
       axes.append(t);
     });
     data.col_labels.forEach((label, c) => {
-      const x = state.cols.x0[c] + state.cols.width[c] / 2, y = MARGIN_T + nRows * ROW_H + 8;
+      const x = state.cols.x0[c] + state.cols.width[c] / 2, y = MARGIN_T + nRows * state.rowH + 8;
       const t = s("text", { class: "col-label", x: x - 3, y, transform: `rotate(40 ${x - 3} ${y})` });
       t.textContent = label.length > 14 ? label.slice(0, 13) + "…" : label;
       axes.append(t);
@@ -348,7 +351,8 @@
     const ul = h("ul", { class: "edges-list" });
     for (const e of sorted.slice(0, N_EDGES_LISTED)) {
       const weight = d.edges[e][2], o = other(e);
-      ul.append(h("li", { onclick: () => select(o), title: d.nodes[o].label },
+      const title = d.edge_labels ? d.edge_labels[e] : d.nodes[o].label;
+      ul.append(h("li", { onclick: () => select(o), title },
         h("span", { class: "w " + ((weight || 0) >= 0 ? "pos" : "neg") }, fmt(weight, 4)), d.nodes[o].label));
     }
     if (sorted.length > N_EDGES_LISTED) ul.append(h("li", { class: "hint" }, `… and ${sorted.length - N_EDGES_LISTED} more`));

@@ -59,8 +59,12 @@ def test_clicking_a_feature_shows_its_dashboard(browser, ioi, ioi_file):
     board = load_dashboards(BUNDLED["default-plt"] / "dashboards.h5").feature(layer, feature)
     with served(ioi_file) as server:
         open_page(browser, server, "graph:ioi", ioi.n_nodes)
-        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{top}"]').click()
         details = browser.find_element(By.ID, "details")
+        logit = browser.find_element(By.CSS_SELECTOR, "g.node.logit")
+        ActionChains(browser).move_to_element(logit).perform()  # hovering shows a node too
+        assert details.find_element(By.CSS_SELECTOR, "h3.node-label").text == "logit 'Mary' p=0.994"
+        assert "influence" in details.text and "incoming edges" in details.text
+        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{top}"]').click()
         WebDriverWait(browser, 10).until(lambda b: "Dashboard" in details.text)
         assert details.find_element(By.CSS_SELECTOR, "h3.node-label").text == board["label"]
         assert f"L{layer}/F{feature}" in details.text
@@ -92,7 +96,7 @@ def test_a_supernode_grouped_in_the_page_is_in_the_file(browser, ioi, ioi_file):
         assert len(browser.find_elements(By.CSS_SELECTOR, "g.group")) == 1
         browser.find_element(By.ID, "save").click()
         status = browser.find_element(By.ID, "save-status")
-        WebDriverWait(browser, 10).until(lambda b: "saved" in status.text)
+        WebDriverWait(browser, 10).until(lambda b: status.text.startswith("saved"))
         assert status.text == "saved 1 supernode to graphs.h5:/supernodes/ioi."
     (stored,) = load_supernodes(ioi_file, "ioi")
     assert stored.name == "say Mary"
