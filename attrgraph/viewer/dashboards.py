@@ -8,8 +8,8 @@ only here). Which set a graph was built with is found in this order:
    set's name ("default-plt").
 2. The graph's `meta["transcoders"]` (what `attrgraph build --transcoders` records): a bundled
    name or a folder with a `dashboards.h5`.
-3. The graph's `meta["transcoder_fingerprint"]` (every attribution method records it) equal to
-   the fingerprint of a bundled set (engine/sources.py `fingerprint`), so a graph built from
+3. Otherwise, the graph's `meta["transcoder_fingerprint"]` (every attribution method records it)
+   equal to the fingerprint of a bundled set (engine/sources.py `fingerprint`), so a graph built from
    Python on a bundled set finds its dashboards without being told.
 A file is used only when its layer count and width fit the graph's; otherwise, or when none is
 found, features are labelled `L{layer}/F{feature}` and the view says why.
@@ -84,24 +84,19 @@ def find_dashboards(meta: dict, given: str | os.PathLike | None = None) -> Dashb
                 f"no dashboards file at {path}; pass a dashboards.h5, a transcoder folder holding one, "
                 "or compute it with `python -m transcoders.dashboards --transcoders SET`."
             )
-        candidates = [(path, "given")]
+        candidates = [path]
     else:
-        candidates = []
-        if meta.get("transcoders"):
-            candidates.append((_resolve(str(meta["transcoders"])), "the graph's transcoders"))
+        named = _resolve(str(meta["transcoders"])) if meta.get("transcoders") else None
+        candidates = [named] if named is not None and named.is_file() else []
         fp = meta.get("transcoder_fingerprint")
-        for name in BUNDLED:
-            bundled = _resolve(name)
-            if fp and bundled.is_file() and all(bundled != c for c, _ in candidates):
-                candidates.append((bundled, name))
+        if not candidates and fp:  # step 3
+            candidates = [
+                _resolve(name)
+                for name in BUNDLED
+                if _resolve(name).is_file() and _bundled_fingerprint(name) == fp
+            ]
     problems = []
-    for path, why in candidates:
-        if not path.is_file():
-            continue
-        if why not in ("given", "the graph's transcoders") and _bundled_fingerprint(why) != meta.get(
-            "transcoder_fingerprint"
-        ):
-            continue
+    for path in candidates:
         dashboards = load_cached(path)
         problem = _fits(dashboards, meta)
         if problem is None:
