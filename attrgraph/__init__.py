@@ -1,12 +1,13 @@
 """attrgraph: exact attribution graphs and component circuits for transformers.
 
-Layout (dependencies point one way: cli -> analysis -> engine -> graph; circuits and bundled
+Layout (dependencies point one way: cli -> viewer -> analysis -> engine -> graph; circuits and bundled
 beside them; errors.py below everything):
   engine/    the frozen replacement model and the attribution methods
   graph/     Graph, HDF5 storage, pruning and influence, scores, supernodes, export
   analysis/  interventions, validation, QK and inactive-feature attribution
   circuits/  component circuits: EAP, PEAP, Edge Pruning, HAP
   bundled/   the bundled model: tasks, tokenizer, training, loading
+  viewer/    the graph viewer: `attrgraph serve` (a local HTTP server) and `show` (Jupyter)
   cli/       the `attrgraph` command
   errors.py  every public exception (one hierarchy under AttrgraphError)
 
@@ -28,6 +29,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
   validate_graph, ValidateConfig                 analysis/validate.py
   qk_attribution, attribute_inactive             analysis/qk.py, analysis/inactive.py
   discover, eap, peap, hap, prune_edges, evaluate_circuit  circuits/
+  show (the viewer inside Jupyter)               viewer/notebook.py
   AttrgraphError and every subclass              errors.py
 """
 
@@ -71,6 +73,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.analysis.validate": ["ValidateConfig", "validate_graph"],
     "attrgraph.analysis.qk": ["QKAttribution", "qk_attribution"],
     "attrgraph.analysis.inactive": ["InactiveAttribution", "attribute_inactive"],
+    "attrgraph.viewer.notebook": ["show"],
     "attrgraph.circuits.discovery": ["discover"],
     "attrgraph.circuits.eap": ["eap"],
     "attrgraph.circuits.peap": ["peap"],
@@ -97,6 +100,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "QKError",
         "SchemaError",
         "SchemaVersionError",
+        "ServeError",
         "SparsityError",
         "SupernodeError",
         "TargetError",

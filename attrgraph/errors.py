@@ -96,5 +96,9 @@ class SchemaError(AttrgraphError, ValueError):
     """A dataset schema that does not fit its examples (missing spans, overlaps, bad positions)."""
 
 
+class ServeError(AttrgraphError, OSError):
+    """A viewer server that cannot start: its port is taken, or its address cannot be bound."""
+
+
 class CircuitMethodError(AttrgraphError, ValueError):
     """A circuit-finding method or task name that does not exist."""

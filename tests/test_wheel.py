@@ -44,6 +44,9 @@ def test_sdist_and_wheel_carry_data_and_modules(tmp_path):
         names = set(zf.namelist())
         modules = _files(REPO / "attrgraph", ".py") + _files(REPO / "transcoders", ".py")
         assert not [m for m in modules if m not in names], "modules missing from the wheel"
+        static = _files(REPO / "attrgraph" / "viewer" / "static")
+        assert "attrgraph/viewer/static/viewer.js" in static
+        assert not [f for f in static if f not in names], "the viewer's page is missing from the wheel"
         for name in data:  # data/x -> attrgraph/_data/x, byte for byte
             packed = "attrgraph/_data/" + name.removeprefix("data/")
             assert packed in names, f"{packed} missing from the wheel"

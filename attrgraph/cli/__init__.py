@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "show": "attrgraph.cli.show",
     "validate": "attrgraph.cli.validate",
     "export": "attrgraph.cli.export",
+    "serve": "attrgraph.cli.serve",
     "train-transcoders": "transcoders.train",
 }
 

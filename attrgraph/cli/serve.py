@@ -1,0 +1,53 @@
+"""`attrgraph serve FILE [--port N]`: the viewer page for the graphs and circuits of FILE (viewer/).
+
+1. Open FILE and check that it holds something to view (a clear error otherwise), and
+   `--dashboards` if given, before binding the port.
+2. Bind `--host` (default 127.0.0.1; another address is served with a warning) and `--port`
+   (default 8765; 0 takes a free one); a port in use is one clear line, exit code 2.
+3. Print the URL, optionally open it in a browser (`--open`), serve until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="view the graphs (and circuits) of a file in a browser, on 127.0.0.1")
+    p.add_argument("file", help="HDF5 file written by `attrgraph build` (or `attrgraph circuit --out`)")
+    p.add_argument(
+        "--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free port)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; others get a warning)",
+    )
+    p.add_argument(
+        "--dashboards",
+        default=None,
+        help="feature dashboards to label features with: a dashboards.h5, a transcoder folder or a "
+        "bundled set name (default: the set each graph was built with, when found)",
+    )
+    p.add_argument("--open", action="store_true", help="open the page in the default web browser")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+
+
+def run(args) -> int:
+    from attrgraph.errors import ServeError
+    from attrgraph.viewer.server import make_server, warn_if_exposed
+
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port {args.port} is not a port; pass 0 to 65535 (0: any free port).")
+    server = make_server(args.file, args.host, args.port, args.dashboards, args.verbose)
+    warn_if_exposed(args.host)
+    print(f"serving {args.file} at {server.url} (Ctrl-C to stop)", flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

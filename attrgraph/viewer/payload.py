@@ -1,0 +1,192 @@
+"""What the page draws: a graph (or a view of it) as plain JSON.
+
+1. The view. Pruned graphs are what people look at: a stored graph above `MAX_NODES` nodes or
+   `MAX_EDGES` edges that was never pruned is shown pruned with `VIEW_THRESHOLDS` (prune.py);
+   if a view still has more than `MAX_EDGES` edges, the strongest `MAX_EDGES` (by |weight|) are
+   kept. Either way `notes` says so, with the stored sizes.
+2. Nodes: index in the view, kind, layer, position, feature, token, activation, logit
+   influence, label (feature: its dashboard label, else `L{layer}/F{feature}`), `key` (the
+   supernode key [kind, layer, position, feature], supernodes.py), and for a graph of
+   `attribute_hierarchical` its per-node `attribution`. `row` and `col` place it: rows bottom
+   to top are embeddings, layers 0..n_layers-1, logits; columns are prompt positions.
+3. Edges: `[source, target, weight]`, the signed direct effect (rows = targets in the Graph).
+4. Graph-level: prompt tokens, logits with probabilities, replacement and completeness scores
+   (scores.py, of the stored graph), the hierarchical root identity where present, the plain
+   meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py).
+NaN becomes null, so the result is strict JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from attrgraph.graph.graph import Graph
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.scores import compute_graph_scores
+from attrgraph.graph.supernodes import Supernode
+from attrgraph.viewer.dashboards import DashboardSource, feature_dashboard
+
+MAX_NODES = 2000
+"""Above this many nodes an unpruned graph is shown pruned (step 1)."""
+MAX_EDGES = 10_000
+"""Above this many edges an unpruned graph is shown pruned, and any view keeps its strongest this many."""
+VIEW_THRESHOLDS = (0.8, 0.98)
+"""(node, edge) thresholds of the pruned view, `attrgraph build`'s defaults."""
+HIERARCHICAL_KEYS = (
+    "tau",
+    "root",
+    "root_value",
+    "bias_attribution",
+    "detached_attribution",
+    "theorem_residual",
+)
+
+
+def json_number(x) -> float | None:
+    """`x` as a float of 6 significant digits, or None for NaN and infinities (strict JSON)."""
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else float(f"{x:.6g}")
+
+
+def view_keys(graph: Graph) -> list[tuple]:
+    """A key per node that survives pruning: the supernode key, with the rank for logits (several
+    logits share a position)."""
+    n = graph.nodes
+    rank = np.cumsum(n.kind == "logit") - 1
+    return [
+        (str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]))
+        + ((int(rank[i]),) if n.kind[i] == "logit" else ())
+        for i in range(graph.n_nodes)
+    ]
+
+
+def graph_view(graph: Graph) -> tuple[Graph, np.ndarray, list[str]]:
+    """(the view, for each of its nodes the index of that node in `graph`, notes) (step 1)."""
+    notes = []
+    view, index = graph, np.arange(graph.n_nodes)
+    if (graph.n_nodes > MAX_NODES or graph.n_edges > MAX_EDGES) and not graph.meta.get("pruned"):
+        nt, et = VIEW_THRESHOLDS
+        view = prune_graph(graph, nt, et)
+        where = {k: i for i, k in enumerate(view_keys(graph))}
+        index = np.array([where[k] for k in view_keys(view)], np.int64)
+        notes.append(
+            f"This graph is stored unpruned ({graph.n_nodes} nodes, {graph.n_edges} edges); shown pruned "
+            f"at node threshold {nt}, edge threshold {et}: {view.n_nodes} nodes, {view.n_edges} edges."
+        )
+    if view.n_edges > MAX_EDGES:
+        A = sp.coo_array(view.adjacency)
+        keep = np.argsort(-np.abs(A.data), kind="stable")[:MAX_EDGES]
+        n_before = view.n_edges
+        adj = sp.csr_array((A.data[keep], (A.row[keep], A.col[keep])), shape=A.shape)
+        view = view.subgraph(np.ones(view.n_nodes, bool), adjacency=adj)
+        notes.append(f"Showing the {MAX_EDGES} strongest of this view's {n_before} edges (by |weight|).")
+    return view, index, notes
+
+
+def _node_label(graph: Graph, i: int, kind: str, labels: dict) -> str:
+    n = graph.nodes
+    layer, pos = int(n.layer[i]), int(n.position[i])
+    if kind == "feature":
+        return labels.get((layer, int(n.feature[i]))) or f"L{layer}/F{int(n.feature[i])}"
+    if kind == "embedding":
+        return f"emb {graph.prompt_tokens[pos]!r}@{pos}"
+    if kind == "error":
+        return f"err L{layer}@{pos}"
+    return ""  # logits: filled by the caller, which knows their rank
+
+
+def graph_payload(
+    graph: Graph,
+    name: str,
+    supernodes: Sequence[Supernode] = (),
+    source: DashboardSource | None = None,
+) -> dict:
+    """The page's JSON for `graph` stored as `name` (module docstring)."""
+    view, index, notes = graph_view(graph)
+    meta = graph.meta
+    n_layers = int(meta.get("n_layers", max(int(graph.nodes.layer.max(initial=0)), 0)))
+    n = view.nodes
+    dashboards = source.dashboards if source is not None else None
+    features = sorted({(int(n.layer[i]), int(n.feature[i])) for i in np.flatnonzero(n.kind == "feature")})
+    boards = {}
+    labels = {}
+    if dashboards is not None:
+        for layer, feat in features:
+            board = feature_dashboard(dashboards, layer, feat)
+            if board is not None:
+                boards[f"{layer}/{feat}"] = board
+                labels[(layer, feat)] = board["label"]
+    attribution = meta.get("attribution") if meta.get("method") == "hierarchical" else None
+    if attribution is not None and len(attribution) != graph.n_nodes:
+        attribution = None  # a stored graph pruned after attribute_hierarchical: no per-node values
+    logit_rank = np.cumsum(n.kind == "logit") - 1
+    nodes = []
+    for i in range(view.n_nodes):
+        kind = str(n.kind[i])
+        layer, pos = int(n.layer[i]), int(n.position[i])
+        node = {
+            "id": i,
+            "kind": kind,
+            "layer": layer,
+            "position": pos,
+            "feature": int(n.feature[i]),
+            "token": view.prompt_tokens[pos] if 0 <= pos < view.n_pos else "",
+            "activation": json_number(n.activation[i]),
+            "influence": json_number(n.influence[i]),
+            "key": [kind, layer, pos, int(n.feature[i])],
+            "row": {"embedding": 0, "logit": n_layers + 1}.get(kind, layer + 1),
+            "col": pos,
+            "label": _node_label(view, i, kind, labels),
+        }
+        if kind == "logit":
+            k = int(logit_rank[i])
+            node["label"] = f"logit {view.logit_strings[k]!r} p={float(view.logit_probs[k]):.3f}"
+            node["token"] = view.logit_strings[k]
+            node["prob"] = json_number(view.logit_probs[k])
+        if attribution is not None:
+            node["attribution"] = json_number(attribution[int(index[i])])
+        nodes.append(node)
+    A = sp.coo_array(view.adjacency)
+    keep = A.data != 0
+    edges = [
+        [int(s), int(t), json_number(w)]
+        for t, s, w in zip(A.row[keep], A.col[keep], A.data[keep].astype(np.float64))
+    ]
+    scores = compute_graph_scores(graph)
+    return {
+        "kind": "graph",
+        "name": name,
+        "n_layers": n_layers,
+        "stored": {"n_nodes": graph.n_nodes, "n_edges": graph.n_edges},
+        "notes": notes,
+        "prompt_tokens": list(graph.prompt_tokens),
+        "row_labels": ["emb"] + [f"L{layer}" for layer in range(n_layers)] + ["logit"],
+        "col_labels": list(graph.prompt_tokens),
+        "logits": [
+            {"token": s, "prob": json_number(p)}
+            for s, p in zip(graph.logit_strings, graph.logit_probs.tolist())
+        ],
+        "scores": {
+            "replacement": json_number(scores.replacement),
+            "completeness": json_number(scores.completeness),
+        },
+        "hierarchical": (
+            {k: meta[k] for k in HIERARCHICAL_KEYS if k in meta}
+            if meta.get("method") == "hierarchical"
+            else None
+        ),
+        "meta": {
+            k: v
+            for k, v in meta.items()
+            if isinstance(v, (str, int, bool)) or (isinstance(v, float) and math.isfinite(v))
+        },
+        "nodes": nodes,
+        "edges": edges,
+        "supernodes": [{"name": s.name, "members": [list(m) for m in s.members]} for s in supernodes],
+        "dashboards": boards,
+        "dashboards_note": source.note if source is not None else "no feature dashboards given.",
+    }

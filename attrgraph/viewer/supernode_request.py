@@ -1,0 +1,94 @@
+"""The page's request to store supernodes, checked before anything is written.
+
+Body (JSON): `{"graph": NAME, "supernodes": [{"name": STR, "members": [[kind, layer, position,
+feature], ...]}, ...]}`, the whole list for that graph (it replaces what the file held, as
+supernode_store.save_supernodes does). Every rule below is checked first; a request that breaks
+one raises `SupernodeError` with one sentence, and the file is not touched:
+
+1. At most `MAX_BODY` bytes of UTF-8 JSON holding an object with exactly those two keys.
+2. `graph` names a graph of the file.
+3. At most `MAX_SUPERNODES` supernodes; each has a name (1 to `MAX_NAME` characters, unique)
+   and at least one member; a member is `[kind, layer, position, feature]` with a node kind
+   and three integers, and is a node of the stored graph.
+4. No node belongs to two supernodes (supernodes.supernode_adjacency refuses that too).
+"""
+
+from __future__ import annotations
+
+import json
+
+from attrgraph.errors import SupernodeError
+from attrgraph.graph.graph import NODE_ORDER, Graph
+from attrgraph.graph.supernodes import NodeKey, Supernode, node_key
+
+MAX_BODY = 1 << 20
+"""Largest request body read, in bytes."""
+MAX_SUPERNODES = 1000
+MAX_NAME = 200
+
+
+def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supernode]]:
+    """(graph name, supernodes) of a request body (steps 1-3, but for membership in the graph)."""
+    if len(body) > MAX_BODY:
+        raise SupernodeError(f"the request has {len(body)} bytes; send at most {MAX_BODY}.")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SupernodeError(
+            f"the request body is not JSON ({e}); send {{'graph': ..., 'supernodes': [...]}}."
+        ) from None
+    if not isinstance(data, dict) or set(data) != {"graph", "supernodes"}:
+        raise SupernodeError(
+            "the request must be a JSON object with exactly the keys 'graph' and 'supernodes'."
+        )
+    name, items = data["graph"], data["supernodes"]
+    if not isinstance(name, str) or name not in graph_names:
+        raise SupernodeError(f"graph {name!r} is not in this file; it holds {graph_names}.")
+    if not isinstance(items, list) or len(items) > MAX_SUPERNODES:
+        raise SupernodeError(f"'supernodes' must be a list of at most {MAX_SUPERNODES} objects.")
+    out, seen = [], set()
+    for k, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) != {"name", "members"}:
+            raise SupernodeError(
+                f"supernode {k} must be an object with exactly the keys 'name' and 'members'."
+            )
+        sn_name, members = item["name"], item["members"]
+        if not isinstance(sn_name, str) or not 1 <= len(sn_name.strip()) <= MAX_NAME:
+            raise SupernodeError(f"supernode {k} needs a name of 1 to {MAX_NAME} characters.")
+        if sn_name in seen:
+            raise SupernodeError(f"two supernodes are named {sn_name!r}; give each its own name.")
+        seen.add(sn_name)
+        if not isinstance(members, list) or not members:
+            raise SupernodeError(f"supernode {sn_name!r} needs a non-empty list of members.")
+        out.append(Supernode(sn_name, tuple(_member(sn_name, m) for m in members)))
+    return name, out
+
+
+def _member(sn_name: str, m) -> NodeKey:
+    ok = (
+        isinstance(m, list)
+        and len(m) == 4
+        and m[0] in NODE_ORDER
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in m[1:])
+    )
+    if not ok:
+        raise SupernodeError(
+            f"supernode {sn_name!r} has member {m!r}; a member is [kind, layer, position, feature] "
+            f"with kind one of {list(NODE_ORDER)} and three integers."
+        )
+    return NodeKey(m[0], m[1], m[2], m[3])
+
+
+def check_members(graph: Graph, supernodes: list[Supernode]) -> None:
+    """Steps 3 and 4 against the stored graph."""
+    keys = {node_key(graph, i) for i in range(graph.n_nodes)}
+    owner: dict[NodeKey, str] = {}
+    for sn in supernodes:
+        for m in sn.members:
+            if m not in keys:
+                raise SupernodeError(f"supernode {sn.name!r} member {list(m)} is not a node of this graph.")
+            if m in owner and owner[m] != sn.name:
+                raise SupernodeError(
+                    f"node {list(m)} is in supernodes {owner[m]!r} and {sn.name!r}; a node may belong to one."
+                )
+            owner[m] = sn.name

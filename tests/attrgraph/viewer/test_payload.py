@@ -1,0 +1,87 @@
+"""The page's JSON for a graph: every node and edge as stored, the pruned view of a huge unpruned
+graph, the edge cap, hierarchical attribution, strict JSON."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.graph.prune import prune_graph
+from attrgraph.viewer import payload as payload_module
+from attrgraph.viewer.payload import graph_payload, graph_view, view_keys
+from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
+from tests.attrgraph.viewer.viewer_helpers import random_full_graph
+
+
+def test_every_node_and_edge_as_stored():
+    g = random_graph(3)
+    g.nodes.influence[:] = np.nan  # not computed: null in JSON, not NaN
+    data = graph_payload(g, "g")
+    json.dumps(data, allow_nan=False)
+    assert [n["id"] for n in data["nodes"]] == list(range(g.n_nodes))
+    assert all(n["influence"] is None for n in data["nodes"])
+    A = g.adjacency.toarray()
+    assert len(data["edges"]) == g.n_edges
+    for s, t, w in data["edges"]:
+        assert w == pytest.approx(A[t, s], rel=1e-5) and w != 0
+    rows = {n["kind"]: n["row"] for n in data["nodes"]}
+    assert rows["embedding"] == 0 and rows["logit"] == data["n_layers"] + 1 == 3
+    assert data["row_labels"] == ["emb", "L0", "L1", "logit"]
+    logit = next(n for n in data["nodes"] if n["kind"] == "logit")
+    assert logit["label"] == f"logit 'out0' p={g.logit_probs[0]:.3f}"
+    assert data["notes"] == [] and data["stored"] == {"n_nodes": g.n_nodes, "n_edges": g.n_edges}
+
+
+def test_a_huge_unpruned_graph_is_shown_pruned_with_a_note(monkeypatch):
+    g = random_full_graph(0, n_feat=60)
+    monkeypatch.setattr(payload_module, "MAX_NODES", 40)
+    view, index, notes = graph_view(g)
+    expected = prune_graph(g, 0.8, 0.98)
+    assert view.n_nodes == expected.n_nodes < g.n_nodes and view.n_edges == expected.n_edges
+    assert view_keys(view) == [view_keys(g)[i] for i in index]
+    assert notes[0].startswith(
+        f"This graph is stored unpruned ({g.n_nodes} nodes, {g.n_edges} edges); shown pruned"
+    )
+    g.meta["pruned"] = True  # a pruned graph is shown as it is
+    view, index, notes = graph_view(g)
+    assert view.n_nodes == g.n_nodes and notes == []
+
+
+def test_a_view_keeps_its_strongest_edges_up_to_the_cap(monkeypatch):
+    g = random_graph(1)
+    monkeypatch.setattr(payload_module, "MAX_EDGES", 30)
+    view, _, notes = graph_view(marked_pruned(g))
+    kept = np.abs(view.adjacency.data)
+    all_w = np.sort(np.abs(g.adjacency.data))[::-1]
+    assert view.n_edges == 30 and np.allclose(np.sort(kept)[::-1], all_w[:30])
+    assert notes == [f"Showing the 30 strongest of this view's {g.n_edges} edges (by |weight|)."]
+
+
+def marked_pruned(g):
+    g.meta["pruned"] = True
+    return g
+
+
+def test_hierarchical_attribution_follows_its_node_into_the_view(monkeypatch):
+    from attrgraph.engine.hierarchical import attribute_hierarchical
+
+    model = tiny_model("gpt2", dtype=torch.float32)
+    g = attribute_hierarchical(
+        model, tiny_transcoders(model, "plt"), torch.tensor([0, 5, 9, 3, 17, 22]), tau=-math.inf
+    )
+    data = graph_payload(g, "h")
+    assert [n["attribution"] for n in data["nodes"]] == [
+        pytest.approx(a, rel=1e-5) for a in g.meta["attribution"]
+    ]
+    assert data["hierarchical"]["root_value"] == g.meta["root_value"]
+    monkeypatch.setattr(payload_module, "MAX_NODES", g.n_nodes // 2)
+    view, index, _ = graph_view(g)
+    data = graph_payload(g, "h")
+    assert view.n_nodes < g.n_nodes and len(data["nodes"]) == view.n_nodes
+    assert [n["attribution"] for n in data["nodes"]] == [
+        pytest.approx(g.meta["attribution"][i], rel=1e-5) for i in index
+    ]
+    pruned = prune_graph(g, 0.5, 0.9)  # stored pruned: its per-node values no longer line up
+    assert "attribution" not in graph_payload(pruned, "p")["nodes"][0]

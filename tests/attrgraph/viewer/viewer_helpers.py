@@ -1,0 +1,124 @@
+"""Helpers for the viewer tests: graph files, a server in a thread, a headless chromium."""
+
+import contextlib
+import hashlib
+import http.client
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+PROMPT = "When Mary and John went to the store, John gave a drink to"
+
+
+def ioi_graph():
+    """The pruned IOI graph of the bundled model and default-plt, as `attrgraph build` makes it."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.graph.prune import prune_graph
+    from transcoders.formats import load_transcoders
+
+    model = load_model("default")
+    graph = attribute(model, load_transcoders("default-plt"), PROMPT, progress=False)
+    graph.meta.update(model="default", transcoders="default-plt")
+    return prune_graph(graph, 0.8, 0.98)
+
+
+def toy_circuits(path: Path) -> None:
+    """Two hand-built circuits in `path`: non-positional ("toy-eap") and positional ("toy-peap")."""
+    from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
+    from attrgraph.circuits.construct import greedy
+    from attrgraph.circuits.graph import ComponentGraph
+    from attrgraph.circuits.store import save_circuit
+
+    g = ComponentGraph(2, 2, True)
+    gen = torch.Generator().manual_seed(0)
+    flat = EdgeLayout(g)
+    scores = EdgeScores(flat, torch.randn(g.valid.shape, generator=gen) * g.valid)
+    save_circuit(greedy(scores, 8), path, "toy-eap", scores)
+    pos = EdgeLayout(g, ("t0", "t1", "t2"), torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+    resid = torch.randn(pos.resid_valid().shape, generator=gen) * pos.resid_valid()
+    attn = torch.randn(pos.attn_valid_full().shape, generator=gen) * pos.attn_valid_full()
+    pscores = EdgeScores(pos, resid, attn, "peap")
+    save_circuit(greedy(pscores, 10), path, "toy-peap", pscores)
+
+
+def sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def served(path, **kwargs):
+    """A viewer server for `path` on a free port of 127.0.0.1, serving in a thread."""
+    from attrgraph.viewer.server import make_server
+
+    server = make_server(path, port=0, **kwargs)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def request(server, method: str, url: str, body=None, headers=None) -> tuple[int, bytes]:
+    """A raw request (http.client sends the path as given: no normalisation of `..`)."""
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
+        heads = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, url, body=data, headers={**heads, **(headers or {})})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def get_json(server, url: str):
+    status, body = request(server, "GET", url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def chromium():
+    """A headless chromium driven by chromium-driver; fails (never skips) when either is missing."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (browser and driver):
+        pytest.fail(
+            "the viewer's browser tests need Debian's chromium and chromium-driver "
+            "(apt-get install chromium chromium-driver; .ci/run installs them); they do not skip.",
+            pytrace=False,
+        )
+    options = Options()
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+    ):
+        options.add_argument(arg)
+    options.binary_location = browser
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def random_full_graph(seed: int = 0, n_feat: int = 60):
+    """A random graph that looks unpruned (no meta["pruned"]), with influence computed."""
+    from attrgraph.graph.prune import compute_influence, normalize_matrix
+    from tests.attrgraph.ag_helpers import random_graph
+
+    g = random_graph(seed, n_feat=n_feat)
+    g.nodes.influence = compute_influence(normalize_matrix(g.adjacency), g.logit_weights()).astype(np.float32)
+    return g
