@@ -86,6 +86,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "ConstantMetricError",
         "CorruptWeightsError",
         "ExportError",
+        "ExportWarning",
         "GraphError",
         "GraphFileError",
         "InterventionError",
