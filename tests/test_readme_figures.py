@@ -192,3 +192,22 @@ def test_quickstart_output(readme):
     shown += [ln for ln in lines if re.match(r"\s+L\d+/F\d+", ln)][:2]
     for ln in shown:
         quoted(readme, ln)
+
+
+def test_dashboards(readme):
+    r = load(RESULTS / "dashboards.json")
+    small, big = sorted((x for x in r["rows"] if x["set"] == "default-plt"), key=lambda x: x["n_tokens"])
+    quoted(readme, f"the per-feature state is {big['state_mb']} MB for the 4,096 features of `default-plt`")
+    quoted(
+        readme,
+        f"the peak RSS was {small['peak_rss_mb']} MB after {small['n_tokens'] // 1000}k tokens and "
+        f"{big['peak_rss_mb']} MB after {big['n_tokens'] // 1000}k ({big['rss_before_mb']} MB before the pass); "
+        f"throughput {big['tokens_per_s']:,} tokens/s",
+    )
+    quoted(readme, f"at load {r['load_average'][0]:.1f})")
+    sizes = [
+        round((ROOT / "data" / s / "dashboards.h5").stat().st_size / 1e3)
+        for s in ("default-plt", "default-clt")
+    ]
+    quoted(readme, f"{sizes[0]} kB and {sizes[1]} kB")
+    assert big["file_kb"] == sizes[0]  # the benchmark's file is the shipped one's settings
