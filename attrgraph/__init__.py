@@ -89,6 +89,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "ConstantMetricError",
         "CorruptWeightsError",
         "ExportError",
+        "ExportWarning",
         "GraphError",
         "GraphFileError",
         "InterventionError",

@@ -44,6 +44,10 @@ class ExportError(AttrgraphError, ValueError):
     """An export that cannot be written: an output folder that is a file, a slug that is no plain name."""
 
 
+class ExportWarning(UserWarning):
+    """An export that is written but lacks something: feature files without dashboard examples."""
+
+
 class SchemaVersionError(GraphFileError):
     """A graph file written with a storage schema this version cannot read."""
 

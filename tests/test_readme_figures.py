@@ -206,3 +206,22 @@ def test_dtype_tolerances(readme):
             f"| {row['dtype']} | {row['backend']} | {row['feature_jaccard']:.3f} | {row['edge_max_rel']:.1e} | "
             f"{row['edge_fro_rel']:.1e} | {row['logit_rows_max_rel']:.1e} | {c} |",
         )
+
+
+def test_dashboards(readme):
+    r = load(RESULTS / "dashboards.json")
+    small, big = sorted((x for x in r["rows"] if x["set"] == "default-plt"), key=lambda x: x["n_tokens"])
+    quoted(readme, f"the per-feature state is {big['state_mb']} MB for the 4,096 features of `default-plt`")
+    quoted(
+        readme,
+        f"the peak RSS was {small['peak_rss_mb']} MB after {small['n_tokens'] // 1000}k tokens and "
+        f"{big['peak_rss_mb']} MB after {big['n_tokens'] // 1000}k ({big['rss_before_mb']} MB before the pass); "
+        f"throughput {big['tokens_per_s']:,} tokens/s",
+    )
+    quoted(readme, f"at load {r['load_average'][0]:.1f})")
+    sizes = [
+        round((ROOT / "data" / s / "dashboards.h5").stat().st_size / 1e3)
+        for s in ("default-plt", "default-clt")
+    ]
+    quoted(readme, f"{sizes[0]} kB and {sizes[1]} kB")
+    assert big["file_kb"] == sizes[0]  # the benchmark's file is the shipped one's settings

@@ -19,10 +19,12 @@ def _sha(data: bytes) -> str:
 
 
 def _files(folder: Path, suffix: str = "") -> list[str]:
+    """The files under `folder`, less hidden ones (the writer locks edit_h5 leaves beside a
+    regenerated data/*/dashboards.h5 are neither tracked nor shipped)."""
     return sorted(
         p.relative_to(REPO).as_posix()
         for p in folder.rglob(f"*{suffix}")
-        if p.is_file() and "__pycache__" not in p.parts
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(".")
     )
 
 

@@ -1,31 +1,40 @@
 """The dashboards file: one HDF5 file per transcoder set (`<set folder>/dashboards.h5` by default).
 
-Written only through `atomic_h5` (a temporary file in the same folder, renamed over the target on
-success, so a crash never leaves a half-written file under the final name; the same approach as
-attrgraph/graph/store.py's `edit_h5`, kept here because transcoders does not import attrgraph's
-graph layer). Versioned: the root attribute `schema_version` is checked on read, and a file of
+Written only through `atomic_h5` (attrgraph/graph/store.py's `edit_h5`: a temporary file in the
+same folder, renamed over the target on success, so a crash never leaves a half-written file
+under the final name). Versioned: the root attribute `schema_version` is checked on read, and a file of
 another version raises `DashboardFileError` saying what to do.
 
-Layout (schema version 1); `L` layers, `S` features per layer, `W = before + 1 + after` tokens:
+Layout (schema version 2); `L` layers, `S` features per layer, `W = before + 1 + after` tokens;
+every array of more than 64 entries is one gzip-9 chunk with the shuffle filter:
 
     attrs: format="attrgraph-dashboards", schema_version, transcoders, kind, n_layers, d_sae,
            n_tokens (corpus tokens read), n_counted (positions counted: all but position 0),
            corpus, config (JSON of the DashboardConfig), direct_path (how logits were computed)
-    vocab                      [V] str            token strings, by id
-    stats/count                [L, S] int64       positions where the feature is active (> 0)
+    vocab                      [V] bytes          token strings (UTF-8), by id
+    stats/count                [L, S] int32       positions where the feature is active (> 0)
     stats/min, stats/max       [L, S] f32         smallest / largest nonzero activation (0 if never)
     stats/mean                 [L, S] f32         mean nonzero activation
     hist/edges                 [B + 1] f32        log-spaced; values outside go to the end bins
     hist/counts                [L, S, B] int32    nonzero activations per bin
-    top/act                    [L, S, K] f32      the K largest activations (K <= n_top; 0 past the count)
+    top/rel_act                [L, S, K] f16      the K largest activations (K <= n_top; 0 past the
+                                                  count) as fractions of stats/max
     top/{tokens,token_acts}    [L, S, K, W]       the window around each (token -1: none); token_acts
                                                   uint8 in units of stats/max / 255 (`token_acts()`)
-    quantile/act               [L, S, Q, P] f32   P examples from each of Q activation-quantile bins (0: none)
+    quantile/rel_act           [L, S, Q, P] f16   P examples from each of Q activation-quantile bins
+                                                  (0: none), fractions of stats/max
     quantile/{tokens,token_acts} [L, S, Q, P, W]
-    quantile/bounds            [L, S, Q + 1] f32  activation at each bin edge (sample quantiles)
+    quantile/rel_inner_bounds  [L, S, Q - 1] f16  activation at each inner bin edge (sample
+                                                  quantiles), fractions of stats/max; the outer
+                                                  edges are stats/min and stats/max
     logits/{top,bottom}_{tokens,values} [L, S, N] direct-path logits, largest / smallest first
-    labels/auto                [L, S] str         automatic labels
     labels/user/{layer,feature,label} [n]         user labels (kept when dashboards are recomputed)
+
+`Dashboards` gives the arrays back as `top/act`, `quantile/act` and `quantile/bounds` [L, S, Q + 1]
+(float32 activations) and computes `labels/auto` from the examples and logits (`auto_labels`).
+Version 1 (before the issue-13 shrink, about 600 kB for the bundled sets) stored those directly,
+with float32 activations, a window of 4 + 1 + 1 tokens and the automatic labels; the encoding
+above plus `after=0` brought the bundled files under 400 kB (README, "Feature dashboards").
 """
 
 from __future__ import annotations
@@ -40,8 +49,23 @@ import numpy as np
 from transcoders.errors import DashboardFileError
 
 FORMAT = "attrgraph-dashboards"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "dashboards.h5"
+_STORED = (
+    "vocab",
+    "stats/count",
+    "stats/min",
+    "stats/max",
+    "top/rel_act",
+    "top/tokens",
+    "top/token_acts",
+    "quantile/rel_act",
+    "quantile/tokens",
+    "quantile/token_acts",
+    "quantile/rel_inner_bounds",
+    "logits/top_tokens",
+)
+"""What a version-2 file must hold for `Dashboards` to decode it."""
 
 
 def _h5py():
@@ -94,10 +118,87 @@ def _compress(kw: dict, arr: np.ndarray) -> dict:
     return kw
 
 
+def _fraction_of_max(values: np.ndarray, vmax: np.ndarray) -> np.ndarray:
+    """[L, S, ...] activations as float16 fractions of the feature's max [L, S] (0 where it is 0)."""
+    scale = vmax.astype(np.float64).reshape(vmax.shape + (1,) * (values.ndim - vmax.ndim))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, values / scale, 0.0)
+    return rel.astype(np.float16)
+
+
+def encode(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays as the file stores them (module docstring): activations of the examples and the
+    inner quantile edges as float16 fractions of stats/max, counts as int32, no automatic labels
+    (`Dashboards` computes them). Arrays not named there pass through unchanged."""
+    out = dict(data)
+    out.pop("labels/auto", None)
+    if "stats/count" in out:
+        out["stats/count"] = out["stats/count"].astype(np.int32)
+    vmax = out.get("stats/max")
+    if vmax is not None:
+        for group in ("top", "quantile"):
+            if f"{group}/act" in out:
+                out[f"{group}/rel_act"] = _fraction_of_max(out.pop(f"{group}/act"), vmax)
+        if "quantile/bounds" in out:
+            out["quantile/rel_inner_bounds"] = _fraction_of_max(out.pop("quantile/bounds")[..., 1:-1], vmax)
+    return out
+
+
+def decode(data: dict[str, np.ndarray], before: int) -> dict[str, np.ndarray]:
+    """The arrays of `encode` back as float32 activations (`top/act`, `quantile/act`,
+    `quantile/bounds` with stats/min and stats/max as the outer edges) and `labels/auto`."""
+    out = dict(data)
+    vmax = out["stats/max"].astype(np.float32)
+    for group in ("top", "quantile"):
+        rel = out.pop(f"{group}/rel_act")
+        out[f"{group}/act"] = rel.astype(np.float32) * vmax.reshape(vmax.shape + (1,) * (rel.ndim - 2))
+    inner = out.pop("quantile/rel_inner_bounds").astype(np.float32) * vmax[..., None]
+    alive = (out["stats/count"] > 0)[..., None]
+    lo, hi = out["stats/min"][..., None], vmax[..., None]
+    out["quantile/bounds"] = np.where(alive, np.concatenate([lo, inner, hi], -1), 0.0).astype(np.float32)
+    out["labels/auto"] = auto_labels(out, out["vocab"], before)
+    return out
+
+
+def auto_labels(data: dict[str, np.ndarray], vocab: np.ndarray, before: int) -> np.ndarray:
+    """[L, S] labels: the (at most two) tokens carrying most activation among the top examples,
+    then the top direct-path logit: `"Mary"/"John" -> Mary`; "dead" for a never-active feature."""
+    center = data["top/tokens"][..., before]  # [L, S, K]
+    acts = data["top/act"]
+    L, S = center.shape[:2]
+    out = np.empty((L, S), dtype=object)
+    for l in range(L):
+        for i in range(S):
+            if data["stats/count"][l, i] == 0:
+                out[l, i] = "dead"
+                continue
+            weight: dict[int, float] = {}
+            for t, a in zip(center[l, i].tolist(), acts[l, i].tolist()):
+                if t >= 0:
+                    weight[t] = weight.get(t, 0.0) + a
+            best = sorted(weight, key=lambda t: (-weight[t], t))[:2]
+            toks = "/".join(f'"{_clean(vocab[t])}"' for t in best)
+            out[l, i] = f"{toks} -> {_clean(vocab[int(data['logits/top_tokens'][l, i, 0])])}"
+    return out
+
+
+def _clean(s) -> str:
+    return str(s).replace("\n", "\\n").strip() or repr(str(s))
+
+
+def default_path(transcoders: str) -> Path:
+    """Where the dashboards of a set live by default: dashboards.h5 in its folder."""
+    from transcoders.paths import BUNDLED
+
+    return BUNDLED.get(transcoders, Path(transcoders)) / FILE_NAME
+
+
 def write_dashboards(path: str | os.PathLike, data: dict, attrs: dict) -> Path:
-    """Write `data` ({"group/name": array}) and root `attrs` atomically, keeping the user labels of
-    any dashboards file already at `path`."""
+    """Write `data` ({"group/name": array}, as `DashboardAccumulator.result` and friends give
+    them; `encode` turns them into the stored form) and root `attrs` atomically, keeping the user
+    labels of any dashboards file already at `path`."""
     path = Path(path)
+    data = encode(data)
     user = read_user_labels(path) if path.exists() else {}
     with atomic_h5(path) as f:
         f.attrs["format"] = FORMAT
@@ -201,6 +302,12 @@ class Dashboards:
             f.visititems(visit)
         self.user_labels = read_user_labels(self.path)
         self.n_layers, self.d_sae = int(self.attrs["n_layers"]), int(self.attrs["d_sae"])
+        missing = [k for k in _STORED if k not in self.data]
+        if missing:
+            raise DashboardFileError(
+                f"{self.path} lacks {missing}; it is incomplete, recompute it with `python -m transcoders.dashboards`."
+            )
+        self.data = decode(self.data, int(self.attrs["before"]))
         self.vocab = self.data["vocab"]
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -236,8 +343,9 @@ class Dashboards:
         act = act.reshape(-1)
         toks, tacts = toks.reshape(len(act), -1), tacts.reshape(len(act), -1)
         out = []
+        before = int(self.attrs["before"])
         for a, t, ta in zip(act, toks, tacts):
-            if not a > 0:
+            if t[before] < 0:  # an empty slot (its activation may also be a float16 0)
                 continue
             keep = t >= 0
             out.append(
@@ -246,7 +354,7 @@ class Dashboards:
                     "tokens": [str(self.vocab[x]) for x in t[keep]],
                     "token_ids": t[keep].tolist(),
                     "acts": ta[keep].astype(float).tolist(),
-                    "center": int(np.count_nonzero(keep[: int(self.attrs["before"])])),
+                    "center": int(np.count_nonzero(keep[:before])),
                 }
             )
         return out

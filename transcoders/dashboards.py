@@ -7,7 +7,7 @@ of one text per line, or a `.npy` of token ids [n_seq, n_ctx]), one streaming pa
    the feature is active (> 0), the smallest / largest / mean nonzero activation, and a histogram
    of nonzero activations in fixed log-spaced bins (so chunks add up exactly).
 2. The `n_top` largest activations, each with a window of `before + 1 + after` tokens and the
-   feature's activation on each of them (stored as uint8 in units of the feature's max / 255). Ties are broken by the earlier token, so the result does
+   feature's activation on each of them. Ties are broken by the earlier token, so the result does
    not depend on the chunk size: candidates are ranked by one int64 key (the float's bits, then the
    token index), and each chunk merges into the per-feature state by a segmented top-k.
 3. A uniform sample of `reservoir` active positions per feature (the `reservoir` smallest values of
@@ -19,11 +19,13 @@ of one text per line, or a `.npy` of token ids [n_seq, n_ctx]), one streaming pa
    transcoder the *sum* of its decoders over every layer it writes (each MLP output adds to the
    residual stream, so the sum is its total direct effect); `n_logits` largest and smallest.
 5. An automatic label: the (at most two) tokens carrying most activation among the top examples,
-   then the top direct-path logit token: `"Mary"/"John" -> Mary` (dead features: "dead").
+   then the top direct-path logit token: `"Mary"/"John" -> Mary` (dead features: "dead");
+   computed from the stored examples when the file is read (`dashboard_file.auto_labels`).
 
 Memory is bounded: the state is per feature (`n_features * ((n_top + reservoir) * (16 + 8 W) +
 8 n_bins)` bytes) plus one chunk's activations; it does not grow with the corpus. Results go to one
-HDF5 file per set (`dashboard_file.py`, written atomically, user labels kept).
+HDF5 file per set (`dashboard_file.py`, written atomically, user labels kept), which stores the
+example activations as float16 fractions of the feature's max and the per-token ones as uint8.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from transcoders.config_cli import add_fields
-from transcoders.dashboard_file import FILE_NAME, write_dashboards
+from transcoders.dashboard_file import default_path, write_dashboards
 from transcoders.errors import ConfigError
 
 LOW32 = (1 << 32) - 1
@@ -70,8 +72,8 @@ class DashboardConfig:
     """Active positions sampled uniformly per feature, from which the quantile examples are drawn."""
     before: int = 4
     """Context tokens before the active token."""
-    after: int = 1
-    """Context tokens after the active token."""
+    after: int = 0
+    """Context tokens after the active token (a feature of a causal model cannot see them)."""
     n_logits: int = 4
     """Top and bottom direct-path logits kept per feature."""
     n_bins: int = 24
@@ -290,7 +292,7 @@ class DashboardAccumulator:
             "quantile/index": idx.reshape(L, S, Q, P).numpy(),
             "quantile/tokens": toks.reshape(L, S, Q, P, W).numpy(),
             "quantile/token_acts": self._quantize(tacts).reshape(L, S, Q, P, W).numpy(),
-            "quantile/bounds": bounds.half().reshape(L, S, Q + 1).numpy(),
+            "quantile/bounds": bounds.reshape(L, S, Q + 1).numpy(),
         }
 
 
@@ -316,32 +318,6 @@ def direct_logits(tc, W_U: Tensor, n: int) -> dict[str, np.ndarray]:
         "logits/bottom_tokens": bottom.indices.int().cpu().numpy(),
         "logits/bottom_values": bottom.values.half().cpu().numpy(),
     }
-
-
-def auto_labels(data: dict[str, np.ndarray], vocab: np.ndarray, before: int) -> np.ndarray:
-    """[L, S] labels: the (at most two) tokens carrying most activation among the top examples,
-    then the top direct-path logit: `"Mary"/"John" -> Mary`; "dead" for a never-active feature."""
-    center = data["top/tokens"][..., before]  # [L, S, K]
-    acts = data["top/act"]
-    L, S = center.shape[:2]
-    out = np.empty((L, S), dtype=object)
-    for l in range(L):
-        for i in range(S):
-            if data["stats/count"][l, i] == 0:
-                out[l, i] = "dead"
-                continue
-            weight: dict[int, float] = {}
-            for t, a in zip(center[l, i], acts[l, i]):
-                if t >= 0:
-                    weight[int(t)] = weight.get(int(t), 0.0) + float(a)
-            best = sorted(weight, key=lambda t: (-weight[t], t))[:2]
-            toks = "/".join(f'"{_clean(vocab[t])}"' for t in best)
-            out[l, i] = f"{toks} -> {_clean(vocab[int(data['logits/top_tokens'][l, i, 0])])}"
-    return out
-
-
-def _clean(s) -> str:
-    return str(s).replace("\n", "\\n").strip() or repr(str(s))
 
 
 def vocab_strings(model) -> np.ndarray:
@@ -434,7 +410,6 @@ def compute_dashboards(
         data[name] = data[name].astype(token_dtype)
     for name in ("top/index", "quantile/index"):  # the token indices stay in memory: the file stays small
         del data[name]
-    data["labels/auto"] = auto_labels(data, vocab, cfg.before)
     attrs = {
         "transcoders": cfg.transcoders,
         "kind": tc.cfg.kind,
@@ -452,13 +427,6 @@ def compute_dashboards(
         **counts,
     }
     return write_dashboards(out, data, attrs)
-
-
-def default_path(transcoders: str) -> Path:
-    """Where the dashboards of a set live by default: dashboards.h5 in its folder."""
-    from transcoders.paths import BUNDLED
-
-    return BUNDLED.get(transcoders, Path(transcoders)) / FILE_NAME
 
 
 # ---------------------------------------------------------------------- command line

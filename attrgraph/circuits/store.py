@@ -4,10 +4,14 @@
    attributes `schema_version`, `method`, `n_layers`, `n_heads`, `has_mlp`, `meta` (JSON),
    `positions` (names; absent for non-positional circuits); datasets `resid` (bool),
    `attn` and `attn_valid` (positional only), and, when scores are given,
-   `scores/resid` and `scores/attn`.
+   `scores/resid` and `scores/attn`. Text is fixed-length UTF-8 (in the checksummed object
+   header, as store.py writes it), arrays are chunked with fletcher32 checksums; files written
+   before that, with variable-length strings and plain arrays, read the same.
 2. Writing is atomic: a copy of the old file plus the new group goes to a temporary
-   file in the same folder, renamed over the target.
-3. `to_networkx` gives a MultiDiGraph: nodes as in construct.edge_table, named
+   file in the same folder, renamed over the target. A file there that is not HDF5 is refused.
+3. Reading: a missing, foreign, truncated or damaged file, or a circuit group lacking a part or
+   of the wrong shapes, raises `GraphFileError` in one sentence (never an h5py error).
+4. `to_networkx` gives a MultiDiGraph: nodes as in construct.edge_table, named
    ("a1.h2@t5", "a1.h2.k@t3", "logits"), one edge per circuit edge with its score.
 """
 
@@ -28,6 +32,50 @@ from attrgraph.errors import GraphFileError
 from attrgraph.graph.store import edit_h5
 
 SCHEMA_VERSION = 1
+# what h5py, HDF5, numpy and json raise on a damaged file or group (a failed checksum is an OSError)
+_H5_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _text(value: str) -> np.ndarray:
+    """A string as fixed-length UTF-8 (store.py's `_write_text`: kept in the checksummed header)."""
+    data = value.encode("utf-8") or b" "
+    return np.array(data, dtype=h5py.string_dtype("utf-8", len(data)))
+
+
+def _texts(values) -> np.ndarray:
+    data = [str(v).encode("utf-8") for v in values]
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max([1, *map(len, data)])))
+
+
+def _str(raw) -> str:
+    """A stored string, fixed-length (bytes) or variable-length (str or bytes) alike."""
+    if isinstance(raw, np.ndarray) and raw.ndim == 0:
+        raw = raw[()]
+    return raw.decode("utf-8") if isinstance(raw, bytes | np.bytes_) else str(raw)
+
+
+def _array(group: h5py.Group, name: str, values: np.ndarray) -> None:
+    group.create_dataset(
+        name, data=values, chunks=True if values.size else None, fletcher32=bool(values.size)
+    )
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise GraphFileError(f"{path} does not exist or is not a file; pass a file written by save_circuit.")
+    try:
+        ok = h5py.is_hdf5(path)
+    except _H5_ERRORS:
+        ok = False
+    if not ok:
+        raise GraphFileError(f"{path} is not an HDF5 file; pass a file written by save_circuit.")
+
+
+def _damaged(where: str, e: Exception) -> GraphFileError:
+    reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    return GraphFileError(
+        f"{where} is damaged or incomplete ({type(e).__name__}: {reason}); write it again with save_circuit."
+    )
 
 
 def save_circuit(
@@ -35,6 +83,8 @@ def save_circuit(
 ) -> str:
     """Add (or replace) circuit `name` in the HDF5 file at `path`; returns the name."""
     path = Path(path)
+    if path.exists():
+        _check_file(path)
     with edit_h5(path) as f:
         f.attrs.setdefault("format", "attrgraph")
         root = f.require_group("circuits")
@@ -44,68 +94,91 @@ def save_circuit(
         g = circuit.layout.graph
         grp.attrs.update(
             schema_version=SCHEMA_VERSION,
-            method=circuit.method,
+            method=_text(circuit.method),
             n_layers=g.n_layers,
             n_heads=g.n_heads,
             has_mlp=g.has_mlp,
-            meta=json.dumps(circuit.meta, default=str),
+            meta=_text(json.dumps(circuit.meta, default=str)),
         )
-        grp.create_dataset("resid", data=circuit.resid.cpu().numpy())
+        _array(grp, "resid", circuit.resid.cpu().numpy())
         if circuit.layout.positional:
-            grp.attrs["positions"] = np.array(circuit.layout.positions, dtype=h5py.string_dtype())
-            grp.create_dataset("attn", data=circuit.attn.cpu().numpy())
-            grp.create_dataset("attn_valid", data=circuit.layout.attn_valid.cpu().numpy())
+            grp.attrs["positions"] = _texts(circuit.layout.positions)
+            _array(grp, "attn", circuit.attn.cpu().numpy())
+            _array(grp, "attn_valid", circuit.layout.attn_valid.cpu().numpy())
         if scores is not None:
-            grp.create_dataset("scores/resid", data=scores.resid.float().cpu().numpy())
+            _array(grp, "scores/resid", scores.resid.float().cpu().numpy())
             if scores.attn is not None:
-                grp.create_dataset("scores/attn", data=scores.attn.float().cpu().numpy())
+                _array(grp, "scores/attn", scores.attn.float().cpu().numpy())
     return name
 
 
+def _open(path: str | os.PathLike) -> h5py.File:
+    path = Path(path)
+    _check_file(path)
+    try:
+        return h5py.File(path, "r")
+    except _H5_ERRORS as e:
+        raise _damaged(str(path), e) from None
+
+
 def list_circuits(path: str | os.PathLike) -> list[str]:
-    with h5py.File(path, "r") as f:
-        return sorted(f["circuits"]) if "circuits" in f else []
+    """Names of the circuits stored in `path`."""
+    with _open(path) as f:
+        try:
+            return sorted(f["circuits"]) if "circuits" in f else []
+        except _H5_ERRORS as e:
+            raise _damaged(str(path), e) from None
 
 
 def load_circuit(path: str | os.PathLike, name: str) -> tuple[Circuit, EdgeScores | None]:
-    """Read circuit `name` (and its scores, if stored) from `path`."""
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
+    """Read circuit `name` (and its scores, if stored) from `path` (step 3)."""
+    with _open(path) as f:
+        where = f"{path}:/circuits/{name}"
+        try:
+            if "circuits" not in f or name not in f["circuits"]:
+                have = sorted(f["circuits"]) if "circuits" in f else []
+                raise GraphFileError(f"{path} holds no circuit {name!r}; it holds {have or 'none'}.")
+            return _read(f["circuits"][name], where)
+        except GraphFileError:
+            raise
+        except _H5_ERRORS as e:  # a missing attribute or dataset, bad JSON, a failed checksum
+            raise _damaged(where, e) from None
+
+
+def _read(grp: h5py.Group, where: str) -> tuple[Circuit, EdgeScores | None]:
+    version = int(grp.attrs.get("schema_version", -1))
+    if version != SCHEMA_VERSION:
         raise GraphFileError(
-            f"{path} is not a readable HDF5 file ({e}); pass a file written by save_circuit."
-        ) from e
-    with f:
-        if "circuits" not in f or name not in f["circuits"]:
-            have = sorted(f["circuits"]) if "circuits" in f else []
-            raise GraphFileError(f"{path} holds no circuit {name!r}; it holds {have or 'none'}.")
-        grp = f["circuits"][name]
-        if int(grp.attrs["schema_version"]) != SCHEMA_VERSION:
-            raise GraphFileError(
-                f"circuit {name!r} has schema version {grp.attrs['schema_version']}, expected {SCHEMA_VERSION}."
-            )
-        graph = ComponentGraph(
-            int(grp.attrs["n_layers"]), int(grp.attrs["n_heads"]), bool(grp.attrs["has_mlp"])
+            f"{where} has schema version {version}, this attrgraph reads {SCHEMA_VERSION}; write it again with save_circuit."
         )
-        positional = "positions" in grp.attrs
-        layout = EdgeLayout(
-            graph,
-            tuple(s.decode() if isinstance(s, bytes) else str(s) for s in grp.attrs["positions"])
-            if positional
-            else None,
-            torch.from_numpy(grp["attn_valid"][()]) if positional else None,
-        )
-        resid = torch.from_numpy(grp["resid"][()])
-        if resid.shape != layout.resid_valid().shape:
+    graph = ComponentGraph(int(grp.attrs["n_layers"]), int(grp.attrs["n_heads"]), bool(grp.attrs["has_mlp"]))
+
+    def read(key: str, shape: tuple, dtype=None) -> torch.Tensor:
+        value = np.asarray(grp[key][()], dtype)
+        if value.shape != tuple(shape):
             raise GraphFileError(
-                f"circuit {name!r}: resid has shape {tuple(resid.shape)}, expected {tuple(layout.resid_valid().shape)}."
+                f"{where}/{key} has shape {value.shape}, expected {tuple(shape)}; the file is damaged."
             )
-        attn = torch.from_numpy(grp["attn"][()]) if positional else None
-        circuit = Circuit(layout, resid, attn, str(grp.attrs["method"]), json.loads(grp.attrs["meta"]))
-        scores = None
-        if "scores" in grp:
-            s_attn = torch.from_numpy(grp["scores/attn"][()]) if "attn" in grp["scores"] else None
-            scores = EdgeScores(layout, torch.from_numpy(grp["scores/resid"][()]), s_attn, circuit.method)
+        return torch.from_numpy(value)
+
+    positions = (
+        tuple(_str(s) for s in np.atleast_1d(grp.attrs["positions"])) if "positions" in grp.attrs else None
+    )
+    positional = positions is not None
+    layout = EdgeLayout(
+        graph, positions, read("attn_valid", (len(positions),) * 2, bool) if positional else None
+    )
+    rv, av = layout.resid_valid().shape, layout.attn_valid_full().shape if positional else None
+    resid = read("resid", rv, bool)
+    attn = read("attn", av, bool) if positional else None
+    meta = json.loads(_str(grp.attrs["meta"]))
+    if not isinstance(meta, dict):
+        raise GraphFileError(f"{where} attribute 'meta' is not a JSON object; the file is damaged.")
+    circuit = Circuit(layout, resid, attn, _str(grp.attrs["method"]), meta)
+    scores = None
+    if "scores" in grp:
+        s_attn = read("scores/attn", av) if positional and "attn" in grp["scores"] else None
+        scores = EdgeScores(layout, read("scores/resid", rv), s_attn, circuit.method)
     return circuit, scores
 
 

@@ -58,16 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    from attrgraph.errors import AttrgraphError, PromptWarning
+    from attrgraph.errors import AttrgraphError, ExportWarning, PromptWarning
+
+    ours = (PromptWarning, ExportWarning)
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, PromptWarning):  # one line, like the errors
+        if issubclass(category, ours):  # one line, like the errors
             print(f"attrgraph {args.command}: warning: {message}", file=sys.stderr)
         else:
             show_default(message, category, filename, lineno, file, line)
 
     with warnings.catch_warnings():  # restores showwarning and the filters
-        warnings.simplefilter("always", PromptWarning)  # every run says it, not the first only
+        for category in ours:  # every run says it, not the first only
+            warnings.simplefilter("always", category)
         show_default, warnings.showwarning = warnings.showwarning, show
         try:
             return modules[args.command].run(args) or 0

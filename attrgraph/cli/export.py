@@ -4,7 +4,9 @@ circuit-tracer's local frontend and Neuronpedia (graph/neuronpedia.py).
 1. Pick the graphs: NAME, or every graph in FILE; check them all before writing anything.
 2. For each, its supernodes (supernode_store.py) go to `qParams.supernodes`; with `--node-threshold`
    / `--edge-threshold` it is pruned first, as circuit-tracer's `create_graph_files` does.
-3. Write `DIR/graph-metadata.json`, `DIR/<slug>.json` and `DIR/features/...`; print one line per graph.
+3. Fill the feature files from `--dashboards PATH`, else from the dashboards of the graph's
+   transcoder set when it has some (one warning line when not: the files then have no examples).
+4. Write `DIR/graph-metadata.json`, `DIR/<slug>.json` and `DIR/features/...`; print one line per graph.
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--node-threshold", type=float, default=None, help="prune before export (e.g. 0.8)")
     p.add_argument("--edge-threshold", type=float, default=None, help="prune before export (e.g. 0.98)")
+    p.add_argument(
+        "--dashboards",
+        default=None,
+        metavar="PATH",
+        help="dashboards.h5 filling the feature files (default: the one of the graph's transcoder set)",
+    )
+    p.add_argument(
+        "--feature-url",
+        default=None,
+        metavar="URL",
+        help="URL DIR will be served from: metadata.feature_details for Neuronpedia",
+    )
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -57,6 +71,11 @@ def run(args) -> int:
         raise ExportError(
             f"--slug names one graph but {path} holds {len(chosen)}; pick one with {path}:NAME."
         )
+    dashboards = None
+    if args.dashboards is not None:  # read once, and before anything is written
+        from transcoders.dashboard_file import load_dashboards
+
+        dashboards = load_dashboards(args.dashboards)
     for graph_name in chosen:
         graph = load_graph(path, graph_name)
         result = export_json(
@@ -67,15 +86,18 @@ def run(args) -> int:
             supernodes=load_supernodes(path, graph_name),
             node_threshold=args.node_threshold,
             edge_threshold=args.edge_threshold,
+            dashboards=dashboards,
+            feature_url=args.feature_url,
         )
         dropped = (
             f", {result.n_dropped_members} supernode members not in the graph left out"
             if result.n_dropped_members
             else ""
         )
+        source = f" (examples from {result.dashboards})" if result.dashboards else " (no examples)"
         print(
             f"wrote {result.path}: {result.n_nodes} nodes, {result.n_links} links, "
-            f"{result.n_feature_files} feature files{dropped}"
+            f"{result.n_feature_files} feature files{source}{dropped}"
         )
     print(f"index: {out / 'graph-metadata.json'}")
     return 0

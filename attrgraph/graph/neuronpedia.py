@@ -16,12 +16,16 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    it over the total, so the frontend's slider at `t` keeps the nodes that make up `t`.
 2. Links: one per nonzero `adjacency[t, s]`: `{"source": id(s), "target": id(t), "weight":
    adjacency[t, s]}`, the signed direct effect of source on target (float32, shortest repr).
-3. `clerp` of a feature: `labels[(layer, feature)]`, else the name of its supernode, else
+3. `clerp` of a feature, the first there is of: `labels[(layer, feature)]` (passed in), the
+   user's label in the dashboards, the name of its supernode, the dashboards' automatic label,
    `L{layer}/F{feature}`. Supernodes go to `qParams.supernodes` as `[name, *member node_ids]`
    (members the graph lacks are dropped); their members and the logits are pinned.
 4. metadata: slug, scan, prompt_tokens, prompt, node_threshold (the viewer's pruning default,
    only when the export prunes), pruning_settings (the thresholds the graph was pruned with),
-   generation_settings (the Graph's plain `meta`), info.generator.
+   generation_settings (the Graph's plain `meta`), info.generator; with `feature_url` (the URL
+   the folder will be served from), `feature_details.feature_json_base_url` =
+   `{feature_url}/features/<set>`, where Neuronpedia fetches `{base}/{index}.json` (Neuronpedia's
+   graph schema; circuit-tracer's own frontend reads the scan instead and ignores the key).
 5. Folder, as circuit-tracer's `local_server.serve(data_dir=DIR)` reads it (both `/data/X` and
    `/graph_data/X` are `DIR/X`):
      DIR/graph-metadata.json          `{"graphs": [metadata, ...]}`, entries replaced by slug
@@ -29,9 +33,9 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
      DIR/features/<set>/<index>.json  one per feature, index = cantor(layer, feature); the
                                       default scan `./data/features/<set>` makes the frontend
                                       read them from DIR instead of the internet.
-   Feature files carry what a graph knows (index; act_min 0 and act_max the largest activation
-   of its nodes; the share of prompt positions holding it); examples, logits and histograms stay
-   empty until dashboards fill them.
+   Feature files are filled from the dashboards of the graph's transcoder set (examples with
+   per-token activations, logits, histogram, percentiles, frequency: neuronpedia_features.py);
+   without dashboards they carry what the graph knows, and one ExportWarning line says so.
 6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
    ids too), sorts them into `NODE_ORDER` and rebuilds the adjacency from the links; influence is
    recomputed (compute_influence), since the file holds only cumulative shares.
@@ -50,15 +54,19 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
 from attrgraph.errors import ExportError, GraphError, GraphFileError
 from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes
+from attrgraph.graph.neuronpedia_features import cantor, dashboard_labels, feature_files, find_dashboards
 from attrgraph.graph.prune import compute_influence, normalize_matrix, prune_graph
 from attrgraph.graph.supernodes import Supernode, node_key
+
+if TYPE_CHECKING:
+    from transcoders.dashboard_file import Dashboards
 
 SCHEMA_VERSION = 1
 """circuit-tracer's `Metadata.schema_version` for this file layout."""
@@ -83,11 +91,8 @@ class JsonExport(NamedTuple):
     n_feature_files: int
     n_dropped_members: int
     """Supernode members the exported graph lacks (pruned away), left out of `qParams`."""
-
-
-def cantor(x: int, y: int) -> int:
-    """circuit-tracer's feature index of (layer, feature): the Cantor pairing."""
-    return (x + y) * (x + y + 1) // 2 + y
+    dashboards: Path | None = None
+    """The dashboards file the feature files were filled from (None: no examples in them)."""
 
 
 def _uncantor(z: int) -> tuple[int, int]:
@@ -155,11 +160,15 @@ def graph_to_json(
     labels: Mapping[tuple[int, int], str] | None = None,
     influence: np.ndarray | None = None,
     node_threshold: float | None = None,
+    auto_labels: Mapping[tuple[int, int], str] | None = None,
+    feature_url: str | None = None,
 ) -> tuple[dict, int]:
     """The graph JSON (steps 1-4) and the number of supernode members left out.
 
     `influence`: cumulative shares per node (default: `cumulative_influence(graph)`);
-    `node_threshold`: the viewer's pruning default (metadata.node_threshold)."""
+    `node_threshold`: the viewer's pruning default (metadata.node_threshold); `auto_labels`:
+    clerps below supernode names (step 3); `feature_url`: where the export folder will be served
+    (metadata.feature_details, step 4)."""
     _check_slug(slug)
     n = graph.nodes
     ids = _node_ids(graph)
@@ -169,7 +178,7 @@ def graph_to_json(
     for sn in supernodes:
         for m in sn.members:
             group.setdefault(tuple(m), sn.name)
-    labels = labels or {}
+    labels, auto_labels = labels or {}, auto_labels or {}
     logit_rank = np.cumsum(n.kind == "logit") - 1
     nodes = []
     for i in range(graph.n_nodes):
@@ -197,7 +206,10 @@ def graph_to_json(
         }
         if kind == "feature":
             node["clerp"] = (
-                labels.get((layer, feat)) or group.get(tuple(node_key(graph, i))) or f"L{layer}/F{feat}"
+                labels.get((layer, feat))
+                or group.get(tuple(node_key(graph, i)))
+                or auto_labels.get((layer, feat))
+                or f"L{layer}/F{feat}"
             )
         elif kind == "logit":
             k = int(logit_rank[i])
@@ -223,9 +235,10 @@ def graph_to_json(
     if pinned:
         pinned += [ids[i] for i in np.flatnonzero(n.kind == "logit")]
     meta = graph.meta
+    scan = scan or f"./data/features/{_transcoder_set(graph)}"
     metadata = {
         "slug": slug,
-        "scan": scan or f"./data/features/{_transcoder_set(graph)}",
+        "scan": scan,
         "transcoder_list": [],
         "prompt_tokens": list(graph.prompt_tokens),
         "prompt": _prompt(graph),
@@ -237,6 +250,9 @@ def graph_to_json(
         },
         "generation_settings": _plain(meta),
     }
+    if feature_url:
+        base = f"{feature_url.rstrip('/')}/{_feature_dir(scan).as_posix()}"
+        metadata["feature_details"] = {"feature_json_base_url": base}
     if meta.get("pruned") or node_threshold is not None:
         metadata["pruning_settings"] = {
             k: float(meta[k]) for k in ("node_threshold", "edge_threshold") if k in meta
@@ -265,30 +281,6 @@ def _check_slug(slug: str) -> None:
         )
 
 
-def feature_files(graph: Graph, transcoder_id: str) -> dict[int, dict]:
-    """One feature file (feature_models.Model) per feature of the graph, by circuit-tracer index (step 5)."""
-    n = graph.nodes
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i in np.flatnonzero(n.kind == "feature"):
-        groups.setdefault((int(n.layer[i]), int(n.feature[i])), []).append(i)
-    out = {}
-    for (layer, feat), rows in groups.items():
-        acts = n.activation[rows].astype(np.float64)
-        out[cantor(layer, feat)] = {
-            "transcoder_id": f"{transcoder_id}/{layer}",
-            "index": cantor(layer, feat),
-            "examples_quantiles": [],
-            "top_logits": [],
-            "bottom_logits": [],
-            "act_min": float(np.nanmin(acts, initial=0.0)),
-            "act_max": float(np.nanmax(acts, initial=0.0)),
-            "quantile_values": [],
-            "histogram": [],
-            "activation_frequency": len(set(n.position[rows].tolist())) / max(graph.n_pos, 1),
-        }
-    return out
-
-
 @contextlib.contextmanager
 def _atomic(path: Path):
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -311,16 +303,24 @@ def export_json(
     labels: Mapping[tuple[int, int], str] | None = None,
     node_threshold: float | None = None,
     edge_threshold: float | None = None,
+    dashboards: str | os.PathLike | Dashboards | None = None,
+    feature_url: str | None = None,
 ) -> JsonExport:
     """Write `graph` into the folder `out_dir` as circuit-tracer's local frontend reads it (step 5).
 
     With `node_threshold` / `edge_threshold` the graph is pruned first (prune.prune_graph, 1.0 for the
     one not given) and node influence is the cumulative share in the unpruned graph, as circuit-tracer's
-    `create_graph_files` does; without them it is exported as it is."""
+    `create_graph_files` does; without them it is exported as it is. `dashboards` (a path or a loaded
+    `transcoders.Dashboards`; default: those of the graph's transcoder set, when there are some) fill
+    the feature files and the clerps (neuronpedia_features.py); `feature_url` is the URL the folder
+    will be served from, for Neuronpedia (metadata.feature_details)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
     _check_slug(slug)
+    found = find_dashboards(graph, dashboards)
+    user, auto = dashboard_labels(found) if found is not None else ({}, {})
+    labels = {**user, **(labels or {})}  # labels passed here first, then the user's in the dashboards
     share = None
     if node_threshold is not None or edge_threshold is not None:
         nt = 1.0 if node_threshold is None else node_threshold
@@ -330,7 +330,9 @@ def export_json(
         where = {k: i for i, k in enumerate(_keys(graph))}
         share = full[[where[k] for k in _keys(pruned)]]
         graph, node_threshold = pruned, nt
-    data, dropped = graph_to_json(graph, slug, scan, supernodes, labels, share, node_threshold)
+    data, dropped = graph_to_json(
+        graph, slug, scan, supernodes, labels, share, node_threshold, auto, feature_url
+    )
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / "graph-metadata.json"
     index = _read_index(index_path)
@@ -342,12 +344,19 @@ def export_json(
     index["graphs"] = [g for g in index["graphs"] if g.get("slug") != slug] + [entry]
     with _atomic(index_path) as f:
         json.dump(index, f, indent=2)
-    files = feature_files(graph, _transcoder_set(graph))
+    files = feature_files(graph, _transcoder_set(graph), found)
     fdir = out / _feature_dir(data["metadata"]["scan"])
     fdir.mkdir(parents=True, exist_ok=True)
     for idx, feature in files.items():
         (fdir / f"{idx}.json").write_text(json.dumps(feature), encoding="utf-8")
-    return JsonExport(graph_path, len(data["nodes"]), len(data["links"]), len(files), dropped)
+    return JsonExport(
+        graph_path,
+        len(data["nodes"]),
+        len(data["links"]),
+        len(files),
+        dropped,
+        None if found is None else found.path,
+    )
 
 
 def _feature_dir(scan: str) -> Path:

@@ -3,6 +3,7 @@ chunk-size invariance, the HDF5 file (round trip, atomic write, schema version),
 
 import json
 import os
+from dataclasses import asdict
 
 import h5py
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set
 from transcoders import DashboardConfig, DashboardFileError, compute_dashboards, load_dashboards, set_labels
-from transcoders.dashboard_file import write_dashboards
+from transcoders.dashboard_file import auto_labels, write_dashboards
 from transcoders.dashboards import DashboardAccumulator, accumulate, main
 from transcoders.paths import BUNDLED
 from transcoders.sites import collect
@@ -167,15 +168,38 @@ def test_file_round_trip_and_schema_version(setup, tmp_path):
     ref, _ = accumulate(model, tc, corpus(), cfg).result()
     d = load_dashboards(path)
     assert {n for n in ref if n.endswith("/index")} == {"top/index", "quantile/index"}  # kept in memory only
+    vmax = ref["stats/max"]
+    halves = {"top/act", "quantile/act", "quantile/bounds"}  # float16 fractions of the max in the file
     for name, arr in ref.items():
-        if not name.endswith("/index"):
+        if not name.endswith("/index") and name not in halves:
             np.testing.assert_array_equal(d[name], arr, err_msg=name)
+    for name in ("top/act", "quantile/act"):
+        scale = vmax.reshape(vmax.shape + (1,) * (ref[name].ndim - 2))
+        assert d[name].dtype == np.float32
+        assert (np.abs(d[name] - ref[name]) <= scale * 2**-11).all(), name  # float16: 11 bits of the max
+    top = ref["top/act"]
+    np.testing.assert_array_equal(d["top/act"][..., 0], top[..., 0])  # the largest is the max, exactly
+    alive = ref["stats/count"] > 0
+    b, rb = d["quantile/bounds"], ref["quantile/bounds"]
+    np.testing.assert_array_equal(b[..., 0], np.where(alive, ref["stats/min"], 0))  # outer edges: min, max
+    np.testing.assert_array_equal(b[..., -1], np.where(alive, vmax, 0))
+    assert (np.abs(b[..., 1:-1] - rb[..., 1:-1]) <= vmax[..., None] * 2**-11).all()
+    with h5py.File(path) as f:  # what the file holds: schema 2, float16 fractions, no automatic labels
+        assert f.attrs["schema_version"] == 2 and "labels/auto" not in f and "top/act" not in f
+        assert f["top/rel_act"].dtype == f["quantile/rel_act"].dtype == np.float16
+        assert f["quantile/rel_inner_bounds"].shape == (2, 48, 2) and f["stats/count"].dtype == np.int32
     assert d.vocab[TOKEN] == str(TOKEN) and d["labels/auto"].shape == (2, 48)
+    np.testing.assert_array_equal(d["labels/auto"], auto_labels({**ref, **d.data}, d.vocab, 3))
     json.dumps(d.feature(1, 7))  # JSON-ready
     assert json.loads(d.attrs["config"])["n_top"] == 5
     with h5py.File(path, "a") as f:
-        f.attrs["schema_version"] = 99
-    with pytest.raises(DashboardFileError, match="schema version 99"):
+        f.attrs["schema_version"] = 1  # the layout before float16 fractions
+    with pytest.raises(DashboardFileError, match="schema version 1, this code reads version 2; recompute"):
+        load_dashboards(path)
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 2
+        del f["quantile/rel_act"]
+    with pytest.raises(DashboardFileError, match=r"lacks \['quantile/rel_act'\]; it is incomplete"):
         load_dashboards(path)
     (tmp_path / "x.h5").write_bytes(b"not hdf5")
     with pytest.raises(DashboardFileError, match="not a readable HDF5"):
@@ -230,9 +254,11 @@ def test_cli_reports_a_bad_option_in_one_line(capsys):
 @pytest.mark.parametrize("name", ["default-plt", "default-clt"])
 def test_bundled_dashboards(name):
     path = BUNDLED[name] / "dashboards.h5"
-    assert path.stat().st_size < 650_000, "keep data/ small"
+    assert path.stat().st_size < 400_000, "keep data/ small (issue 13: a few hundred kB)"
     d = load_dashboards(path)
     assert (d.n_layers, d.d_sae) == (4, 1024)
+    shipped = {k: v for k, v in json.loads(d.attrs["config"]).items() if k != "progress"}
+    assert shipped == {k: v for k, v in asdict(DashboardConfig(transcoders=name)).items() if k != "progress"}
     assert d.attrs["n_tokens"] >= 100_000
     labels = d.labels()
     assert all(isinstance(s, str) and s for s in labels.ravel())

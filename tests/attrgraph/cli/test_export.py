@@ -121,3 +121,49 @@ def test_bad_input_is_one_line_and_exit_code_2(graph_file, tmp_path, capsys, cas
     assert err.startswith("attrgraph export: error: ") and match in err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "site").exists()
+
+
+# ------------------------------------------------------------------------- dashboards
+@pytest.fixture(scope="module")
+def dashboards_file(tmp_path_factory):
+    """Dashboards of graph_file's tiny CLT over random sequences (ids as token strings)."""
+    from transcoders import DashboardConfig, compute_dashboards
+
+    torch.set_num_threads(1)
+    model = tiny_model("gpt2", dtype=torch.float32)
+    tc = tiny_transcoders(model, "clt")
+    seqs = torch.randint(0, model.cfg.d_vocab, (24, 16), generator=torch.Generator().manual_seed(0))
+    cfg = DashboardConfig(transcoders="tiny-clt", progress=False, n_tokens=10**6, n_top=3, reservoir=6)
+    return compute_dashboards(
+        cfg, model=model, tc=tc, sequences=seqs, out=tmp_path_factory.mktemp("d") / "d.h5"
+    )
+
+
+def test_dashboards_option_fills_the_feature_files(graph_file, dashboards_file, tmp_path, capsys):
+    out = tmp_path / "site"
+    assert export(f"{graph_file}:graph", "-o", out, "--dashboards", dashboards_file) == 0
+    captured = capsys.readouterr()
+    assert f"feature files (examples from {dashboards_file})" in captured.out and captured.err == ""
+    files = list((out / "features" / "tiny-clt").iterdir())
+    assert files
+    for f in files:
+        feat = json.loads(f.read_text())
+        assert feat["examples_quantiles"][0]["quantile_name"] == "Top activations"
+        assert feat["examples_quantiles"][0]["examples"] and len(feat["top_logits"]) == 4
+    report = run_peer(CHECK, out)
+    assert report["feature_files"] > 0
+
+
+def test_without_dashboards_one_warning_line(graph_file, tmp_path, capsys):
+    assert export(f"{graph_file}:graph", "-o", tmp_path / "site") == 0
+    captured = capsys.readouterr()
+    assert "feature files (no examples)" in captured.out
+    assert captured.err.startswith("attrgraph export: warning: no dashboards for transcoder set 'tiny-clt'")
+    assert captured.err.count("\n") == 1 and "feature files have no examples" in captured.err
+
+
+def test_bad_dashboards_path_is_one_line(graph_file, tmp_path, capsys):
+    assert export(graph_file, "-o", tmp_path / "site", "--dashboards", tmp_path / "nope.h5") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attrgraph export: error: ") and "nope.h5 does not exist" in err
+    assert err.count("\n") == 1 and not (tmp_path / "site").exists()

@@ -15,6 +15,8 @@ from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.supernodes import NodeKey, Supernode, supernode
 from tests.attrgraph.peer_frontend import CHECK, CT_EXPORT, run_peer
 
+# these graphs' set has no dashboards: the warning is tested in test_neuronpedia_features.py
+pytestmark = pytest.mark.filterwarnings("ignore::attrgraph.errors.ExportWarning")
 N_LAYERS, D_VOCAB = 2, 435
 
 

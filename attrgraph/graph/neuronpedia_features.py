@@ -1,0 +1,255 @@
+"""The feature files of the circuit-tracer / Neuronpedia export (neuronpedia.py, step 5), filled
+from the dashboards of the graph's transcoder set (transcoders/dashboard_file.py) when it has some.
+
+Seed: circuit-tracer's `frontend/feature_models.py` (the fields) and the frontend code that reads
+them (`feature_examples/*.js`, `attribution_graph/render-act-histogram.js`).
+
+1. Which dashboards: `dashboards=` (a path or a loaded `Dashboards`; a bad one is an error), else
+   `dashboards.h5` in the folder of the graph's transcoder set (`graph.meta["transcoders"]`: a
+   bundled name or a folder). None there, or one that cannot be read: the files hold only what
+   the graph knows and one `ExportWarning` line says so. Dashboards that lack a layer or feature
+   of the graph: `ExportError`.
+2. One file per feature (layer l, feature f) of the graph, circuit-tracer index cantor(l, f):
+     examples_quantiles   "Top activations" (the dashboards' top examples), then one entry per
+                          activation-quantile bin, highest first, named with its range; an
+                          example is its tokens (with a space before each but the first when
+                          the vocabulary's tokens carry none, as the frontend joins them),
+                          `tokens_acts_list` (the feature's activation on
+                          each), `train_token_ind` (the index of the active token) and
+                          `is_repeated_datapoint` (the same window and activations shown above)
+     top_logits, bottom_logits   the direct-path logits' token strings
+     act_min, act_max     0 and the feature's largest activation (over the corpus, or over the
+                          graph's nodes if larger): the frontend's colour scale and histogram axis
+     histogram            nonzero activations in `n_bins` equal bins over [act_min, act_max]. The
+                          dashboards count them in log-spaced bins; each is spread over the equal
+                          bins as a log-uniform density over its part of [min, max], so the
+                          counts are estimates (the totals are exact)
+     quantile_values      the 1st, 2nd, ..., 100th percentiles of the nonzero activations under the
+                          same piecewise log-uniform density (the frontend shows "Act 1.2 87pct")
+     activation_frequency the share of counted corpus positions where the feature is active
+   Without dashboards: no examples, logits, histogram or percentiles; act_min / act_max over the
+   feature's graph nodes; frequency = the share of prompt positions holding it.
+3. Labels for the node `clerp`s (neuronpedia.py, step 3): the dashboards' user labels and, apart,
+   their automatic ones ("dead" ones left out).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attrgraph.errors import ExportError, ExportWarning
+from attrgraph.graph.graph import Graph
+
+if TYPE_CHECKING:
+    from transcoders.dashboard_file import Dashboards
+
+N_PERCENTILES = 100
+
+
+def cantor(x: int, y: int) -> int:
+    """circuit-tracer's feature index of (layer, feature): the Cantor pairing."""
+    return (x + y) * (x + y + 1) // 2 + y
+
+
+# ------------------------------------------------------------------------------ step 1
+def find_dashboards(
+    graph: Graph, dashboards: str | os.PathLike | Dashboards | None = None
+) -> Dashboards | None:
+    """The dashboards for `graph`'s feature files (step 1), or None after one ExportWarning."""
+    from transcoders.dashboard_file import Dashboards, default_path, load_dashboards
+    from transcoders.errors import DashboardFileError
+
+    if isinstance(dashboards, Dashboards):
+        found = dashboards
+    elif dashboards is not None:
+        found = load_dashboards(dashboards)  # asked for by name: a bad file is an error
+    else:
+        name = graph.meta.get("transcoders")
+        hint = "; compute them with `python -m transcoders.dashboards --transcoders SET` or pass the file (--dashboards)"
+        if not name:
+            _warn(f"the graph names no transcoder set, so feature files have no examples{hint}.")
+            return None
+        path = default_path(str(name))
+        if not path.is_file():
+            _warn(
+                f"no dashboards for transcoder set {name!r} ({path} is missing), so feature files have no examples{hint}."
+            )
+            return None
+        try:
+            found = load_dashboards(path)
+        except DashboardFileError as e:
+            _warn(f"{e} Feature files have no examples.")
+            return None
+    _check_fits(graph, found)
+    return found
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ExportWarning, stacklevel=3)
+
+
+def _check_fits(graph: Graph, d: Dashboards) -> None:
+    n = graph.nodes
+    feats = n.kind == "feature"
+    if not feats.any():
+        return
+    layer, feature = n.layer[feats], n.feature[feats]
+    bad = (layer < 0) | (layer >= d.n_layers) | (feature < 0) | (feature >= d.d_sae)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ExportError(
+            f"the dashboards {d.path} cover {d.n_layers} layers x {d.d_sae} features but the graph has "
+            f"L{int(layer[k])}/F{int(feature[k])}; pass the dashboards of the graph's transcoder set."
+        )
+    name = graph.meta.get("transcoders")
+    theirs = d.attrs.get("transcoders")
+    if name and theirs and Path(str(name).rstrip("/\\")).name != Path(str(theirs).rstrip("/\\")).name:
+        _warn(
+            f"the dashboards {d.path} were computed for transcoder set {theirs!r}, the graph was built with "
+            f"{name!r}; their examples describe that set."
+        )
+
+
+# ------------------------------------------------------------------------------ step 2: histogram
+def bin_ranges(edges: np.ndarray, vmin: float, vmax: float) -> tuple[np.ndarray, np.ndarray]:
+    """[B] lower and upper ends of the values each log-spaced dashboard bin can hold: the first
+    holds everything below edges[1], the last everything from edges[-2] on, all within [vmin, vmax]."""
+    e = np.asarray(edges, np.float64)
+    lo, hi = e[:-1].copy(), e[1:].copy()
+    lo[0], hi[-1] = vmin, vmax
+    lo, hi = np.clip(lo, vmin, vmax), np.clip(hi, vmin, vmax)
+    return np.minimum(lo, hi), hi
+
+
+def _mass_below(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Count below each x under a log-uniform density on [lo, hi] per bin (a point mass at hi when lo == hi)."""
+    x = np.asarray(x, np.float64)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.log(np.maximum(x, 1e-300) / lo) / np.log(hi / lo)
+    frac = np.where(hi > lo, np.clip(frac, 0.0, 1.0), (x >= hi).astype(np.float64))
+    return frac @ counts
+
+
+def linear_histogram(
+    edges: np.ndarray, counts: np.ndarray, vmin: float, vmax: float, top: float, n_bins: int
+) -> np.ndarray:
+    """[n_bins] the counts of log-spaced bins `edges` (values in [vmin, vmax]) over equal bins of [0, top]."""
+    counts = np.asarray(counts, np.float64)
+    if counts.sum() == 0 or not vmax > 0:
+        return np.zeros(n_bins)
+    lo, hi = bin_ranges(edges, vmin, vmax)
+    below = _mass_below(np.linspace(0.0, top, n_bins + 1), lo, hi, counts)
+    below[-1] = counts.sum()  # top >= vmax: everything
+    return np.diff(below)
+
+
+def percentiles(
+    edges: np.ndarray, counts: np.ndarray, vmin: float, vmax: float, n: int = N_PERCENTILES
+) -> np.ndarray:
+    """[n] the values below which 1/n, 2/n, ..., all of the counted activations lie (step 2)."""
+    counts = np.asarray(counts, np.float64)
+    total = counts.sum()
+    if total == 0:
+        return np.zeros(0)
+    lo, hi = bin_ranges(edges, vmin, vmax)
+    cum = np.cumsum(counts)
+    target = total * np.arange(1, n + 1) / n
+    j = np.minimum(np.searchsorted(cum, target - 1e-9 * total), len(counts) - 1)
+    before = cum[j] - counts[j]
+    frac = np.clip((target - before) / np.maximum(counts[j], 1e-300), 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(hi[j] > lo[j], lo[j] * (hi[j] / lo[j]) ** frac, hi[j])
+    out[-1] = vmax
+    return np.maximum.accumulate(out)
+
+
+# ------------------------------------------------------------------------------ step 2: files
+def _examples(examples: list[dict], seen: set, spaced: bool) -> list[dict]:
+    out = []
+    for ex in examples:
+        key = (tuple(ex["token_ids"]), tuple(ex["acts"]))
+        tokens = ex["tokens"] if spaced else [t if k == 0 else f" {t}" for k, t in enumerate(ex["tokens"])]
+        out.append(
+            {
+                "tokens": tokens,
+                "tokens_acts_list": [float(f"{a:.4g}") for a in ex["acts"]],
+                "train_token_ind": ex["center"],
+                "is_repeated_datapoint": key in seen,
+            }
+        )
+        seen.add(key)
+    return out
+
+
+def dashboard_fields(d: Dashboards, layer: int, feature: int, graph_max: float) -> dict:
+    """The feature-file fields step 2 fills from dashboards `d` for one feature."""
+    f = d.feature(layer, feature)
+    top = max(f["max"], graph_max)
+    seen: set = set()
+    # the frontend joins tokens as they are: words of a word-level vocabulary get their spaces here
+    spaced = any(str(t)[:1].isspace() for t in d.vocab)
+    quantiles = [{"quantile_name": "Top activations", "examples": _examples(f["top"], seen, spaced)}]
+    n_q = len(f["quantiles"])
+    for b in reversed(range(n_q)):
+        q = f["quantiles"][b]
+        if q["examples"]:
+            lo, hi = q["range"]
+            quantiles.append(
+                {
+                    "quantile_name": f"Quantile {b + 1} of {n_q} ({lo:.3g} to {hi:.3g})",
+                    "examples": _examples(q["examples"], seen, spaced),
+                }
+            )
+    edges, counts = np.asarray(f["histogram"]["edges"]), np.asarray(f["histogram"]["counts"])
+    hist = linear_histogram(edges, counts, f["min"], f["max"], top, len(counts))
+    return {
+        "examples_quantiles": quantiles if f["count"] else [],
+        "top_logits": [t for t, _ in f["top_logits"]],
+        "bottom_logits": [t for t, _ in f["bottom_logits"]],
+        "act_min": 0.0,
+        "act_max": float(top),
+        "quantile_values": [float(f"{v:.4g}") for v in percentiles(edges, counts, f["min"], f["max"])],
+        "histogram": [round(float(v), 2) for v in hist],
+        "activation_frequency": f["frequency"],
+    }
+
+
+def feature_files(graph: Graph, transcoder_id: str, dashboards: Dashboards | None = None) -> dict[int, dict]:
+    """One feature file (feature_models.Model) per feature of the graph, by circuit-tracer index (step 2)."""
+    n = graph.nodes
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in np.flatnonzero(n.kind == "feature"):
+        groups.setdefault((int(n.layer[i]), int(n.feature[i])), []).append(i)
+    out = {}
+    for (layer, feat), rows in groups.items():
+        acts = n.activation[rows].astype(np.float64)
+        graph_max = float(np.nanmax(acts, initial=0.0))
+        file = {
+            "transcoder_id": f"{transcoder_id}/{layer}",
+            "index": cantor(layer, feat),
+            "examples_quantiles": [],
+            "top_logits": [],
+            "bottom_logits": [],
+            "act_min": float(np.nanmin(acts, initial=0.0)),
+            "act_max": graph_max,
+            "quantile_values": [],
+            "histogram": [],
+            "activation_frequency": len(set(n.position[rows].tolist())) / max(graph.n_pos, 1),
+        }
+        if dashboards is not None:
+            file.update(dashboard_fields(dashboards, layer, feat, graph_max))
+        out[cantor(layer, feat)] = file
+    return out
+
+
+# ------------------------------------------------------------------------------ step 3
+def dashboard_labels(d: Dashboards) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], str]]:
+    """(user labels, automatic labels) of dashboards `d`, by (layer, feature); "dead" ones left out."""
+    auto = d["labels/auto"]
+    automatic = {(int(l), int(i)): str(auto[l, i]) for l, i in zip(*np.nonzero(auto != "dead"))}
+    return dict(d.user_labels), automatic
