@@ -62,44 +62,56 @@ def held_out(model):
 
 
 @torch.no_grad()
-def reference_metrics(model, weights: dict, tokens) -> dict:
-    """CE loss recovered, KL, FVU, L0 and dead fraction of a JumpReLU PLT or CLT, from its weights."""
+def reference_metrics(model, weights: dict, tokens, site: str = "mlp", also: tuple = ()) -> dict:
+    """CE loss recovered, KL, FVU, L0 and dead fraction of a JumpReLU PLT or CLT (`site` "mlp") or an
+    SAE on the attention output (`site` "attn"), from its weights; the CE figures with the sets of
+    `also` (pairs of site and weights) spliced in at the same time (the attention SAE with a PLT)."""
     L = model.cfg.n_layers
-    clt = "W_dec.0" in weights
-    # W_dec[s][:, j] writes layer s + j
-    W_dec = [weights[f"W_dec.{s}"] if clt else weights["W_dec"][s][:, None] for s in range(L)]
 
-    def encode(x, l):
-        pre = x @ weights["W_enc"][l] + weights["b_enc"][l]
-        return pre * (pre > weights["threshold"][l])
+    def coder(weights):
+        """(encode, decode) of a set's weights; `W_dec[s][:, j]` writes layer s + j."""
+        clt = "W_dec.0" in weights
+        W_dec = [weights[f"W_dec.{s}"] if clt else weights["W_dec"][s][:, None] for s in range(L)]
 
-    def decode(acts: dict, l):
-        out = weights["b_dec"][l]
-        for s, a in acts.items():
-            if s == l or (clt and s < l):
-                out = out + a @ W_dec[s][:, l - s]
-        return out
+        def encode(x, l):
+            pre = x @ weights["W_enc"][l] + weights["b_enc"][l]
+            return pre * (pre > weights["threshold"][l])
 
-    def run(mode):
-        """Log-probs and, per layer, (MLP input, MLP output) with every MLP left as is, replaced by
-        the transcoders (each layer encoding the replaced model's MLP input), or zeroed;
-        position 0 keeps the MLP's own output in every mode."""
-        seen, acts, handles = {}, {}, []
-        for l in range(L):
+        def decode(acts: dict, l):
+            out = weights["b_dec"][l]
+            for s, a in acts.items():
+                if s == l or (clt and s < l):
+                    out = out + a @ W_dec[s][:, l - s]
+            return out
 
-            def hook(mlp, inputs, out, l=l):
-                seen[l] = (inputs[0], out)
-                if mode == "model":
-                    return None
-                if mode == "zero":
-                    new = torch.zeros_like(out)
-                else:
-                    acts[l] = encode(inputs[0], l)
-                    new = decode(acts, l).clone()
-                new[:, 0] = out[:, 0]
-                return new
+        return encode, decode
 
-            handles.append(model.blocks[l].mlp.register_forward_hook(hook))
+    def run(mode, sets):
+        """Log-probs and, per layer, (read, write) of the first set's site with every site of `sets`
+        left as is, replaced by the sets (each layer encoding the replaced model's values: an MLP
+        set its MLP's input, an attention SAE its attention's output), or zeroed; position 0 keeps
+        the module's own output in every mode."""
+        seen, handles = {}, []
+        for i, (where, w) in enumerate(sets):
+            encode, decode = coder(w)
+            acts = {}
+            for l in range(L):
+
+                def hook(module, inputs, out, l=l, i=i, where=where, encode=encode, decode=decode, acts=acts):
+                    x = inputs[0] if where == "mlp" else out
+                    if i == 0:
+                        seen[l] = (x, out)
+                    if mode == "model":
+                        return None
+                    if mode == "zero":
+                        new = torch.zeros_like(out)
+                    else:
+                        acts[l] = encode(x, l)
+                        new = decode(acts, l).clone()
+                    new[:, 0] = out[:, 0]
+                    return new
+
+                handles.append(getattr(model.blocks[l], where).register_forward_hook(hook))
         try:
             logp = model(tokens).log_softmax(-1)[:, :-1].double()
         finally:
@@ -107,15 +119,29 @@ def reference_metrics(model, weights: dict, tokens) -> dict:
                 h.remove()
         return logp, seen
 
-    (logp, seen), (logp_tc, _), (logp_zero, _) = run("model"), run("tc"), run("zero")
-    target = tokens[:, 1:, None]
-    ce = {
-        k: -lp.gather(-1, target).mean().item()
-        for k, lp in [("model", logp), ("tc", logp_tc), ("zero", logp_zero)]
-    }
-    kl = (logp.exp() * (logp - logp_tc)).sum(-1).mean().item()
+    def ce_figures(sets) -> dict:
+        (logp, seen), (logp_tc, _), (logp_zero, _) = [run(mode, sets) for mode in ("model", "tc", "zero")]
+        target = tokens[:, 1:, None]
+        ce = {
+            k: -lp.gather(-1, target).mean().item()
+            for k, lp in [("model", logp), ("tc", logp_tc), ("zero", logp_zero)]
+        }
+        kl = (logp.exp() * (logp - logp_tc)).sum(-1).mean().item()
+        return seen, {
+            "ce_orig": ce["model"],
+            "ce_replaced": ce["tc"],
+            "ce_zero_ablated": ce["zero"],
+            "ce_loss_recovered": (ce["zero"] - ce["tc"]) / (ce["zero"] - ce["model"]),
+            "kl_to_orig": kl,
+            "n_tokens": int(target.numel()),
+        }
+
+    seen, result = ce_figures([(site, weights)])
+    if also:
+        result["spliced_with"] = ce_figures([(site, weights), *also])[1]
 
     # reconstruction on the unmodified model's activations, position 0 left out
+    encode, decode = coder(weights)
     x = [seen[l][0][:, 1:].flatten(0, 1) for l in range(L)]
     y = [seen[l][1][:, 1:].flatten(0, 1).double() for l in range(L)]
     a = [encode(x[l], l) for l in range(L)]
@@ -126,18 +152,12 @@ def reference_metrics(model, weights: dict, tokens) -> dict:
         l0.append(float((a[l] > 0).double().sum(-1).mean()))
         dead.append(int((a[l] > 0).any(0).logical_not().sum()))
     d_sae = weights["W_enc"].shape[-1]
-    return {
-        "ce_orig": ce["model"],
-        "ce_replaced": ce["tc"],
-        "ce_zero_ablated": ce["zero"],
-        "ce_loss_recovered": (ce["zero"] - ce["tc"]) / (ce["zero"] - ce["model"]),
-        "kl_to_orig": kl,
+    return result | {
         "fvu": fvu,
         "fvu_mean": sum(fvu) / L,
         "l0": l0,
         "dead_fraction": [n / d_sae for n in dead],
         "dead_fraction_total": sum(dead) / (L * d_sae),
-        "n_tokens": int(target.numel()),
     }
 
 
