@@ -227,12 +227,14 @@ def test_cli_reports_a_bad_option_in_one_line(capsys):
     assert "n_top is 0" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", ["default-plt", "default-clt"])
-def test_bundled_dashboards(name):
+@pytest.mark.parametrize(
+    "name,d_sae", [("default-plt", 1024), ("default-clt", 1024), ("default-attn-sae", 512)]
+)
+def test_bundled_dashboards(name, d_sae):
     path = BUNDLED[name] / "dashboards.h5"
     assert path.stat().st_size < 650_000, "keep data/ small"
     d = load_dashboards(path)
-    assert (d.n_layers, d.d_sae) == (4, 1024)
+    assert (d.n_layers, d.d_sae) == (4, d_sae)
     assert d.attrs["n_tokens"] >= 100_000
     labels = d.labels()
     assert all(isinstance(s, str) and s for s in labels.ravel())
