@@ -62,7 +62,9 @@ def test_evaluation_overlap(readme):
     quoted(readme, "none of induction")
 
 
-@pytest.mark.parametrize("name,label", [("default-plt", "PLT"), ("default-clt", "CLT")])
+@pytest.mark.parametrize(
+    "name,label", [("default-plt", "PLT"), ("default-clt", "CLT"), ("default-attn-sae", "attention SAE")]
+)
 def test_transcoder_table(readme, name, label):
     m = load(ROOT / "data" / name / "manifest.json")
     x = m["metrics"]
@@ -73,6 +75,24 @@ def test_transcoder_table(readme, name, label):
         f"| {l0} |",
     )
     quoted(readme, f"{m['wall_time_s']:.0f} s |")
+
+
+def test_attention_sae_with_plt(readme):
+    """The attention SAE's figures spliced in with default-plt, and the ceiling default-plt sets."""
+    m = load(ROOT / "data" / "default-attn-sae" / "manifest.json")
+    x, joint = m["metrics"], m["metrics"]["spliced_with"]
+    assert joint["sets"] == ["default-plt"] and m["config"]["hook"] == "blocks.{layer}.hook_attn_out"
+    plt = load(ROOT / "data" / "default-plt" / "manifest.json")["metrics"]["ce_replaced"]
+    ceiling = (joint["ce_zero_ablated"] - plt) / (joint["ce_zero_ablated"] - joint["ce_orig"])
+    quoted(readme, f"zero-ablates them for the baseline, CE {x['ce_zero_ablated']:.3f})")
+    quoted(
+        readme, f"it recovers {joint['ce_loss_recovered']:.3f} of the CE loss (KL {joint['kl_to_orig']:.2f})"
+    )
+    quoted(
+        readme,
+        f"`default-plt` alone gives CE {plt:.3f}, so a perfect attention SAE would reach {ceiling:.3f}",
+    )
+    quoted(readme.replace(" \\ ", " "), m["command"])  # the README breaks it with backslashes
 
 
 def test_transcoder_mean_l0(readme):

@@ -56,7 +56,12 @@ def test_sdist_and_wheel_carry_data_and_modules(tmp_path):
         zf.extractall(tmp_path / "site-packages")
     found = data_dir(tmp_path / "site-packages")
     assert found == tmp_path / "site-packages" / "attrgraph" / "_data"
-    assert sorted(p.name for p in found.iterdir()) == ["default", "default-clt", "default-plt"]
+    assert sorted(p.name for p in found.iterdir()) == [
+        "default",
+        "default-attn-sae",
+        "default-clt",
+        "default-plt",
+    ]
 
     with tarfile.open(sdist) as tf:  # a wheel built from the sdist needs data/ in it
         top = tf.getnames()[0].split("/")[0]

@@ -1,22 +1,30 @@
-"""How good a transcoder set is: reconstruction, sparsity, and the model with MLPs replaced.
+"""How good a transcoder set is: reconstruction, sparsity, and the model with sets spliced in.
 
 Seed: circuit-tracing appendix ("Validating the Replacement Model"; the (MSE, L0) and
-(replacement KL, L0) frontiers of "Efficiency relative to alternatives").
+(replacement KL, L0) frontiers of "Efficiency relative to alternatives"); linear-computation-graphs
+appendix A.3 (the same CE score for attention-output SAEs, MLP transcoders and residual SAEs).
 
 1. On activations `(x, y)`: per-layer fraction of variance unexplained
    `FVU[l] = sum ||y - y_hat||^2 / sum ||y - mean(y)||^2`, L0 per layer (mean active features
    per token), dead fraction (features never active on the tokens seen).
-2. On held-out token sequences: next-token cross-entropy of the model (a) as is, (b) with every
-   MLP output replaced by the transcoders' output (all layers at once, no error terms; each
-   layer's features read the *replaced* model's activations), (c) with every MLP output zeroed.
+2. On held-out token sequences: next-token cross-entropy of the model (a) as is, (b) with the
+   write hook of every layer (the MLP output for a PLT / CLT, `blocks.{l}.hook_attn_out` for an
+   attention SAE) replaced by the set's output (all layers at once, no error terms; each layer's
+   features read the *replaced* model's activations), (c) with those write hooks zeroed.
    `CE loss recovered = (CE_zero - CE_replaced) / (CE_zero - CE_orig)`; KL(orig || replaced)
    is averaged over positions.
-3. Position 0 (BOS at position 0 has a constant residual stream) keeps the model's own MLP
-   output in (b) and (c) alike: the transcoders never train on it, and it is a constant.
+3. Position 0 (BOS at position 0 has a constant residual stream) keeps the model's own value
+   at the write hook in (b) and (c) alike: the sets never train on it, and it is a constant.
+4. Several sets at once (`spliced_metrics(model, [sae, plt], tokens)`, e.g. attention SAEs with
+   MLP transcoders): (b) splices every set in, (c) zeroes every write hook of every set, and the
+   same formula gives one CE loss recovered; `replacement_metrics` is the case of one set. Each
+   set reads the model as the sets before it in the forward pass left it. Two sets may not write
+   the same hook.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,7 +32,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from transcoders.activations import apply_activation
-from transcoders.sites import MLP_INPUT, read_value
+from transcoders.errors import ConfigError
+from transcoders.sites import MLP_INPUT, post_norm, raw_output_needed, read_value
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -60,8 +69,9 @@ def reconstruction_metrics(tc: SparseCoder, x: Tensor, y: Tensor, batch_size: in
     }
 
 
-def _replacement_hooks(model, tc, mode: str):
-    """Forward hooks that replace (mode "tc") or zero (mode "zero") every MLP output, except position 0."""
+def _splice_hooks(model, tc, mode: str):
+    """Forward hooks that replace (mode "tc") or zero (mode "zero") the write hook of every layer of
+    `tc`, except position 0 (step 4)."""
     cfg = tc.cfg
     state: dict = {"acts": [None] * cfg.n_layers}
     hooks = []
@@ -87,36 +97,60 @@ def _replacement_hooks(model, tc, mode: str):
                 new = new + acts @ W
             if tc.W_skip is not None:
                 new = new + state["skip"][l]
-            if cfg.output_before_post_norm and getattr(model.blocks[l], "ln2_post", None) is not None:
-                new = model.blocks[l].ln2_post(new)
+            if raw_output_needed(model, cfg, l):
+                new = post_norm(model, l)(new)
         new = new.to(value.dtype)
         new[:, 0] = value[:, 0]
         return new
 
     for l in range(cfg.n_layers):
-        if mode == "tc":
+        if mode == "tc":  # before the write hook: an SAE reads the value it then replaces
             hooks.append((cfg.hook_in(l), lambda v, hook, l=l: read(v, hook, l)))
-        hooks.append((f"blocks.{l}.hook_mlp_out", lambda v, hook, l=l: write(v, hook, l)))
+        hooks.append((cfg.hook_out(l), lambda v, hook, l=l: write(v, hook, l)))
+    return hooks
+
+
+def splice_hooks(model: HookedTransformer, sets: Sequence[SparseCoder], mode: str = "tc") -> list:
+    """TransformerLens forward hooks splicing every set of `sets` in at once (mode "tc") or zeroing
+    every write hook they cover (mode "zero"), position 0 left as is (steps 2-4).
+
+    Raises `ConfigError` when two sets write the same hook: which of them would win is not defined."""
+    if mode not in ("tc", "zero"):
+        raise ValueError(f"mode {mode!r} is not 'tc' or 'zero'")
+    written: dict[str, int] = {}
+    hooks = []
+    for i, tc in enumerate(sets):
+        for l in range(tc.n_layers):
+            name = tc.cfg.hook_out(l)
+            if name in written:
+                raise ConfigError(
+                    f"sets {written[name]} and {i} both write {name!r}; splice sets that write different hooks."
+                )
+            written[name] = i
+        hooks += _splice_hooks(model, tc, mode)
     return hooks
 
 
 @torch.no_grad()
-def replacement_metrics(
-    model: HookedTransformer, tc: SparseCoder, tokens: Int[Tensor, "batch n_pos"], batch_size: int = 16
+def spliced_metrics(
+    model: HookedTransformer,
+    sets: Sequence[SparseCoder],
+    tokens: Int[Tensor, "batch n_pos"],
+    batch_size: int = 16,
 ) -> dict:
-    """Step 2: CE of the original, replaced and zero-ablated model, CE loss recovered and KL."""
-    if tc.cfg.output_hook != "blocks.{layer}.hook_mlp_out":
-        raise ValueError("replacement metrics need transcoders that write blocks.{layer}.hook_mlp_out")
+    """Steps 2 and 4: CE of the original model, with every set of `sets` spliced in at once, and with
+    all their write hooks zeroed; CE loss recovered and KL(orig || spliced)."""
+    if not sets:
+        raise ValueError("spliced_metrics needs at least one transcoder set")
     tot = {"orig": 0.0, "tc": 0.0, "zero": 0.0, "kl": 0.0}
     n = 0
     for chunk in tokens.split(batch_size):
         chunk = chunk.to(model.cfg.device)
-        logp = {}
-        logp["orig"] = model(chunk).log_softmax(-1)
+        logp = {"orig": model(chunk).log_softmax(-1)}
         for mode in ("tc", "zero"):
-            logp[mode] = model.run_with_hooks(
-                chunk, fwd_hooks=_replacement_hooks(model, tc, mode)
-            ).log_softmax(-1)
+            logp[mode] = model.run_with_hooks(chunk, fwd_hooks=splice_hooks(model, sets, mode)).log_softmax(
+                -1
+            )
         target = chunk[:, 1:]
         for k in ("orig", "tc", "zero"):
             tot[k] += -logp[k][:, :-1].gather(-1, target[..., None]).sum().item()
@@ -132,3 +166,10 @@ def replacement_metrics(
         "kl_to_orig": tot["kl"] / n,
         "n_tokens": n,
     }
+
+
+def replacement_metrics(
+    model: HookedTransformer, tc: SparseCoder, tokens: Int[Tensor, "batch n_pos"], batch_size: int = 16
+) -> dict:
+    """Step 2 for one set: `spliced_metrics(model, [tc], tokens)`."""
+    return spliced_metrics(model, [tc], tokens, batch_size)

@@ -15,7 +15,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 
 def data_dir(root: Path = _ROOT) -> Path:
-    """The folder holding default, default-plt and default-clt, for the packages installed under `root`."""
+    """The folder holding default and the bundled sets (default-plt, ...), for the packages installed under `root`."""
     installed = root / "attrgraph" / "_data"
     return installed if installed.is_dir() else root / "data"
 
@@ -24,4 +24,5 @@ DATA_DIR = data_dir()
 BUNDLED = {
     "default-plt": DATA_DIR / "default-plt",
     "default-clt": DATA_DIR / "default-clt",
+    "default-attn-sae": DATA_DIR / "default-attn-sae",
 }

@@ -18,7 +18,9 @@ activation_store.py). One run:
    is a pure function of the seed, activation_store.py step 3).
 6. At the end the scales are folded into the weights (base.py `fold_scales`), so the saved set
    acts on raw activations; it is saved in our format with `metrics.json` / `manifest.json`
-   (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL).
+   (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL, with the
+   set's write hooks replaced; with `--splice-with`, CE loss recovered and KL again with those
+   sets spliced in at the same time, e.g. an attention SAE together with `default-plt`).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from transcoders.losses import (
     topk_aux_loss,
 )
 from transcoders.manifest import sha256
-from transcoders.metrics import reconstruction_metrics, replacement_metrics
+from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
@@ -66,13 +68,14 @@ if TYPE_CHECKING:
 
     from transcoders.base import SparseCoder
 
-HELD_OUT_SEED = 987_654
+HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
     "checkpoint_every",
     "cache_dir",
     "parallel",
-)  # options a resumed run may change  # corpus seed of held-out evaluation text (never a training seed)
+    "splice_with",
+)  # options a resumed run may change
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ class TrainConfig:
     """If set, activation blocks are cached here as safetensors shards and streamed back (under torchrun --parallel data, each rank produces and reads its own part)."""
     parallel: str = "data"
     """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
+    splice_with: tuple[str, ...] = ()
+    """Sets (bundled names or folders) spliced in together with the trained one for a second held-out CE loss recovered in the manifest (metrics "spliced_with"), e.g. default-plt for an attention SAE."""
 
     def __post_init__(self):
         if self.kind not in ("plt", "clt", "sae"):
@@ -429,15 +434,22 @@ def _progress(total: int, start: int, enabled: bool):
 
 
 def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq: int = 64) -> dict:
-    """metrics.py on held-out sequences."""
+    """metrics.py on held-out sequences: the set alone, and spliced in with `cfg.splice_with`'s sets
+    (under "spliced_with", their names first)."""
+    from transcoders.formats import load_transcoders
+    from transcoders.sites import check_fits, collect
+
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}
-    from transcoders.sites import collect
-
     x, y = collect(model, tokens, tc.cfg)
     metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1)))
-    if tc.cfg.output_hook == MLP_OUTPUT:
-        metrics.update(replacement_metrics(model, tc, tokens))
+    metrics.update(replacement_metrics(model, tc, tokens))
+    if cfg.splice_with:
+        others = [load_transcoders(name, device=tc.device, dtype=tc.dtype) for name in cfg.splice_with]
+        for other in others:
+            check_fits(model, other)
+        joint = spliced_metrics(model, [tc, *others], tokens)
+        metrics["spliced_with"] = {"sets": list(cfg.splice_with), **joint}
     return metrics
 
 
@@ -446,7 +458,9 @@ def write_manifest(folder: Path, cfg: TrainConfig, metrics: dict, info: dict, ar
     files = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.name != "manifest.json" and p.is_file()}
     manifest = {
         "name": folder.name,
-        "description": f"{cfg.kind.upper()} ({cfg.activation}, d_sae={cfg.d_sae} per layer) for model {cfg.model!r}.",
+        "description": f"{cfg.kind.upper()} ({cfg.activation}, d_sae={cfg.d_sae} per layer"
+        + (f", on {cfg.hook}" if cfg.kind == "sae" else "")
+        + f") for model {cfg.model!r}.",
         "command": "python -m transcoders.train " + " ".join(shlex.quote(a) for a in (argv or [])),
         "seed": cfg.seed,
         "config": dataclasses.asdict(cfg),
@@ -501,7 +515,9 @@ def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None) 
     if argv is None:  # via `attrgraph train-transcoders ...`: record the equivalent module command
         argv = sys.argv[2:] if sys.argv[1:2] == ["train-transcoders"] else sys.argv[1:]
     manifest = write_manifest(dest, cfg, metrics, info, argv)
-    summary = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    summary = {k: v for k, v in metrics.items() if not isinstance(v, list | dict)}
+    if "spliced_with" in metrics:
+        summary["ce_loss_recovered_spliced"] = metrics["spliced_with"]["ce_loss_recovered"]
     print(json.dumps({"saved_to": str(dest), "tokens_seen": manifest["tokens_seen"], **summary}, indent=1))
 
 

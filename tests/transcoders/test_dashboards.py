@@ -251,12 +251,14 @@ def test_cli_reports_a_bad_option_in_one_line(capsys):
     assert "n_top is 0" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", ["default-plt", "default-clt"])
-def test_bundled_dashboards(name):
+@pytest.mark.parametrize(
+    "name,d_sae", [("default-plt", 1024), ("default-clt", 1024), ("default-attn-sae", 512)]
+)
+def test_bundled_dashboards(name, d_sae):
     path = BUNDLED[name] / "dashboards.h5"
     assert path.stat().st_size < 400_000, "keep data/ small (issue 13: a few hundred kB)"
     d = load_dashboards(path)
-    assert (d.n_layers, d.d_sae) == (4, 1024)
+    assert (d.n_layers, d.d_sae) == (4, d_sae)
     shipped = {k: v for k, v in json.loads(d.attrs["config"]).items() if k != "progress"}
     assert shipped == {k: v for k, v in asdict(DashboardConfig(transcoders=name)).items() if k != "progress"}
     assert d.attrs["n_tokens"] >= 100_000

@@ -214,3 +214,35 @@ def test_replacement_metrics_identity_clt():
     with torch.no_grad():
         tc.W_dec[0][:, 1] = torch.randn(64, 32)
     assert replacement_metrics(model, tc, seqs)["kl_to_orig"] > 1e-3
+
+
+def test_evaluate_splices_the_sets_of_splice_with(tmp_path):
+    """An SAE's evaluation has the CE figures of its write hook alone and, with --splice-with, of it
+    spliced in together with another set (`spliced_metrics` of both), under "spliced_with"."""
+    import numpy as np
+
+    from tests.transcoders.tc_helpers import random_set
+    from transcoders import save_transcoders
+    from transcoders.metrics import spliced_metrics
+    from transcoders.train import evaluate, write_manifest
+
+    model = tiny_model()
+    corpus = tmp_path / "tokens.npy"
+    np.save(corpus, random_sequences(40).numpy())
+    plt = random_set("plt", seed=3)
+    save_transcoders(plt, tmp_path / "plt")
+    sae = random_set("sae", seed=4)
+    hook = "blocks.{layer}.hook_attn_out"
+    cfg = small_cfg(tmp_path, kind="sae", hook=hook, corpus=str(corpus), splice_with=(str(tmp_path / "plt"),))
+    m = evaluate(model, sae, cfg, n_seq=8)
+    tokens = random_sequences(40)[-8:]
+    assert m["ce_replaced"] == pytest.approx(replacement_metrics(model, sae, tokens)["ce_replaced"], rel=1e-6)
+    joint = spliced_metrics(model, [sae, plt], tokens)
+    got = dict(m["spliced_with"])
+    assert got.pop("sets") == [str(tmp_path / "plt")]
+    assert got == pytest.approx(joint, rel=1e-6)
+    assert m["spliced_with"]["ce_replaced"] != pytest.approx(m["ce_replaced"], rel=1e-3)
+    (tmp_path / "out").mkdir()
+    manifest = write_manifest(tmp_path / "out", cfg, m, {}, ["--kind", "sae"])
+    assert manifest["description"].startswith(f"SAE (jumprelu, d_sae=64 per layer, on {hook})")
+    assert build_parser().parse_args(["--splice-with", "a", "b"]).splice_with == ("a", "b")

@@ -1,7 +1,7 @@
 """Load and save transcoder sets in every format we know.
 
 `load_transcoders(name_or_path)` accepts, in this order:
-1. a bundled name: "default-plt", "default-clt" (the `data/` folders, offline);
+1. a bundled name: "default-plt", "default-clt", "default-attn-sae" (the `data/` folders, offline);
 2. a sae_lens SAE / transcoder object, or a list of them (one per layer, in layer order);
 3. a directory in our format (`config.json` with "format": "attrgraph-transcoders");
 4. a circuit-tracer directory (`config.yaml`, `layer_{i}.safetensors` or `W_enc_{i}.safetensors`);
@@ -87,7 +87,7 @@ def _load(name_or_path, format, device, dtype, **kwargs):
     folder = BUNDLED.get(key, Path(key))
     if not folder.exists():
         raise TranscoderNotFoundError(
-            f"no transcoders at {folder}; pass 'default-plt', 'default-clt', or a directory in a format we read."
+            f"no transcoders at {folder}; pass 'default-plt', 'default-clt', 'default-attn-sae', or a directory in a format we read."
         )
     if folder.is_file():
         if folder.suffix == ".npz":
