@@ -54,6 +54,8 @@ def save_supernodes(
         g.create_dataset("kind", data=np.array([m.kind for m in members], dtype=object), dtype=_STR)
         for name in ("layer", "position", "feature"):
             g.create_dataset(name, data=np.array([getattr(m, name) for m in members], np.int64))
+        if any(m.site != "mlp" for m in members):  # attention members; missing means "mlp"
+            g.create_dataset("site", data=np.array([m.site for m in members], dtype=object), dtype=_STR)
 
 
 def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[Supernode]:
@@ -74,9 +76,15 @@ def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[
         indptr = g["indptr"][()]
         kind = [v.decode() if isinstance(v, bytes) else str(v) for v in g["kind"][()]]
         layer, position, feature = (g[k][()] for k in ("layer", "position", "feature"))
+        site = (
+            [v.decode() if isinstance(v, bytes) else str(v) for v in g["site"][()]] if "site" in g else None
+        )
         if len(indptr) != len(names) + 1 or indptr[-1] != len(kind):
             raise GraphFileError(
                 f"{path}:/supernodes/{graph_name} has {len(names)} names but {len(indptr)} pointers; the file is corrupt."
             )
-    keys = [NodeKey(k, int(l), int(p), int(ft)) for k, l, p, ft in zip(kind, layer, position, feature)]
+    site = site or ["mlp"] * len(kind)
+    keys = [
+        NodeKey(k, int(l), int(p), int(ft), s) for k, l, p, ft, s in zip(kind, layer, position, feature, site)
+    ]
     return [Supernode(n, tuple(keys[indptr[i] : indptr[i + 1]])) for i, n in enumerate(names)]

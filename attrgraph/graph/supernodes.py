@@ -34,12 +34,15 @@ if TYPE_CHECKING:
 
 
 class NodeKey(NamedTuple):
-    """A node's identity independent of its index: kind, layer, position, feature (-1 if none)."""
+    """A node's identity independent of its index: kind, layer, position, feature (-1 if none), and
+    the site of a feature or error node ("attn" for attention-output SAE features and attention
+    errors; "mlp", the default, for every other node)."""
 
     kind: str
     layer: int
     position: int | None
     feature: int = -1
+    site: str = "mlp"
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class SupernodeGraph(NamedTuple):
 
 def node_key(graph: Graph, i: int) -> NodeKey:
     n = graph.nodes
-    return NodeKey(str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]))
+    site = "attn" if n.site[i] == "attn" else "mlp"
+    return NodeKey(str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]), site)
 
 
 def supernode(graph: Graph, name: str, node_ids: Sequence[int]) -> Supernode:
