@@ -66,6 +66,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "InterventionOutput",
         "Scale",
         "SetTo",
+        "attn_feature",
         "error_node",
         "generate",
         "intervene",
