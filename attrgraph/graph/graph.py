@@ -82,8 +82,10 @@ class Nodes:
             self.site = np.where((kind == "feature") | (kind == "error"), "mlp", "")
         for f in fields(self):
             value = np.asarray(getattr(self, f.name))
-            if f.name in ("kind", "site"):
+            if f.name == "kind":
                 value = value.astype(np.str_)
+            elif f.name == "site":  # wide enough for every site, so that assigning "attn" is not cut
+                value = value.astype("<U4")
             else:
                 value = value.astype(NODE_FIELDS[f.name], copy=False)
             if value.shape != (n,):
