@@ -124,6 +124,11 @@ def test_build_with_attention_saes(model_dir, tmp_path, capsys):
     assert (
         full.meta["attn_transcoders"] == str(tmp_path / "attn") and "attn_transcoder_fingerprint" in full.meta
     )
+    # validate finds the attention set in the graph's meta
+    v = ["validate", str(out), "--name", "graph_full", "-o", str(tmp_path / "v"), "--max-features", "4"]
+    assert main([*v, "--n-perturbations", "1"]) == 0
+    assert (tmp_path / "v" / "validate.json").exists()
+    capsys.readouterr()
     assert main([*args, "--attn-transcoders", str(model_dir / "tc"), "-o", str(tmp_path / "bad.h5")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "attention set is a 'plt' set" in err[0]
