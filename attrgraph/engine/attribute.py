@@ -5,7 +5,8 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation". Algorithm:
 1. Run the model once (`ReplacementModel.run`): record patterns, norm scales, MLP inputs and
    outputs; compute feature activations `a` and errors `e`, held constant.
 2. Nodes (graph.NODE_ORDER): an embedding per position, an error per (layer, position), a feature
-   per active (layer, position, feature) with `a > 0`, and the targets (logits by default: the
+   per active (layer, position, feature) with `a > 0` (with an attention set also an attention
+   error per (layer, position) and the active attention features, site "attn"), and the targets (logits by default: the
    smallest top-K past 0.95 probability, K <= 10; see targets.py). Sources and injections:
    sources.py.
 3. Rows: for each batch of targets, `J^T v_in` through the frozen model dotted with every
