@@ -178,6 +178,10 @@ def node_biases(
             "the graph's meta does not say how it was built (exclude_bos, embedding); "
             "pass a graph from attribute or attribute_hierarchical."
         )
+    if (nodes.site == "attn").any() and rm.attn is None:
+        raise GraphError(
+            "the graph has attention features; pass the ReplacementModel of [mlp_set, attn_set] that built it."
+        )
     state = rm.run(torch.as_tensor(graph.prompt_ids), exclude_bos=m["exclude_bos"], embedding=m["embedding"])
     logit_idx = np.flatnonzero(nodes.kind == "logit")
     targets = list(targets)

@@ -387,7 +387,7 @@ def linear_rows(
                     pieces.append((0, torch.einsum("bpd,pd->bp", x, embed[:P]), np.arange(P)))
                     break
                 if site == "attn":  # step 7
-                    pieces += attention_pieces(sources, attn_layers[l], attn_errors, l, x, P)
+                    pieces += attention_pieces(lb, sources, attn_layers[l], attn_errors, l, x, P)
                     continue
                 gw[l] = x
                 if P > n_exc:
@@ -427,9 +427,12 @@ def linear_rows(
     return written.to_csr()
 
 
-def attention_pieces(sources, decoders: _LayerDecoders, errors: Tensor, l: int, x: Tensor, P: int) -> list:
+def attention_pieces(
+    lb: LinearBackward, sources, decoders: _LayerDecoders, errors: Tensor, l: int, x: Tensor, P: int
+) -> list:
     """Step 7: the attention error and feature columns of layer l from the gradient `x` at its
-    attention write site, as `(first column, values [B, n], global columns)` pieces."""
+    attention write site, as `(first column, values [B, n], global columns)` pieces (flops counted
+    in `lb`)."""
     n_exc, pieces = sources.n_excluded, []
     if P > n_exc:
         c = sources.error_column(l, "attn")
@@ -440,6 +443,7 @@ def attention_pieces(sources, decoders: _LayerDecoders, errors: Tensor, l: int, 
     got = decoders.contract(ga, P)
     if got is not None:
         pieces.append((int(got[1][0]), got[0], got[1]))
+        lb.flops += got[2]
     return pieces
 
 
