@@ -18,6 +18,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
   to_tokens (prompt -> checked ids: strict=, truncate=)   engine/sources.py
   Target, direction, logit_difference            engine/targets.py
   ReplacementModel                               engine/replacement.py
+  TranscoderSets (MLP set + attention SAE set)   engine/sets.py
   Graph, Nodes, NODE_ORDER                       graph/graph.py
   prune_graph, compute_influence, ...            graph/prune.py
   save_graph, load_graph, list_graphs            graph/store.py
@@ -46,6 +47,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],
     "attrgraph.engine.adaptive": ["attribute_adaptive"],
     "attrgraph.engine.replacement": ["ReplacementModel"],
+    "attrgraph.engine.sets": ["TranscoderSets"],
     "attrgraph.engine.targets": ["Target", "direction", "logit_difference", "logit_target"],
     "attrgraph.graph.graph": ["NODE_ORDER", "Graph", "Nodes"],
     "attrgraph.graph.prune": ["compute_influence", "find_threshold", "normalize_matrix", "prune_graph"],
@@ -66,6 +68,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "InterventionOutput",
         "Scale",
         "SetTo",
+        "attn_feature",
         "error_node",
         "generate",
         "intervene",

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 MLP_INPUT = "blocks.{layer}.ln2.hook_normalized"
 MLP_OUTPUT = "blocks.{layer}.hook_mlp_out"
+ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
+"""Read and write site of an attention-output SAE set (the attention block's additive contribution
+to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`)."""
 
 
 def post_norm(model: HookedTransformer, layer: int):

@@ -27,6 +27,12 @@ Patching" and "Details of Interventions".
    put on top inside the range.
 7. `generate`: steered sampling; each new token runs the intervened forward on the sequence so
    far, for the first `hold` new tokens, then the plain model.
+8. Attention features (`transcoders=[mlp_set, attn_set]`): an edit may name an attention feature
+   (`attn_feature(layer, position, feature)`) or an attention error (`error_node(layer, position,
+   "attn")`). Inside [start, end] the attention outputs are patched like the MLP outputs: clamped
+   to the clean output plus `(a' - a) W_dec_attn + (m - 1) e_attn` (constrained), or
+   `decode_attn(a_live with edits) + e_attn` (iterative); outside, the real attention runs.
+   Attention features are reported on the live attention outputs (`attn_pre_acts`, `attn_acts`).
 """
 
 from __future__ import annotations
@@ -72,9 +78,14 @@ class Add(NamedTuple):
     delta: float
 
 
-def error_node(layer: int, position: int | None) -> NodeKey:
-    """The key of the error node at (layer, position), for `interventions`."""
-    return NodeKey("error", int(layer), position, -1)
+def error_node(layer: int, position: int | None, site: str = "mlp") -> NodeKey:
+    """The key of the error node at (layer, position) of `site` ("mlp" or "attn"), for `interventions`."""
+    return NodeKey("error", int(layer), position, -1, site)
+
+
+def attn_feature(layer: int, position: int | None, feature: int) -> NodeKey:
+    """The key of an attention-output SAE feature (step 8), for `interventions`."""
+    return NodeKey("feature", int(layer), None if position is None else int(position), int(feature), "attn")
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class Edit:
     op: str
     """"set", "scale" or "add"."""
     value: float
+    site: str = "mlp"
+    """"mlp", or "attn" for an attention feature or error (step 8)."""
 
     def apply(self, a: Tensor) -> Tensor:
         if self.op == "set":
@@ -110,6 +123,10 @@ class InterventionOutput(NamedTuple):
     """Encoder pre-activations on the live MLP inputs."""
     acts: Float[Tensor, "n_layers n_pos d_sae"]
     """Feature activations on the live MLP inputs, with the edits applied inside the range."""
+    attn_pre_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None
+    """Attention SAE pre-activations on the live attention outputs (None without an attention set)."""
+    attn_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None
+    """Attention feature activations, with the edits applied inside the range (step 8)."""
 
 
 class PatchedRun(NamedTuple):
@@ -122,6 +139,9 @@ class PatchedRun(NamedTuple):
     """Same shape as `pre_acts`."""
     captured: dict[str, Tensor]
     """Values of the `capture` hooks, [batch, ...]."""
+    attn_pre_acts: Tensor | None = None
+    """[batch, n_layers, n_pos, d_attn] (step 8; None without an attention set)."""
+    attn_acts: Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------- edits
@@ -144,8 +164,8 @@ def _members(key) -> list[NodeKey]:
         return list(key.members)
     if isinstance(key, NodeKey):
         return [key]
-    if isinstance(key, tuple) and len(key) == 3 and key[0] == "error":
-        return [error_node(key[1], key[2])]
+    if isinstance(key, tuple) and len(key) in (3, 4) and key[0] == "error":
+        return [error_node(*key[1:])]
     if isinstance(key, tuple) and len(key) == 3:
         layer, pos, feat = key
         return [NodeKey("feature", int(layer), None if pos is None else int(pos), int(feat))]
@@ -155,8 +175,11 @@ def _members(key) -> list[NodeKey]:
     )
 
 
-def resolve_edits(interventions: dict, n_layers: int, n_pos: int, d_sae: int) -> list[Edit]:
-    """The edits of an `interventions` mapping (module docstring, step 2), checked against the sizes."""
+def resolve_edits(
+    interventions: dict, n_layers: int, n_pos: int, d_sae: int, d_attn: int | None = None
+) -> list[Edit]:
+    """The edits of an `interventions` mapping (module docstring, step 2), checked against the sizes
+    (`d_attn`: features per layer of the attention set, None without one)."""
     edits = []
     for key, value in interventions.items():
         op, v = _op(value)
@@ -171,15 +194,22 @@ def resolve_edits(interventions: dict, n_layers: int, n_pos: int, d_sae: int) ->
                 )
             if m.position is not None and not -n_pos <= m.position < n_pos:
                 raise InterventionError(f"node {m} has position {m.position}; the prompt has {n_pos} tokens.")
-            if m.kind == "feature" and not 0 <= m.feature < d_sae:
+            if m.site == "attn" and d_attn is None:
                 raise InterventionError(
-                    f"node {m} has feature {m.feature}; the transcoders have {d_sae} per layer."
+                    f"node {m} is an attention node but there is no attention set; pass [mlp_set, attn_set]."
+                )
+            width = d_attn if m.site == "attn" else d_sae
+            if m.kind == "feature" and not 0 <= m.feature < width:
+                raise InterventionError(
+                    f"node {m} has feature {m.feature}; the {'attention SAEs' if m.site == 'attn' else 'transcoders'} "
+                    f"have {width} per layer."
                 )
             if m.kind == "error" and not (op == "scale" or (op == "set" and v == 0.0)):
                 raise InterventionError(f"error node {m} is a vector; pass Scale(m) or 0 to ablate it.")
             eop, ev = ("scale", 0.0) if m.kind == "error" and op == "set" else (op, v)
             pos = None if m.position is None else m.position % n_pos
-            edits.append(Edit(m.kind, m.layer, pos, m.feature if m.kind == "feature" else -1, eop, ev))
+            feature = m.feature if m.kind == "feature" else -1
+            edits.append(Edit(m.kind, m.layer, pos, feature, eop, ev, "attn" if m.site == "attn" else "mlp"))
     return edits
 
 
@@ -245,6 +275,8 @@ def patched_forward(
     if mode == "constrained":
         for b, edits in enumerate(batch_edits):
             for e in edits:
+                if e.site == "attn":  # step 8: the attention hooks
+                    continue
                 pos = slice(None) if e.position is None else e.position
                 if e.kind == "error":
                     delta[b, e.layer, pos] += (e.value - 1.0) * state.errors[e.layer, pos]
@@ -264,7 +296,13 @@ def patched_forward(
     pre_out: list[Tensor | None] = [None] * L
     act_out: list[Tensor | None] = [None] * L
     reads: list[Tensor | None] = [None] * L
-    by_layer = [[(b, e) for b, es in enumerate(batch_edits) for e in es if e.layer == l] for l in range(L)]
+    by_layer = [
+        [(b, e) for b, es in enumerate(batch_edits) for e in es if e.layer == l and e.site == "mlp"]
+        for l in range(L)
+    ]
+    attn = _AttentionPatch(rm, state, batch_edits, mode, start, end) if rm.attn is not None else None
+    if attn is not None:
+        hooks = [*hooks, *attn.hooks()]
 
     def on_read(l: int, x: Tensor) -> None:
         x = x.expand(B, P, x.shape[-1])
@@ -316,7 +354,76 @@ def patched_forward(
     if select is not None:
         l, p, f = select.T
         pre, act = pre[:, l, p, f], act[:, l, p, f]
-    return PatchedRun(logits, pre.to(dtype), act.to(dtype), captured)
+    attn_pre = attn_act = None
+    if attn is not None:
+        attn_pre, attn_act = (torch.stack(x, 1).to(dtype) for x in (attn.pre_out, attn.act_out))
+    return PatchedRun(logits, pre.to(dtype), act.to(dtype), captured, attn_pre, attn_act)
+
+
+class _AttentionPatch:
+    """Step 8: the attention-output hooks of one patched forward (edits of site "attn")."""
+
+    def __init__(
+        self, rm: ReplacementModel, state: ReplacementState, batch_edits, mode: str, start: int, end: int
+    ):
+        self.sae, self.state, self.mode, self.start, self.end = rm.attn, state, mode, start, end
+        L, P = state.attn_acts.shape[:2]
+        self.B, self.P = len(batch_edits), P
+        self.by_layer = [
+            [(b, e) for b, es in enumerate(batch_edits) for e in es if e.layer == l and e.site == "attn"]
+            for l in range(L)
+        ]
+        self.pre_out: list[Tensor | None] = [None] * L
+        self.act_out: list[Tensor | None] = [None] * L
+        dtype = state.attn_out.dtype
+        self.delta = torch.zeros(self.B, L, P, state.attn_out.shape[-1], dtype=dtype)
+        if mode == "constrained":  # clean output plus the edits' change (step 3's rule)
+            for l in range(L):
+                for b, e in self.by_layer[l]:
+                    pos = slice(None) if e.position is None else e.position
+                    if e.kind == "error":
+                        self.delta[b, l, pos] += (e.value - 1.0) * state.attn_errors[l, pos]
+                        continue
+                    a0 = state.attn_acts[l, pos, e.feature]
+                    dec = self.sae.W_dec[l, e.feature].to(dtype)
+                    self.delta[b, l, pos] += (e.apply(a0) - a0).to(dtype)[..., None] * dec
+
+    def hooks(self) -> list:
+        return [
+            (self.sae.cfg.hook_out(l), lambda x, hook, l=l: self.patch(l, x))
+            for l in range(len(self.by_layer))
+        ]
+
+    def patch(self, l: int, x: Tensor) -> Tensor:
+        sae, cfg, state = self.sae, self.sae.cfg, self.state
+        x = x.expand(self.B, self.P, x.shape[-1])
+        pre = x.to(sae.dtype) @ sae.W_enc[l] + sae.b_enc[l]
+        thr = None if sae.threshold is None else sae.threshold[l]
+        act = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        inside = self.start <= l <= self.end
+        if inside and self.by_layer[l]:
+            act = act.clone()
+            for b, e in self.by_layer[l]:
+                if e.kind != "feature":
+                    continue
+                pos = slice(None) if e.position is None else e.position
+                base = (
+                    state.attn_acts[l, pos, e.feature].to(act)
+                    if self.mode == "constrained"
+                    else act[b, pos, e.feature]
+                )
+                act[b, pos, e.feature] = e.apply(base)
+        self.pre_out[l], self.act_out[l] = pre, act
+        if not inside:
+            return x
+        if self.mode == "constrained":
+            return (state.attn_out[l] + self.delta[:, l]).to(x.dtype)
+        err = state.attn_errors[l].expand(self.B, self.P, -1).clone()
+        for b, e in self.by_layer[l]:
+            if e.kind == "error":
+                pos = slice(None) if e.position is None else e.position
+                err[b, pos] = err[b, pos] * e.value
+        return (act @ sae.W_dec[l] + sae.b_dec[l]).to(x.dtype) + err.to(x.dtype)
 
 
 def _context(model, transcoders, prompt) -> tuple[ReplacementModel, ReplacementState]:
@@ -335,7 +442,8 @@ def intervene(
 ) -> InterventionOutput:
     """Run `model` on `prompt` with `interventions` (module docstring, steps 1-6).
 
-    `interventions` maps `(layer, position, feature)`, `error_node(layer, position)` or a
+    `interventions` maps `(layer, position, feature)`, `error_node(layer, position)`,
+    `attn_feature(layer, position, feature)`, `error_node(layer, position, "attn")` (step 8) or a
     `Supernode` to a number / `SetTo(v)`, `Scale(m)` or `Add(d)`. `layers=(start, end)` is the
     inclusive patch range (default: from the lowest edited layer to the last layer).
     `freeze_attention` holds attention patterns and normalization scales at their clean values.
@@ -344,12 +452,17 @@ def intervene(
         raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
     rm, state = _context(model, transcoders, prompt)
     L, P, S = state.acts.shape
-    edits = resolve_edits(interventions, L, P, S)
+    edits = resolve_edits(interventions, L, P, S, _attn_width(rm))
     run = patched_forward(rm, state, [edits], mode, layers, freeze_attention, freeze_attention)
     logits = run.logits[0]
+    attn = () if run.attn_acts is None else (run.attn_pre_acts[0], run.attn_acts[0])
     return InterventionOutput(
-        logits, torch.softmax(logits.double(), -1).to(logits.dtype), run.pre_acts[0], run.acts[0]
+        logits, torch.softmax(logits.double(), -1).to(logits.dtype), run.pre_acts[0], run.acts[0], *attn
     )
+
+
+def _attn_width(rm: ReplacementModel) -> int | None:
+    return None if rm.attn is None else rm.attn.cfg.d_sae
 
 
 @torch.no_grad()
@@ -383,7 +496,7 @@ def generate(
             break
         if step < hold and interventions:
             state = rm.run(tokens, exclude_bos=False)
-            edits = resolve_edits(interventions, L, len(tokens), S)
+            edits = resolve_edits(interventions, L, len(tokens), S, _attn_width(rm))
             logits = patched_forward(rm, state, [edits], mode, layers, False, False).logits[0, -1]
         else:
             logits = model(tokens[None])[0, -1]

@@ -18,6 +18,9 @@ everything upstream frozen both `q_i` and `k_j` are affine in the graph's source
    more source on each side, and `sum C = score` exactly. Marginals: `C.sum(1)` is the query-side
    credit of each source, `C.sum(0)` the key-side one. A soft-capped score (Gemma-2) is
    decomposed before its cap.
+4. With an attention set (`[mlp_set, attn_set]`) the attention outputs below the head's layer are
+   sources too: attention features and attention errors get their own rows (`sites` says which
+   rows are attention ones), so the query and key sides are split over features of both sites.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class QKAttribution:
     K: Float[np.ndarray, "n_sources_plus_1 d_head"]
     """Each source's part of `k_j`; the last row is `k_bias`."""
     attn_scale: float
+    sites: np.ndarray | None = None
+    """[n_sources + 1] site of each row: "mlp" or "attn" for features and errors, "" for embeddings
+    and the bias row (step 4)."""
 
     def pair(self, s_q: int, s_k: int) -> float:
         """`C[s_q, s_k]`."""
@@ -147,11 +153,11 @@ def qk_attribution(
     Q = np.vstack([rows[:d_head].T, q - rows[:d_head].sum(1)])
     K = np.vstack([rows[d_head:].T, k - rows[d_head:].sum(1)])
     scale = float(attn.attn_scale)
-    labels, keys = _source_labels(state, sources, getattr(model, "tokenizer", None))
-    return QKAttribution(layer, head, i, j, float(q @ k / scale), labels, keys, Q, K, scale)
+    labels, keys, sites = _source_labels(state, sources, getattr(model, "tokenizer", None))
+    return QKAttribution(layer, head, i, j, float(q @ k / scale), labels, keys, Q, K, scale, sites)
 
 
-def _source_labels(state, sources, tokenizer) -> tuple[list[str], np.ndarray]:
+def _source_labels(state, sources, tokenizer) -> tuple[list[str], np.ndarray, np.ndarray]:
     P, L = state.tokens.shape[0], state.acts.shape[0]
     toks = state.tokens.tolist()
 
@@ -163,16 +169,21 @@ def _source_labels(state, sources, tokenizer) -> tuple[list[str], np.ndarray]:
 
     labels = [f"emb@{p} {tok(toks[p])}" for p in range(P)]
     keys = [(-1, p, -1) for p in range(P)]
-    for l in range(L):
-        for p in range(sources.n_excluded, P):
-            labels.append(f"err L{l}@{p}")
-            keys.append((l, p, -1))
-    for l, p, f in sources.features.tolist():
-        labels.append(f"L{l}/F{f}@{p} {tok(toks[p])}")
+    sites = [""] * P
+    for site in ("mlp", "attn") if sources.attn_errors is not None else ("mlp",):
+        for l in range(L):
+            for p in range(sources.n_excluded, P):
+                labels.append(f"{'attn ' if site == 'attn' else ''}err L{l}@{p}")
+                keys.append((l, p, -1))
+                sites.append(site)
+    for (l, p, f), site in zip(sources.features.tolist(), sources.feature_sites()):
+        labels.append(f"{'A' if site == 'attn' else 'L'}{l}/F{f}@{p} {tok(toks[p])}")
         keys.append((l, p, f))
+        sites.append(str(site))
     labels.append("bias")
     keys.append((-1, -1, -1))
-    return labels, np.array(keys, np.int64)
+    sites.append("")
+    return labels, np.array(keys, np.int64), np.array(sites)
 
 
 def attention_score(

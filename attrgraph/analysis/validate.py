@@ -20,7 +20,11 @@ Seed: circuit-tracing appendix, "Validating the Replacement Model" (all three ev
    (iterative patching over every layer). Per downstream layer, compare the net perturbations of
    `hook_resid_post` (positions >= the perturbed one): cosine and normalized MSE
    `|d_rep - d_model|^2 / |d_model|^2`.
-4. `attrgraph validate` (cli/validate.py) validates every graph of FILE (or `--name`) with the model and transcoders recorded by
+4. Graphs with attention features (`[mlp_set, attn_set]`): steps 1-2 ablate and read the MLP-site
+   features only (constrained patching also holds the attention outputs of the range, so direct
+   effects stay direct); step 3 perturbs MLP features. Attention features enter as the paths
+   between them.
+5. `attrgraph validate` (cli/validate.py) validates every graph of FILE (or `--name`) with the model and transcoders recorded by
    `attrgraph build` (or `--model` / `--transcoders`) and writes validation_report.py's report.
 """
 
@@ -77,7 +81,7 @@ class ValidateConfig:
 
 
 def _features(graph: Graph, cfg: ValidateConfig) -> np.ndarray:
-    feats = np.flatnonzero(graph.nodes.mask("feature"))
+    feats = np.flatnonzero(graph.nodes.mask("feature", "mlp"))  # step 4
     infl = np.nan_to_num(graph.nodes.influence[feats], nan=0.0)
     return feats[np.argsort(-infl, kind="stable")[: cfg.max_features]]
 
@@ -148,7 +152,7 @@ def feature_to_feature(
 ) -> dict:
     """Step 2: Spearman between graph influence and the normalized ablation effect."""
     n = graph.nodes
-    feats = np.flatnonzero(n.mask("feature"))
+    feats = np.flatnonzero(n.mask("feature", "mlp"))  # step 4
     sources = _features(graph, cfg)
     if len(feats) < 2:
         return {"spearman": math.nan, "n_pairs": 0, "_scatter": {"influence": [], "effect": []}}
@@ -295,6 +299,12 @@ def validate_graph(
             raise ValidationError(
                 "the graph was built with other transcoders (fingerprint differs); pass the ones that built it."
             )
+    attn_fp = graph.meta.get("attn_transcoder_fingerprint")
+    if bool(attn_fp) != (rm.attn is not None) or (attn_fp and fingerprint(rm.attn) != attn_fp):
+        raise ValidationError(
+            "the graph was built with other attention SAEs (or with none, or some); pass the sets that "
+            "built it ([mlp_set, attn_set] for a graph with attention features)."
+        )
     if graph.n_features == 0:
         raise ValidationError("the graph has no feature nodes; there is nothing to ablate.")
     state = rm.run(torch.as_tensor(graph.prompt_ids, device=rm.cfg.device), exclude_bos=False)

@@ -1,7 +1,9 @@
 """`attrgraph build PROMPT`: attribute, prune, summarize and store a graph in one command.
 
 1. Load the model (`--model`: "default", a folder, or a TransformerLens name) and the transcoders
-   (`--transcoders`: "default-plt", "default-clt", or a directory in a format `transcoders` reads).
+   (`--transcoders`: "default-plt", "default-clt", or a directory in a format `transcoders` reads);
+   `--attn-transcoders NAME_OR_PATH` adds an attention-output SAE set, whose features and errors
+   become graph nodes too (engine/sets.py).
    Tokenize and check the prompt (attribute.to_tokens): text that is not UTF-8 and a prompt
    longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
    what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
@@ -48,6 +50,12 @@ def add_build_options(
     p.add_argument(
         "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
     )
+    p.add_argument(
+        "--attn-transcoders",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="also replace the attention outputs with this SAE set (on blocks.{layer}.hook_attn_out)",
+    )
     p.add_argument("--node-threshold", type=float, default=0.8)
     p.add_argument("--edge-threshold", type=float, default=0.98)
     p.add_argument("--max-logits", type=int, default=None, help="most logit targets (default 10)")
@@ -70,6 +78,24 @@ def add_build_options(
     )
     p.add_argument("--full", action="store_true", help="also store each unpruned graph as NAME_full")
     add_prompt_options(p)
+
+
+def load_sets(options: dict):
+    """The transcoder set of `--transcoders`, or `[it, the set of --attn-transcoders]`."""
+    from transcoders.formats import load_transcoders
+
+    tc = load_transcoders(options["transcoders"])
+    if options.get("attn_transcoders") is None:
+        return tc
+    return [tc, load_transcoders(options["attn_transcoders"])]
+
+
+def graph_sources(options: dict) -> dict:
+    """What a graph's meta records of where its model and sets came from."""
+    out = dict(model=str(options["model"]), transcoders=str(options["transcoders"]))
+    if options.get("attn_transcoders") is not None:
+        out["attn_transcoders"] = str(options["attn_transcoders"])
+    return out
 
 
 def attribute_options(options: dict, progress: bool) -> tuple[str, dict]:
@@ -98,7 +124,6 @@ def run(args) -> int:
     from attrgraph.graph.prune import prune_graph
     from attrgraph.graph.store import save_graph
     from attrgraph.graph.summary import format_summary, summarize
-    from transcoders.formats import load_transcoders
 
     check_prompt_text(args.prompt)  # before loading anything
     if args.threads:
@@ -109,11 +134,11 @@ def run(args) -> int:
     t0 = time.perf_counter()
     model = load_model(args.model)
     tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
-    tc = load_transcoders(args.transcoders)
+    tc = load_sets(vars(args))
     t1 = time.perf_counter()
     method, options = attribute_options(vars(args), progress)
     graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
-    graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
+    graph.meta.update(graph_sources(vars(args)))
     t2 = time.perf_counter()
     pruned = prune_graph(graph, args.node_threshold, args.edge_threshold, progress=progress)
     t3 = time.perf_counter()

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.cli.build import add_build_options, attribute_options
+from attrgraph.cli.build import add_build_options, attribute_options, graph_sources, load_sets
 from attrgraph.errors import ClusterError, OptionError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -43,6 +43,7 @@ ATTEMPTS = 3
 BUILD_OPTIONS = (
     "model",
     "transcoders",
+    "attn_transcoders",
     "node_threshold",
     "edge_threshold",
     "max_logits",
@@ -140,7 +141,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     elif target is not None:
         kwargs["targets"] = [logit_target(model, target)]
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
-    graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
+    graph.meta.update(**graph_sources(options), line=item["line"])
     pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
     out = {f"{item['name']}_full": graph} if options["full"] else {}
     out[item["name"]] = pruned
@@ -156,14 +157,13 @@ class GraphWorker:
 
         from attrgraph.bundled.loading import load_model
         from attrgraph.errors import AttrgraphError
-        from transcoders.formats import load_transcoders
 
         torch.set_num_threads(options["threads"])
         self.options = options
         self.error = None
         try:
             self.model = load_model(options["model"])
-            self.tc = load_transcoders(options["transcoders"])
+            self.tc = load_sets(options)
         except AttrgraphError as e:  # a wrong --model or --transcoders: the driver raises it
             self.error = e
 

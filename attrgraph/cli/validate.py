@@ -20,6 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--transcoders", default=None, help="transcoders (default: recorded in the graph, else 'default-plt')"
     )
+    p.add_argument(
+        "--attn-transcoders",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="attention SAEs (default: recorded in the graph by build --attn-transcoders, else none)",
+    )
     p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
     for f in ("max_features", "n_perturbations", "batch_size", "seed"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
@@ -37,7 +43,10 @@ def run(args) -> int:
     graphs = [load_graph(args.file, n) for n in names]
     model_name = args.model or graphs[0].meta.get("model", "default")
     tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
+    attn_name = args.attn_transcoders or graphs[0].meta.get("attn_transcoders")
     model, tc = load_model(model_name), load_transcoders(tc_name)
+    if attn_name:
+        tc = [tc, load_transcoders(attn_name)]
     cfg = ValidateConfig(
         max_features=args.max_features,
         n_perturbations=args.n_perturbations,

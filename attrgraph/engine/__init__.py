@@ -1,6 +1,7 @@
 """The graph engine: the frozen replacement model and the attribution methods built on it.
 
 frozen.py            one frozen forward (recorded patterns and norm scales, MLPs swapped, hooks captured)
+sets.py              which sets replace what: MLP transcoders, optionally attention-output SAEs
 replacement.py       the local replacement model: record a prompt, run the frozen model on any sources
 sources.py           source nodes, target injections, node table and provenance shared by the methods
 targets.py           logit, logit-difference and direction targets

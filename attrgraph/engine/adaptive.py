@@ -14,7 +14,8 @@ and attribute back from these. We terminate when a target number of nodes have b
    repeat until `max_feature_nodes` features are explored or no unexplored feature has influence.
 4. The returned graph holds the embeddings, the error nodes, the explored features and the
    logits. The edges of every unexplored feature are added to the error node of its (layer,
-   position): that node stands for "error + unexplored features" (`meta["unexplored_as_error"]`).
+   position, site): that node stands for "error + unexplored features" (`meta["unexplored_as_error"]`;
+   an unexplored attention feature goes to the attention error node).
    Each explored target's incoming edges still sum to its pre-activation minus its bias (the
    exactness contract holds for every explored target), and the graph has
    `n_pos (1 + n_layers) + max_feature_nodes + n_logits` nodes.
@@ -87,6 +88,8 @@ def attribute_adaptive(
     targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
     sources = build_sources(rm, state)
     feats = sources.features.cpu().numpy().reshape(-1, 3)
+    sites = sources.feature_sites()
+    rank = 2 * feats[:, 0] + (sites != "attn")  # blocks of one layer and site, attention first
     n_feat, n_cols, n_t = len(feats), sources.n_columns, len(targets)
     n_src = n_pos + sources.n_errors
     N = n_cols + n_t
@@ -105,7 +108,7 @@ def attribute_adaptive(
     row_sets = [(n_cols + np.arange(n_t), rows_for(logit_inj))]
     explored = np.zeros(0, np.int64)
     budget = min(max_feature_nodes, n_feat)
-    bounds = np.searchsorted(feats[:, 0], np.arange(L + 1)) + n_src if n_feat else np.full(L + 1, n_src)
+    bounds = np.searchsorted(rank, np.arange(2 * L + 1)) + n_src if n_feat else np.full(2 * L + 1, n_src)
     layer_ranges = (
         [(0, n_src)] + [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a] + [(n_cols, N)]
     )
@@ -116,8 +119,7 @@ def attribute_adaptive(
         order = np.sort(order[influence[order] > 0])
         if not len(order):
             break
-        # one gather per layer (feats[order] is sorted by layer, as feature_injections returns them)
-        inj = feature_injections(rm, torch.from_numpy(feats[order]))
+        inj = feature_injections(rm, torch.from_numpy(feats[order]), torch.from_numpy(sites[order] == "attn"))
         row_sets.append((n_src + order, rows_for(inj)))
         explored = np.concatenate([explored, order])
         if trace is not None:
@@ -130,6 +132,9 @@ def attribute_adaptive(
     fold = np.arange(n_cols)
     n_exc = sources.n_excluded
     fold[n_src + unexplored] = n_pos + feats[unexplored, 0] * (n_pos - n_exc) + feats[unexplored, 1] - n_exc
+    if rm.attn is not None:  # attention features fold into the attention error nodes
+        attn = unexplored[sites[unexplored] == "attn"]
+        fold[n_src + attn] += sources.error_column(0, "attn") - sources.error_column(0, "mlp")
     keep_cols = np.concatenate([np.arange(n_src), n_src + explored_sorted])
     new_index = np.full(n_cols, -1)
     new_index[keep_cols] = np.arange(len(keep_cols))

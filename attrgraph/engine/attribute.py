@@ -5,7 +5,8 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation". Algorithm:
 1. Run the model once (`ReplacementModel.run`): record patterns, norm scales, MLP inputs and
    outputs; compute feature activations `a` and errors `e`, held constant.
 2. Nodes (graph.NODE_ORDER): an embedding per position, an error per (layer, position), a feature
-   per active (layer, position, feature) with `a > 0`, and the targets (logits by default: the
+   per active (layer, position, feature) with `a > 0` (with an attention set also an attention
+   error per (layer, position) and the active attention features, site "attn"), and the targets (logits by default: the
    smallest top-K past 0.95 probability, K <= 10; see targets.py). Sources and injections:
    sources.py.
 3. Rows: for each batch of targets, `J^T v_in` through the frozen model dotted with every
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +55,7 @@ from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+    from attrgraph.engine.sets import TranscoderSets
     from transcoders import SparseCoder
 
 METHODS = ("standard", "hierarchical", "adaptive")
@@ -66,7 +69,7 @@ _OPTIONS = {
 
 def attribute(
     model: HookedTransformer,
-    transcoders: SparseCoder | ReplacementModel,
+    transcoders: SparseCoder | Sequence[SparseCoder] | TranscoderSets | ReplacementModel,
     prompt: str | list[int] | Tensor | np.ndarray,
     *,
     method: str = "standard",
@@ -83,6 +86,8 @@ def attribute(
 ) -> Graph:
     """The attribution graph of `prompt` (module docstring, steps 1-5).
 
+    `transcoders` is an MLP transcoder set, or `[mlp_set, attn_set]` / `TranscoderSets(mlp, attn)`
+    with an attention-output SAE set, whose features and errors become nodes too (site "attn").
     `targets` replaces the default logit targets (targets.py: `logit_difference`, `direction`);
     `max_n_logits` (default 10) and `desired_logit_prob` (default 0.95) choose the logit targets.
     `exclude_bos=None` excludes position 0 (no features, no error nodes; circuit-tracer's
@@ -152,7 +157,7 @@ def attribute(
 
     sources = build_sources(rm, state)
     feats = sources.features
-    injections = feature_injections(rm, feats)
+    injections = feature_injections(rm, feats, sources.attn)
     positions = [t.position % n_pos for t in targets]
     injections += [
         Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)

@@ -12,6 +12,9 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation".
 3. Edges (target t, source s): embedding and error sources `A[t, s] = v_out_s . grad`; a feature
    source `A[t, s] = a_s * sum_{l >= l_s} W_dec_s^l . grad_l[pos_s]`, which covers a cross-layer
    transcoder's decoders to every later layer (gradients at layers >= l_t are zero).
+4. With an attention set (replacement.py step 6) the attention outputs get probes too: attention
+   error and feature columns are `v_out . grad` at the attention write site of their layer, and an
+   attention feature target reads the live attention output of its layer (`run.attn_reads`).
 
 linear_backward.py computes the same rows as explicit matrix products; tests hold the two equal.
 """
@@ -55,7 +58,17 @@ def backward_rows(
             outputs, grads = [], []
             by_site: dict = {}
             for i, j in enumerate(batch):
-                key = ("logits",) if j.logits else (("hook", j.hook) if j.hook else ("read", j.layer))
+                key = (
+                    ("logits",)
+                    if j.logits
+                    else (
+                        ("hook", j.hook)
+                        if j.hook
+                        else ("attn", j.layer)
+                        if j.site == "attn"
+                        else ("read", j.layer)
+                    )
+                )
                 by_site.setdefault(key, []).append((i, j))
             for key, items in by_site.items():
                 out = (
@@ -63,6 +76,8 @@ def backward_rows(
                     if key[0] == "logits"
                     else run.captured[key[1]]
                     if key[0] == "hook"
+                    else run.attn_reads[key[1]]
+                    if key[0] == "attn"
                     else run.reads[key[1]]
                 )
                 g = torch.zeros_like(out)
@@ -70,9 +85,11 @@ def backward_rows(
                     g[i, j.position] += j.vector.to(g)
                 outputs.append(out)
                 grads.append(g)
-            inputs = [run.embed_probe, *run.write_probes]
+            attn_probes = [p for p in run.attn_probes if p is not None]
+            inputs = [run.embed_probe, *run.write_probes, *attn_probes]
             got = torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
-            g_embed, g_write = got[0], got[1:]
+            g_embed, g_write = got[0], got[1 : 1 + n_layers]
+            g_attn = got[1 + n_layers :]
             rows = torch.zeros(B, sources.n_columns, dtype=dtype, device=device)
             if g_embed is not None:
                 rows[:, :n_emb] = torch.einsum("bpd,pd->bp", g_embed, sources.embed)
@@ -91,8 +108,17 @@ def backward_rows(
                         continue
                     n_out = dec.shape[1]
                     rows[:, c0:c1] = G[:, p, l : l + n_out].reshape(B, -1) @ dec.reshape(len(dec), -1).T
-            rows = rows[: len(batch)].cpu().numpy()  # one copy per batch
-            written.append(np.arange(start, start + len(batch)), rows)
+            for l, g in enumerate(g_attn):  # step 4
+                if g is None:
+                    continue
+                c = sources.error_column(l, "attn")
+                rows[:, c : c + n_pos - n_exc] = torch.einsum(
+                    "bpd,pd->bp", g[:, n_exc:], sources.attn_errors[l, n_exc:]
+                )
+            for (l, p, c0, c1), dec in zip(sources.attn_groups, sources.attn_decoders):
+                if l < len(g_attn) and g_attn[l] is not None:
+                    rows[:, c0:c1] = g_attn[l][:, p] @ dec[:, 0].T
+            written.append(np.arange(start, start + len(batch)), rows[: len(batch)].cpu().numpy())
             bar.update(len(batch))
     bar.close()
     return written.to_csr()

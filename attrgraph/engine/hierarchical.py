@@ -9,7 +9,8 @@ source's activation a_v, attribute.py step 5), so the seed's `k_{v,u} = A[u, v] 
    target), or any active feature (its pre-activation, equal to its activation). `grad_t = 1`,
    `attr_t = value_t`.
 2. Visit the feature nodes in reverse topological order, one layer at a time from the top (nodes of
-   one layer never feed each other). A node's attribution comes from its kept successors only:
+   one layer never feed each other); with attention features (site "attn"), a layer's MLP features
+   are visited before its attention features, which feed them. A node's attribution comes from its kept successors only:
    `attr_v = a_v grad_v = sum_{u kept} A[u, v] grad_u` (Definition 3.2).
 3. Detach at once: a feature with `attr_v < tau` (or `|attr_v| < tau` with `absolute=True`), or
    with `attr_v == 0` (not reached), is dropped: `grad_v = 0`, so none of its ancestors gets credit
@@ -56,6 +57,7 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
     build_sources,
+    feature_injection,
     feature_injections,
     graph_provenance,
     node_table,
@@ -68,6 +70,7 @@ from attrgraph.engine.targets import Target, check_targets, select_logit_targets
 from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.prune import compute_influence, normalize_matrix
+from attrgraph.graph.supernodes import NodeKey
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -109,11 +112,19 @@ class _ConstantTerms(NamedTuple):
     logits: torch.Tensor
     pre_acts: torch.Tensor
     captured: dict[str, torch.Tensor]
+    attn_pre_acts: torch.Tensor | None = None
 
-    def features(self, feats: np.ndarray) -> np.ndarray:
-        """Constant terms of features given as rows `(layer, position, feature)`."""
+    def features(self, feats: np.ndarray, sites: np.ndarray | None = None) -> np.ndarray:
+        """Constant terms of features given as rows `(layer, position, feature)` (of site
+        `sites[i]`, "attn" or "mlp"; default all "mlp")."""
         feats = np.asarray(feats, np.int64).reshape(-1, 3)
-        return self.pre_acts[feats[:, 0], feats[:, 1], feats[:, 2]].double().cpu().numpy()
+        out = np.zeros(len(feats))
+        attn = np.zeros(len(feats), bool) if sites is None else np.asarray(sites) == "attn"
+        for mine, table in ((attn, self.attn_pre_acts), (~attn, self.pre_acts)):
+            if mine.any():
+                f = feats[mine]
+                out[mine] = table[f[:, 0], f[:, 1], f[:, 2]].double().cpu().numpy()
+        return out
 
     def target(self, target: Target, position: int) -> float:
         """Constant term of a target read at `position` (its value on the zero-source forward)."""
@@ -133,13 +144,25 @@ def _constant_terms(
         torch.zeros_like(state.errors),
         torch.zeros_like(state.embed),
     )
-    out = rm.forward(state, acts, errors, embed)
+    attn = {}
+    if rm.attn is not None:
+        attn = dict(
+            attn_acts=torch.zeros_like(state.attn_acts), attn_errors=torch.zeros_like(state.attn_errors)
+        )
+    out = rm.forward(state, acts, errors, embed, **attn)
     captured = {}
     if hooks:
-        with rm.frozen(state, rm.constant(state, acts, errors), embed=embed, capture=tuple(hooks)) as run:
+        attn_constant = rm.attn_constant(state, attn.get("attn_acts"), attn.get("attn_errors"))
+        with rm.frozen(
+            state,
+            rm.constant(state, acts, errors),
+            embed=embed,
+            capture=tuple(hooks),
+            attn_constant=attn_constant,
+        ) as run:
             rm.model(state.tokens[None])
             captured = {k: v[0] for k, v in run.captured.items()}
-    return _ConstantTerms(out.logits, out.pre_acts, captured)
+    return _ConstantTerms(out.logits, out.pre_acts, captured, out.attn_pre_acts)
 
 
 def node_biases(
@@ -155,6 +178,10 @@ def node_biases(
         raise GraphError(
             "the graph's meta does not say how it was built (exclude_bos, embedding); "
             "pass a graph from attribute or attribute_hierarchical."
+        )
+    if (nodes.site == "attn").any() and rm.attn is None:
+        raise GraphError(
+            "the graph has attention features; pass the ReplacementModel of [mlp_set, attn_set] that built it."
         )
     state = rm.run(
         torch.as_tensor(graph.prompt_ids, device=rm.cfg.device),
@@ -181,7 +208,9 @@ def node_biases(
     const = _constant_terms(rm, state, hooks)
     bias = np.zeros(len(nodes))
     f = np.flatnonzero(nodes.kind == "feature")
-    bias[f] = const.features(np.stack([nodes.layer[f], nodes.position[f], nodes.feature[f]], axis=1))
+    bias[f] = const.features(
+        np.stack([nodes.layer[f], nodes.position[f], nodes.feature[f]], axis=1), nodes.site[f]
+    )
     for i, t in zip(logit_idx, targets):
         bias[i] = const.target(t, int(nodes.position[i]))
     return bias
@@ -232,8 +261,9 @@ def hierarchical_attribution(
     bias_attr = value[root] - row.sum() if bias is None else bias[root]
     detached = 0.0
     feats = np.flatnonzero((kinds == "feature") & (np.arange(N) < root))
-    for layer in sorted(set(n.layer[feats].tolist()), reverse=True):
-        idx = feats[n.layer[feats] == layer]
+    rank = 2 * n.layer[feats] + (n.site[feats] != "attn")  # step 2: a layer's MLP before its attention
+    for r in sorted(set(rank.tolist()), reverse=True):
+        idx = feats[rank == r]
         attr = acc[idx]
         attribution[idx] = attr
         ok = _detach(attr, tau, absolute) if keep is None else (np.asarray(keep)[idx] & (attr != 0))
@@ -268,7 +298,8 @@ def attribute_hierarchical(
 
     `root`: None (the most probable token's demeaned logit), a `Target` (e.g.
     `logit_difference(model, " Mary", " John")`), or a feature `(layer, position, feature)` that is
-    active on the prompt. `backend` picks the rows engine as in `attribute` ("auto", "linear",
+    active on the prompt (an attention feature as `NodeKey("feature", layer, position, feature,
+    "attn")`; `transcoders` may be `[mlp_set, attn_set]`). `backend` picks the rows engine as in `attribute` ("auto", "linear",
     "autograd")."""
 
     t0 = time.perf_counter()
@@ -282,8 +313,10 @@ def attribute_hierarchical(
     n_pos, L = len(tokens), model.cfg.n_layers
     sources = build_sources(rm, state)
     feats = sources.features.cpu().numpy().reshape(-1, 3)
+    sites = sources.feature_sites()
+    rank = 2 * feats[:, 0] + (sites != "attn")  # step 2: a layer's MLP features before its attention ones
     n_src = n_pos + sources.n_errors
-    targets, root_layer = [], L
+    targets, root_rank = [], 2 * L
     if root is None or isinstance(root, Target):
         targets = [root] if root is not None else select_logit_targets(state.logits[-1], 1, 1.0, tokenizer)
         pos = targets[0].position % n_pos
@@ -291,23 +324,26 @@ def attribute_hierarchical(
         root_value = target_values(rm, state, targets, [pos])[0]
         root_col = None  # a target at a hook may read features of any layer: walk them all (root_layer = L)
     else:
-        l, p, f = (int(x) for x in root)
-        match = np.flatnonzero((feats[:, 0] == l) & (feats[:, 1] == p) & (feats[:, 2] == f))
+        site = root.site if isinstance(root, NodeKey) else "mlp"
+        l, p, f = (
+            int(x) for x in ((root.layer, root.position, root.feature) if isinstance(root, NodeKey) else root)
+        )
+        match = np.flatnonzero((feats[:, 0] == l) & (feats[:, 1] == p) & (feats[:, 2] == f) & (sites == site))
         if not len(match):
             raise TargetError(
-                f"feature {(l, p, f)} is not active on this prompt; pick an active (layer, position, feature)."
+                f"{site} feature {(l, p, f)} is not active on this prompt; pick an active (layer, position, feature)."
             )
         root_col = n_src + int(match[0])
-        root_inj = Injection(
-            rm.tc.encoder_vectors(l, torch.tensor([f], device=rm.tc.device))[0].detach(), p, layer=l
-        )
-        root_value = float(state.pre_acts[l, p, f])
-        root_layer = l
+        root_inj = feature_injection(rm, l, p, f, site)
+        root_value = float((state.attn_pre_acts if site == "attn" else state.pre_acts)[l, p, f])
+        root_rank = int(rank[match[0]])
     engine = rows_engine(backend, rm, [root_inj])
     hooks = (root.hook,) if isinstance(root, Target) and root.hook is not None else ()
     const = _constant_terms(rm, state, hooks)
     root_bias = (
-        const.target(targets[0], pos) if root_col is None else float(const.features(feats[match[0]])[0])
+        const.target(targets[0], pos)
+        if root_col is None
+        else float(const.features(feats[match[0]], sites[match[:1]])[0])
     )
 
     def rows_for(injections):
@@ -320,9 +356,13 @@ def attribute_hierarchical(
     attribution = np.zeros(n_cols)
     node_bias = np.zeros(n_cols)
     kept_rows, kept_cols, detached, n_detached = [], [], 0.0, 0
-    acts = state.acts[tuple(sources.features.T)].double().cpu().numpy() if len(feats) else np.zeros(0)
-    for layer in range(root_layer - 1, -1, -1):
-        sel = np.flatnonzero(feats[:, 0] == layer)
+    acts = np.zeros(len(feats))
+    for site, table in (("mlp", state.acts), ("attn", state.attn_acts)):
+        mine = sites == site
+        if mine.any():
+            acts[mine] = table[tuple(sources.features[torch.as_tensor(mine)].T)].double().cpu().numpy()
+    for r in range(root_rank - 1, -1, -1):
+        sel = np.flatnonzero(rank == r)
         cols = n_src + sel
         attr = acc[cols]
         attribution[cols] = attr
@@ -332,12 +372,11 @@ def attribute_hierarchical(
         sel, cols, attr = sel[ok], cols[ok], attr[ok]
         if not len(sel):
             continue
-        # one gather of the layer's encoder vectors (not one host-to-device index per feature)
-        inj = feature_injections(rm, torch.from_numpy(feats[sel]))
+        inj = feature_injections(rm, torch.from_numpy(feats[sel]), torch.from_numpy(sites[sel] == "attn"))
         rows = rows_for(inj)
         grad = attr / acts[sel]
         acc += rows.T @ grad
-        node_bias[cols] = const.features(feats[sel])
+        node_bias[cols] = const.features(feats[sel], sites[sel])
         bias += float(grad @ node_bias[cols])
         kept_rows.append(rows)
         kept_cols.append(cols)

@@ -42,6 +42,13 @@ general autograd graph, apply it layer by layer with matrix products:
    their largest product passes `threads.PARALLEL_FLOPS` or `OMP_WAIT_POLICY=PASSIVE` is set
    (then the caller's thread count); the caller's setting is restored after.
 
+7. Attention features (replacement.py step 6): with an attention set the attention output is cut
+   like the MLP output. The walk then passes resid_mid[j] to resid_pre[j] unchanged and yields the
+   gradient at resid_mid[j] as the attention write-site gradient of layer j (contracted with the
+   attention errors and features of layer j); an attention feature target of layer l injects its
+   encoder vector at the attention output, whose frozen attention (`attention_back_at`, ln1_post
+   included) gives the gradient at resid_pre[l], and walks on from layer l - 1.
+
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
 (`unsupported_reason` says why not); `attribute(..., backend="auto")` falls back to autograd.
 """
@@ -178,6 +185,7 @@ class LinearBackward:
         self.ln_final = norm(getattr(model, "ln_final", None), "ln_final.hook_scale")
         self.W_U_T = model.W_U.detach().to(dt).T.contiguous()  # [d_vocab, d_model]
         self.read_mid = rm.tc.cfg.input_hook == sites.MLP_INPUT
+        self.attn_cut = rm.attn is not None  # step 7
         self.flops = 0
 
     def read_back(self, l: int, g: Tensor) -> Tensor:
@@ -222,24 +230,31 @@ class LinearBackward:
     def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor | None = None):
         """Step 3: from g at resid_post[start] (or resid_mid[start] when `at_mid`) down to the embedding.
         `positions[b]`: the only nonzero position of row b when `at_mid` (a feature target).
-        Yields `(l, write-site gradient of layer l)` from the top layer down, then `(-1, embedding
-        gradient)`; a caller that drops what it no longer needs keeps a few [B, P, d_model] tensors
-        alive instead of one per layer."""
+        Yields `("mlp", l, write-site gradient of layer l)` from the top layer down (with an attention
+        set also `("attn", l, attention write-site gradient)` after it, step 7), then `("embed", -1,
+        embedding gradient)`; a caller that drops what it no longer needs keeps a few [B, P, d_model]
+        tensors alive instead of one per layer."""
         for l in range(start, -1, -1):
             # each step's result is a fresh tensor: add g into it rather than allocate a third one
             # (g itself may be held by the caller as a write-site gradient)
             if l == start and at_mid:
+                if self.attn_cut:
+                    yield "attn", l, g
+                    continue
                 g = self.attention_back_at(l, g, positions).add_(g)
                 continue
             w = self.ln2_post[l].back(g)
-            yield l, w
+            yield "mlp", l, w
             if self.W_skip[l] is not None:
                 skip = w @ self.W_skip[l]
                 g = (self.ln2[l].scale_(skip) if self.read_mid else skip).add_(g)
                 self.flops += 2 * w.numel() * w.shape[-1]
             del w
+            if self.attn_cut:
+                yield "attn", l, g
+                continue
             g = self.attention_back(l, g).add_(g)
-        yield -1, g
+        yield "embed", -1, g
 
     def start(self, injections, P: int) -> tuple[Tensor, int, bool]:
         """Step 1 for a batch with one start (all logits, or all reads of one layer)."""
@@ -256,16 +271,19 @@ class LinearBackward:
             g[rows, positions] = u
             return self.ln_final.back(g), self.L - 1, False
         g[rows, positions] = v
+        if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
+            return self.attention_back_at(j0.layer, g, positions), j0.layer - 1, False
         return self.read_back(j0.layer, g), j0.layer, True
 
 
 class _LayerDecoders:
     """The scaled decoder rows of one source layer, padded per position for one batched product (step 5)."""
 
-    def __init__(self, sources, layer: int, dtype, device=None):
-        mine = [
-            (p, c0, c1, dec) for (l, p, c0, c1), dec in zip(sources.groups, sources.decoders) if l == layer
-        ]
+    def __init__(self, sources, layer: int, dtype, device=None, attn: bool = False):
+        groups, decoders = (
+            (sources.attn_groups, sources.attn_decoders) if attn else (sources.groups, sources.decoders)
+        )
+        mine = [(p, c0, c1, dec) for (l, p, c0, c1), dec in zip(groups, decoders) if l == layer]
         self.layer, self.n = layer, len(mine)
         self.reads = range(0)
         """Layers whose write-site gradients this layer's contraction reads."""
@@ -334,10 +352,14 @@ def linear_rows(
     err_cols = [n_pos + l * (n_pos - n_exc) for l in range(L)]
     embed, errors = sources.embed.to(dt), sources.errors.to(dt)
     layers = [_LayerDecoders(sources, l, dt, lb.device) for l in range(L)]
+    attn_layers = [_LayerDecoders(sources, l, dt, lb.device, attn=True) for l in range(L)]  # step 7
+    attn_errors = None if sources.attn_errors is None else sources.attn_errors.to(dt)
     # the lowest layer whose contraction reads the write-site gradient of layer j (j itself: errors)
     last_read = [min([j] + [d.layer for d in layers if j in d.reads]) for j in range(L)]
     # step 4: group by start (logits = L) and sort by position, keeping the original row index
-    key = [(L if j.logits else j.layer, j.position) for j in injections]
+    key = [
+        (L if j.logits else j.layer - 0.5 if j.site == "attn" else j.layer, j.position) for j in injections
+    ]
     order = sorted(range(len(injections)), key=lambda i: key[i])
     B = max(1, batch_size)
     row_bytes = embed.shape[1] * embed.element_size()  # one target, one position, [d_model]
@@ -371,10 +393,13 @@ def linear_rows(
             # that no lower layer reads (all but one for per-layer transcoders)
             gw: list[Tensor | None] = [None] * L
             pieces = []  # (first column, values [B, n], global columns, ascending)
-            for l, x in walk:
+            for site, l, x in walk:
                 if l < 0:
                     pieces.append((0, torch.einsum("bpd,pd->bp", x, embed[:P]), np.arange(P)))
                     break
+                if site == "attn":  # step 7
+                    pieces += attention_pieces(lb, sources, attn_layers[l], attn_errors, l, x, P)
+                    continue
                 gw[l] = x
                 if P > n_exc:
                     pieces.append(
@@ -411,6 +436,26 @@ def linear_rows(
         stats["batches"] = stats.get("batches", 0) + len(batches)
         stats["threads"] = threads
     return written.to_csr()
+
+
+def attention_pieces(
+    lb: LinearBackward, sources, decoders: _LayerDecoders, errors: Tensor, l: int, x: Tensor, P: int
+) -> list:
+    """Step 7: the attention error and feature columns of layer l from the gradient `x` at its
+    attention write site, as `(first column, values [B, n], global columns)` pieces (flops counted
+    in `lb`)."""
+    n_exc, pieces = sources.n_excluded, []
+    if P > n_exc:
+        c = sources.error_column(l, "attn")
+        values = torch.einsum("bpd,pd->bp", x[:, n_exc:], errors[l, n_exc:P])
+        pieces.append((c, values, np.arange(c, c + P - n_exc)))
+    ga = [None] * (l + 1)
+    ga[l] = x
+    got = decoders.contract(ga, P)
+    if got is not None:
+        pieces.append((int(got[1][0]), got[0], got[1]))
+        lb.flops += got[2]
+    return pieces
 
 
 def largest_product(lb: LinearBackward, layers: list[_LayerDecoders], shapes: list[tuple[int, int]]) -> float:

@@ -22,6 +22,13 @@
 5. Embedding nodes: by default the token and positional embeddings of a position are folded into
    one node (`embedding="token+position"`); `embedding="token"` makes the node `W_E[token]` only
    and leaves the positional embedding in the bias, which is circuit-tracer's convention.
+6. Attention features (seed: linear-computation-graphs, section 2; sets.py): with an attention-
+   output SAE set, every attention output `blocks.{l}.hook_attn_out` is replaced exactly as the
+   MLP outputs are: the run records `z[l]` (the attention output), the SAE's features
+   `a_attn = act(z @ W_enc + b_enc)` and the error `e_attn = z - sae(z)`; the frozen forward reads
+   the live attention output (computed from the live residual stream through the frozen pattern,
+   V and O: the read value of the attention features) and writes `decode(a_attn) + e_attn` in its
+   place (stop-gradient on the attention output; excluded positions write the recorded `z`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attrgraph.engine.frozen import frozen_forward
+from attrgraph.engine.sets import transcoder_sets
 from attrgraph.errors import UnsupportedModelError
 from transcoders import sites
 from transcoders.errors import TranscoderMismatchError
@@ -69,6 +77,14 @@ class ReplacementState(NamedTuple):
     """Leading positions without feature or error nodes (1 with exclude_bos, else 0)."""
     embedding: str
     """"token+position" or "token"."""
+    attn_out: Float[Tensor, "n_layers n_pos d_model"] | None = None
+    """Attention outputs `hook_attn_out` (step 6; None without an attention set)."""
+    attn_pre_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None
+    """Attention SAE pre-activations."""
+    attn_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None
+    """Attention feature activations, zero at excluded positions."""
+    attn_errors: Float[Tensor, "n_layers n_pos d_model"] | None = None
+    """`z - sae(z)`, zero at excluded positions."""
 
 
 class _FrozenRun:
@@ -90,6 +106,20 @@ class _FrozenRun:
         )
         self.embed_probe = make()
         self.write_probes = [make() for _ in range(L)]
+        # step 6: attention outputs (only with an attention set)
+        self.attn_constant: Tensor | None = None
+        self.attn_reads: list[Tensor | None] = [None] * L
+        self.attn_probes = [make() for _ in range(L)] if rm.attn is not None else [None] * L
+
+    def attn_write(self, layer: int, x: Tensor) -> Tensor:
+        """Step 6: keep the live attention output `x` (the attention features' read value) and
+        return `decode(a_attn) + e_attn` (plus the probe) in its place."""
+        self.attn_reads[layer] = x
+        c = self.attn_constant[..., layer, :, :]
+        out = c.to(x.dtype).expand(x.shape)
+        if self.attn_probes[layer] is not None:
+            out = out + self.attn_probes[layer]
+        return out
 
     def read(self, layer: int, x: Tensor) -> None:
         self.reads[layer] = x
@@ -106,9 +136,12 @@ class _FrozenRun:
 
 
 class ReplacementModel:
-    """A HookedTransformer with a transcoder set (PLT with or without skip, or CLT) replacing its MLPs."""
+    """A HookedTransformer with a transcoder set (PLT with or without skip, or CLT) replacing its MLPs,
+    and optionally an SAE set replacing its attention outputs (`[mlp_set, attn_set]`, sets.py)."""
 
     def __init__(self, model, transcoders):
+        sets = transcoder_sets(model, transcoders)
+        transcoders = sets.mlp
         sites.check_fits(model, transcoders)
         if transcoders.cfg.kind == "sae":
             raise TranscoderMismatchError(
@@ -139,6 +172,9 @@ class ReplacementModel:
             )
         self.model = model
         self.tc = transcoders
+        self.attn = sets.attn
+        """The attention-output SAE set, or None (step 6)."""
+        self.sets = sets
         self.cfg = model.cfg
         self.frozen_hooks = [n for n in model.hook_dict if n.endswith(("hook_pattern", "hook_scale"))]
 
@@ -159,6 +195,7 @@ class ReplacementModel:
             set(self.frozen_hooks)
             | set(sites.cache_hooks(self.model, cfg))
             | {"hook_embed", "hook_pos_embed"}
+            | set(self.attn_hooks())
         )
         tokens = tokens.to(self.cfg.device)
         logits, cache = self.model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
@@ -181,6 +218,7 @@ class ReplacementModel:
         embed = cache["hook_embed"][0]
         if embedding == "token+position" and "hook_pos_embed" in cache:
             embed = embed + cache["hook_pos_embed"][0]
+        attn = self._run_attention(cache, n_excluded, y_out.dtype) if self.attn is not None else {}
         return ReplacementState(
             tokens=tokens,
             logits=logits[0],
@@ -194,6 +232,28 @@ class ReplacementModel:
             embed=embed,
             n_excluded=n_excluded,
             embedding=embedding,
+            **attn,
+        )
+
+    def attn_hooks(self) -> list[str]:
+        """The hooks the attention set replaces (none without one)."""
+        if self.attn is None:
+            return []
+        return [self.attn.cfg.hook_out(l) for l in range(self.cfg.n_layers)]
+
+    def _run_attention(self, cache, n_excluded: int, dtype) -> dict:
+        """Step 6 on the recorded forward: attention outputs, SAE features and errors."""
+        z = torch.stack([cache[h][0] for h in self.attn_hooks()])  # [L, P, d]
+        out = self.attn(z.transpose(0, 1).to(self.attn.dtype))
+        acts = out.acts.clone()
+        acts[:n_excluded] = 0
+        errors = (z.transpose(0, 1) - out.out.to(dtype)).clone()
+        errors[:n_excluded] = 0
+        return dict(
+            attn_out=z,
+            attn_pre_acts=out.pre_acts.transpose(0, 1).to(dtype),
+            attn_acts=acts.transpose(0, 1).to(dtype),
+            attn_errors=errors.transpose(0, 1),
         )
 
     # ------------------------------------------------------------------ step 3
@@ -214,6 +274,26 @@ class ReplacementModel:
                 c = torch.cat([(state.y_out - state.skip)[:, :n], c[:, n:]], dim=1)
         return c
 
+    def attn_constant(
+        self,
+        state: ReplacementState,
+        acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None,
+        errors: Float[Tensor, "n_layers n_pos d_model"] | None = None,
+    ) -> Float[Tensor, "n_layers n_pos d_model"] | None:
+        """Step 6: what replaces every attention output, `decode(a_attn) + e_attn` (the recorded
+        output at excluded positions); None without an attention set."""
+        if self.attn is None:
+            return None
+        acts = state.attn_acts if acts is None else acts
+        errors = state.attn_errors if errors is None else errors
+        with torch.no_grad():
+            dec = self.attn.decode(acts.transpose(0, 1).to(self.attn.dtype)).transpose(0, 1).to(errors.dtype)
+            c = dec + errors
+            n = state.n_excluded
+            if n:
+                c = torch.cat([state.attn_out[:, :n].to(c.dtype), c[:, n:]], dim=1)
+        return c
+
     @contextmanager
     def frozen(
         self,
@@ -223,12 +303,15 @@ class ReplacementModel:
         probes: bool = False,
         embed: Tensor | None = None,
         capture: tuple[str, ...] = (),
+        attn_constant: Tensor | None = None,
     ) -> Iterator[_FrozenRun]:
         """Install the frozen replacement for one forward (`model(tokens)` inside the block).
 
         `embed` replaces the embedding nodes' output vectors; `capture` lists extra hook names
         whose values are kept in `run.captured`; `probes` adds zero leaves whose gradients are the
-        gradients at the embedding and at every write site."""
+        gradients at the embedding and at every write site (attention write sites included).
+        `attn_constant` replaces the attention outputs (default `self.attn_constant(state)`;
+        only with an attention set)."""
         run = _FrozenRun(self, constant, batch, probes)
 
         def embed_hook(x, hook):
@@ -243,6 +326,9 @@ class ReplacementModel:
             and "hook_pos_embed" in self.model.hook_dict
         ):
             hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
+        if self.attn is not None:
+            run.attn_constant = self.attn_constant(state) if attn_constant is None else attn_constant
+            hooks += [(h, lambda x, hook, l=l: run.attn_write(l, x)) for l, h in enumerate(self.attn_hooks())]
         with frozen_forward(
             self.model,
             self.tc.cfg,
@@ -262,13 +348,29 @@ class ReplacementModel:
         acts: Float[Tensor, "n_layers n_pos d_sae"] | None = None,
         errors: Float[Tensor, "n_layers n_pos d_model"] | None = None,
         embed: Float[Tensor, "n_pos d_model"] | None = None,
+        attn_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None,
+        attn_errors: Float[Tensor, "n_layers n_pos d_model"] | None = None,
     ) -> FrozenOutput:
         """The frozen replacement model on given sources (default: the recorded ones)."""
-        with torch.no_grad(), self.frozen(state, self.constant(state, acts, errors), embed=embed) as run:
+        with (
+            torch.no_grad(),
+            self.frozen(
+                state,
+                self.constant(state, acts, errors),
+                embed=embed,
+                attn_constant=self.attn_constant(state, attn_acts, attn_errors),
+            ) as run,
+        ):
             logits = self.model(state.tokens[None])[0]
             x = torch.stack([r[0] for r in run.reads])
             pre_acts = self.tc.encode(x.transpose(0, 1).to(self.tc.dtype)).transpose(0, 1).to(logits.dtype)
-        return FrozenOutput(logits=logits, pre_acts=pre_acts, x_in=x)
+            attn_pre = None
+            if self.attn is not None:
+                z = torch.stack([r[0] for r in run.attn_reads])
+                attn_pre = (
+                    self.attn.encode(z.transpose(0, 1).to(self.attn.dtype)).transpose(0, 1).to(logits.dtype)
+                )
+        return FrozenOutput(logits=logits, pre_acts=pre_acts, x_in=x, attn_pre_acts=attn_pre)
 
 
 class FrozenOutput(NamedTuple):
@@ -280,3 +382,5 @@ class FrozenOutput(NamedTuple):
     """Encoder pre-activations at the live read values."""
     x_in: Float[Tensor, "n_layers n_pos d_model"]
     """The live read values."""
+    attn_pre_acts: Float[Tensor, "n_layers n_pos d_attn"] | None = None
+    """Attention SAE pre-activations at the live attention outputs (None without an attention set)."""

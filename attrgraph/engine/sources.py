@@ -3,10 +3,15 @@
 1. Sources (`build_sources`): in node order, an embedding node per position, an error node per
    (layer, position >= n_excluded), and a feature node per active (layer, position, feature); each
    feature's output vectors `a_s * W_dec_s^l` (one per written layer for a CLT) grouped by
-   (layer, position).
+   (layer, position). With an attention set (replacement.py step 6) the MLP error nodes are
+   followed by one attention error node per (layer, position >= n_excluded), and the features are
+   ordered by (layer, site, position, feature) with the attention site before the MLP site of a
+   layer (attention runs first in a block); attention features' vectors `a_s * W_dec_s` are
+   grouped by (layer, position) apart (`attn_groups`).
 2. Injections (`feature_injections`, and one per target): the vector each target's row is read
    against, and where it is read: a feature's encoder vector `W_enc[:, f]` at its layer's read
-   site, a logit's `e_tok - 1/V` on the logits, a custom direction at its hook.
+   site (an attention feature's at its layer's attention output, `site="attn"`), a logit's
+   `e_tok - 1/V` on the logits, a custom direction at its hook.
 3. The node table (`node_table`) and the provenance record (`graph_provenance`) every method
    stores with its graph.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,11 +53,32 @@ class Sources:
     decoders: Float[Tensor, "n_features n_out d_model"] | list
     """Per (layer, position) group: `a_s * W_dec_s` [k, n_layers - layer (CLT) or 1, d_model]."""
     groups: list[tuple[int, int, int, int]]
-    """(layer, position, first column, end column) of each feature group."""
+    """(layer, position, first column, end column) of each MLP feature group."""
+    attn_errors: Float[Tensor, "n_layers n_pos d_model"] | None = None
+    """Attention error vectors (step 1; None without an attention set), after the MLP errors."""
+    attn: Tensor | None = None
+    """[n_features] bool: which features are attention features (None without an attention set)."""
+    attn_groups: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(layer, position, first column, end column) of each attention feature group."""
+    attn_decoders: list = field(default_factory=list)
+    """Per attention group: `a_s * W_dec_s` [k, 1, d_model]."""
 
     @property
     def n_errors(self) -> int:
-        return self.errors.shape[0] * (self.errors.shape[1] - self.n_excluded)
+        n = self.errors.shape[0] * (self.errors.shape[1] - self.n_excluded)
+        return n if self.attn_errors is None else 2 * n
+
+    def error_column(self, layer: int, site: str = "mlp") -> int:
+        """Column of the error node of (layer, position n_excluded) at `site`; the layer's others follow."""
+        L, P = self.errors.shape[:2]
+        per_layer = P - self.n_excluded
+        return P + (L if site == "attn" else 0) * per_layer + layer * per_layer
+
+    def feature_sites(self) -> np.ndarray:
+        """[n_features] "attn" or "mlp"."""
+        if self.attn is None:
+            return np.full(len(self.features), "mlp")
+        return np.where(self.attn.cpu().numpy(), "attn", "mlp")
 
     @property
     def n_columns(self) -> int:
@@ -68,10 +94,14 @@ class Injection:
     layer: int = -1
     hook: str | None = None
     logits: bool = False
+    site: str = "mlp"
+    """Read site of a feature target: "mlp" (the transcoders' read site) or "attn" (the attention output)."""
 
 
 def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
     """Step 2 (sources) and the scaled decoders of step 5."""
+    if rm.attn is not None:
+        return _build_sources_with_attention(rm, state)
     L, P = state.acts.shape[:2]
     active = state.acts > 0
     features = active.nonzero()  # sorted by (layer, position, feature)
@@ -98,8 +128,75 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
     return Sources(state.embed, state.errors, state.n_excluded, features, decoders, groups)
 
 
-def feature_injections(rm: ReplacementModel, features: Int[Tensor, "n_features 3"]) -> list[Injection]:
-    """One injection per feature node: its encoder vector at its layer's read site and position."""
+def _build_sources_with_attention(rm: ReplacementModel, state: ReplacementState) -> Sources:
+    """Step 1 with an attention set: features in (layer, site, position, feature) order, attention
+    site first; MLP and attention groups apart."""
+    L, P = state.acts.shape[:2]
+    parts = []
+    for site, acts in ((0, state.attn_acts), (1, state.acts)):  # 0: attention, 1: MLP
+        f = (acts > 0).nonzero()
+        parts.append(torch.cat([f[:, :1], torch.full_like(f[:, :1], site), f[:, 1:]], 1))
+    both = torch.cat(parts)  # (layer, site, position, feature)
+    width = max(state.acts.shape[-1], state.attn_acts.shape[-1])
+    key = ((both[:, 0] * 2 + both[:, 1]) * P + both[:, 2]) * width + both[:, 3]
+    both = both[torch.argsort(key)]
+    features, is_attn = both[:, [0, 2, 3]], both[:, 1] == 0
+    n_err = L * (P - state.n_excluded)
+    offset = P + 2 * n_err
+    decoders, groups, attn_decoders, attn_groups = [], [], [], []
+    if len(both):
+        keys = (both[:, 0] * 2 + both[:, 1]) * P + both[:, 2]
+        bounds = torch.cat(
+            [torch.tensor([0]), (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1, torch.tensor([len(keys)])]
+        )
+        for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            l, attn, p = int(both[i0, 0]), bool(is_attn[i0]), int(both[i0, 2])
+            f = both[i0:i1, 3]
+            tc, acts = (rm.attn, state.attn_acts) if attn else (rm.tc, state.acts)
+            with torch.no_grad():
+                dec = tc.decoder_vectors(l, f.to(tc.device)).to(state.errors.dtype)
+            (attn_decoders if attn else decoders).append(dec * acts[l, p, f][:, None, None])
+            (attn_groups if attn else groups).append((l, p, offset + i0, offset + i1))
+    return Sources(
+        state.embed,
+        state.errors,
+        state.n_excluded,
+        features,
+        decoders,
+        groups,
+        attn_errors=state.attn_errors,
+        attn=is_attn,
+        attn_groups=attn_groups,
+        attn_decoders=attn_decoders,
+    )
+
+
+def feature_injection(
+    rm: ReplacementModel, layer: int, position: int, feature: int, site: str = "mlp"
+) -> Injection:
+    """The injection of one feature target: its encoder vector at its read site (step 2)."""
+    tc = rm.attn if site == "attn" else rm.tc
+    with torch.no_grad():
+        v = tc.encoder_vectors(int(layer), torch.tensor([int(feature)], device=tc.device))[0].detach()
+    return Injection(v, int(position), layer=int(layer), site=site)
+
+
+def feature_injections(
+    rm: ReplacementModel, features: Int[Tensor, "n_features 3"], attn: Tensor | None = None
+) -> list[Injection]:
+    """One injection per feature node: its encoder vector at its layer's read site and position
+    (`attn[i]`: feature i is an attention feature), in the order of `features`."""
+    if attn is not None and bool(attn.any()):
+        out: list = [None] * len(features)
+        for site, tc in (("attn", rm.attn), ("mlp", rm.tc)):
+            mine = attn if site == "attn" else ~attn
+            with torch.no_grad():
+                for l in range(rm.cfg.n_layers):
+                    at = torch.nonzero(mine & (features[:, 0] == l))[:, 0]
+                    enc = tc.encoder_vectors(l, features[at, 2].to(tc.device))
+                    for i, v, p in zip(at.tolist(), enc, features[at, 1].tolist()):
+                        out[i] = Injection(v, int(p), layer=l, site=site)
+        return out
     out = []
     with torch.no_grad():
         for l in range(rm.cfg.n_layers):  # encoder vectors of one layer's features in one gather
@@ -228,6 +325,16 @@ def graph_provenance(
 ) -> dict:
     """The `meta` entries every attribution method records: which model and transcoders, and how."""
     cfg = rm.tc.cfg
+    attn = {}
+    if rm.attn is not None:
+        acfg = rm.attn.cfg
+        attn = dict(
+            attn_transcoder_kind=acfg.kind,
+            attn_transcoder_d_sae=int(acfg.d_sae),
+            attn_transcoder_hooks=f"{acfg.input_hook} -> {acfg.output_hook}",
+            attn_transcoder_model_name=str(acfg.model_name),
+            attn_transcoder_fingerprint=fingerprint(rm.attn),
+        )
     return dict(
         model_name=str(getattr(model.cfg, "model_name", "")),
         model_fingerprint=fingerprint(model),
@@ -240,6 +347,7 @@ def graph_provenance(
         exclude_bos=bool(exclude_bos),
         embedding=embedding,
         dtype=str(state.errors.dtype).replace("torch.", ""),
+        **attn,
     )
 
 
@@ -274,7 +382,24 @@ def node_table(state, sources: Sources, targets, positions, values, n_layers: in
     err_l, err_p = np.meshgrid(np.arange(L), np.arange(n_exc, P), indexing="ij")
     n_err, n_feat, n_t = err_l.size, len(feats), len(targets)
     err_norm = state.errors[:, n_exc:].norm(dim=-1).reshape(-1)
-    acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0, device=state.acts.device)
+    site = None
+    if sources.attn_errors is None:
+        acts = state.acts[tuple(sources.features.T)] if n_feat else torch.zeros(0, device=state.acts.device)
+    else:  # attention errors after the MLP errors; features of both sites
+        err_l, err_p = np.concatenate([err_l, err_l]), np.concatenate([err_p, err_p])
+        n_err = err_l.size
+        err_norm = torch.cat([err_norm, sources.attn_errors[:, n_exc:].norm(dim=-1).reshape(-1)])
+        acts = torch.zeros(n_feat, dtype=state.acts.dtype, device=state.acts.device)
+        for mine, a in ((sources.attn, state.attn_acts), (~sources.attn, state.acts)):
+            acts[mine] = a[tuple(sources.features[mine].T)]
+        site = np.concatenate(
+            [
+                np.full(P, ""),
+                np.repeat(["mlp", "attn"], n_err // 2),
+                sources.feature_sites(),
+                np.full(n_t, ""),
+            ]
+        )
     return Nodes(
         kind=np.array(["embedding"] * P + ["error"] * n_err + ["feature"] * n_feat + ["logit"] * n_t),
         layer=np.concatenate([np.full(P, -1), err_l.ravel(), feats[:, 0], [t.layer(L) for t in targets]]),
@@ -291,4 +416,5 @@ def node_table(state, sources: Sources, targets, positions, values, n_layers: in
         token=np.concatenate(
             [state.tokens.cpu().numpy(), np.full(n_err + n_feat, -1), [t.token for t in targets]]
         ),
+        site=site,
     )

@@ -2,7 +2,7 @@
 
 1. `to_networkx(graph)`: a `networkx.DiGraph` whose node `i` is row/column `i` of the adjacency,
    carrying the node table as attributes (kind, layer, position, feature, activation, token,
-   influence, label), and one edge `s -> t` per nonzero `adjacency[t, s]` with attribute `weight`
+   influence, site, label), and one edge `s -> t` per nonzero `adjacency[t, s]` with attribute `weight`
    (the signed direct effect).
 """
 

@@ -2,15 +2,22 @@
 
 1. Nodes are embeddings (one per position), errors (one per layer and position), active
    transcoder features (one per layer, position and feature with activation > 0) and logits
-   (one per selected output token).
+   (one per selected output token). Feature and error nodes have a `site`: "mlp" (the MLP
+   transcoders', the only site without an attention set) or "attn" (attention-output SAE features
+   and attention error nodes, `attn_out - SAE(attn_out)`; seed: linear-computation-graphs,
+   section 2); embeddings and logits have site "". A graph without a site field (older files)
+   has site "mlp" on every feature and error node.
 2. `adjacency[t, s]` is the direct linear effect of source `s` on target `t` in the frozen local
    replacement model: rows are targets, columns are sources (scipy CSR).
 3. The node order is the constant `NODE_ORDER`: every kind is contiguous and kinds follow
-   each other in that order. Within a kind: embeddings by position; errors by (layer, position);
-   features by (layer, position, feature); logits by descending probability. Embeddings and
-   errors have no inputs and features only read from lower layers, so every edge goes from a
-   lower index to a higher one: the adjacency is strictly lower-triangular, which is what lets
-   `prune.compute_influence` use one triangular solve.
+   each other in that order. Within a kind: embeddings by position; errors by (site, layer,
+   position), the MLP errors first, then the attention errors; features by (layer, site, position,
+   feature) with the attention site before the MLP site of a layer (attention runs before the MLP
+   in a block, so an attention feature can feed an MLP feature of its own layer, never the
+   reverse); logits by descending probability. Embeddings and errors have no inputs and features
+   only read from lower (layer, site) pairs, so every edge goes from a lower index to a higher
+   one: the adjacency is strictly lower-triangular, which is what lets `prune.compute_influence`
+   use one triangular solve.
 
 Layer convention: embeddings sit at layer -1, logits at layer `n_layers`; `feature` is -1 for
 every non-feature node; `token` is the input token of an embedding node, the output token of a
@@ -38,7 +45,10 @@ NODE_FIELDS: dict[str, type] = {
     "activation": np.float32,
     "token": np.int64,
     "influence": np.float32,
+    "site": np.str_,
 }
+SITES: tuple[str, ...] = ("attn", "mlp")
+"""Sites of feature and error nodes, in their order within a layer (module docstring, step 3)."""
 
 
 @dataclass
@@ -59,15 +69,23 @@ class Nodes:
     """Input token (embedding), output token (logit), else -1."""
     influence: np.ndarray = None  # type: ignore[assignment]
     """Logit influence (prune.compute_influence); NaN until computed."""
+    site: np.ndarray = None  # type: ignore[assignment]
+    """"mlp" or "attn" for feature and error nodes, "" otherwise (default: "mlp" on every feature
+    and error node)."""
 
     def __post_init__(self):
         n = len(self.kind)
         if self.influence is None:
             self.influence = np.full(n, np.nan, np.float32)
+        if self.site is None:
+            kind = np.asarray(self.kind).astype(np.str_)
+            self.site = np.where((kind == "feature") | (kind == "error"), "mlp", "")
         for f in fields(self):
             value = np.asarray(getattr(self, f.name))
             if f.name == "kind":
                 value = value.astype(np.str_)
+            elif f.name == "site":  # wide enough for every site, so that assigning "attn" is not cut
+                value = value.astype("<U4")
             else:
                 value = value.astype(NODE_FIELDS[f.name], copy=False)
             if value.shape != (n,):
@@ -83,9 +101,9 @@ class Nodes:
         """The nodes at `index` (boolean mask or integer indices), order kept."""
         return Nodes(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
-    def mask(self, kind: str) -> np.ndarray:
-        """Boolean mask of the nodes of one kind."""
-        return self.kind == kind
+    def mask(self, kind: str, site: str | None = None) -> np.ndarray:
+        """Boolean mask of the nodes of one kind (and of one site, when given)."""
+        return self.kind == kind if site is None else (self.kind == kind) & (self.site == site)
 
     @staticmethod
     def concat(parts: list[Nodes]) -> Nodes:
@@ -158,10 +176,11 @@ class Graph:
         kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
         if kind == "embedding":
             return f"emb@{pos} {self.prompt_tokens[pos]!r}"
+        attn = n.site[i] == "attn"
         if kind == "error":
-            return f"err L{layer}@{pos}"
+            return f"{'attn ' if attn else ''}err L{layer}@{pos}"
         if kind == "feature":
-            return f"L{layer}/F{int(n.feature[i])}@{pos}"
+            return f"{'A' if attn else 'L'}{layer}/F{int(n.feature[i])}@{pos}"
         k = int(np.flatnonzero(n.mask("logit")).tolist().index(i))
         return f"logit {self.logit_strings[k]!r}"
 
@@ -197,6 +216,14 @@ class Graph:
         order = np.array([rank[k] for k in self.nodes.kind], np.int64)
         if np.any(np.diff(order) < 0):
             raise GraphError(f"nodes are not grouped in NODE_ORDER {NODE_ORDER}; sort them by kind first.")
+        has_site = (self.nodes.kind == "feature") | (self.nodes.kind == "error")
+        bad = has_site & ~np.isin(self.nodes.site, SITES) | ~has_site & (self.nodes.site != "")
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise GraphError(
+                f"node {i} ({self.nodes.kind[i]}) has site {self.nodes.site[i]!r}; feature and error nodes "
+                f"take one of {SITES}, the other kinds ''."
+            )
         n_logit = int(self.nodes.mask("logit").sum())
         if not (len(self.logit_tokens) == len(self.logit_probs) == len(self.logit_strings) == n_logit):
             raise GraphError(

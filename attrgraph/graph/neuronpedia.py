@@ -11,6 +11,11 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
                 "cross layer transcoder" (circuit-tracer's name for every transcoder feature)
      logit      node_id `{layer + 1}_{token}_{pos}` (layer "n_layers + 1"), feature = token,
                 token_prob, is_target_logit on the most probable, clerp `Output "tok" (p=0.123)`
+   attention-output SAE features and attention errors (site "attn", linear-computation-graphs
+   section 2) have their own feature_types, "attention sae" and "attention reconstruction
+   error", ids `A{layer}_{feature}_{pos}` and `A{layer}_-1_{pos}`, and feature index
+   `ATTN_INDEX_OFFSET + cantor(layer, feature)` (so their feature files never collide with MLP
+   features'); clerp default `A{layer}/F{feature}`, label key `("attn", layer, feature)`.
    `activation` is the Graph's. `influence` is circuit-tracer's cumulative share: nodes sorted by
    logit influence (prune.compute_influence), descending; a node's value is the running sum up to
    it over the total, so the frontend's slider at `t` keeps the nodes that make up `t`.
@@ -37,8 +42,9 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    per-token activations, logits, histogram, percentiles, frequency: neuronpedia_features.py);
    without dashboards they carry what the graph knows, and one ExportWarning line says so.
 6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
-   ids too), sorts them into `NODE_ORDER` and rebuilds the adjacency from the links; influence is
-   recomputed (compute_influence), since the file holds only cumulative shares.
+   ids too), sorts them into `NODE_ORDER` (and the graph.py order of sites) and rebuilds the
+   adjacency from the links; influence is recomputed (compute_influence), since the file holds
+   only cumulative shares.
 """
 
 from __future__ import annotations
@@ -61,7 +67,13 @@ import scipy.sparse as sp
 
 from attrgraph.errors import ExportError, GraphError, GraphFileError
 from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes
-from attrgraph.graph.neuronpedia_features import cantor, dashboard_labels, feature_files, find_dashboards
+from attrgraph.graph.neuronpedia_features import (
+    ATTN_INDEX_OFFSET,
+    dashboard_labels,
+    feature_files,
+    feature_index,
+    find_dashboards,
+)
 from attrgraph.graph.prune import compute_influence, normalize_matrix, prune_graph
 from attrgraph.graph.supernodes import Supernode, node_key
 
@@ -77,6 +89,8 @@ FEATURE_TYPES = {
     "logit": "logit",
 }
 """Our node kind -> circuit-tracer's `feature_type`."""
+ATTN_FEATURE_TYPES = {"error": "attention reconstruction error", "feature": "attention sae"}
+"""Our node kind -> `feature_type` of attention (site "attn") nodes (step 1)."""
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _LOGIT_CLERP = re.compile(r'^Output "(.*)" \(p=[^)]*\)$', re.S)
 
@@ -115,12 +129,16 @@ def _node_ids(graph: Graph) -> list[str]:
     n, used, ids = graph.nodes, set(), []
     for i in range(graph.n_nodes):
         kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
-        node_id = {
-            "embedding": f"E_{int(n.token[i])}_{pos}",
-            "error": f"{layer}_-1_{pos}",
-            "feature": f"{layer}_{int(n.feature[i])}_{pos}",
-            "logit": f"{layer + 1}_{int(n.token[i])}_{pos}",
-        }[kind]
+        prefix = "A" if n.site[i] == "attn" else ""
+        node_id = (
+            prefix
+            + {
+                "embedding": f"E_{int(n.token[i])}_{pos}",
+                "error": f"{layer}_-1_{pos}",
+                "feature": f"{layer}_{int(n.feature[i])}_{pos}",
+                "logit": f"{layer + 1}_{int(n.token[i])}_{pos}",
+            }[kind]
+        )
         if node_id in used:  # custom targets may share a token; ids must stay unique
             node_id = f"{node_id}_{i}"
         used.add(node_id)
@@ -183,19 +201,21 @@ def graph_to_json(
     nodes = []
     for i in range(graph.n_nodes):
         kind, layer, pos, feat = str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i])
+        attn = n.site[i] == "attn"
         node = {
             "node_id": ids[i],
-            "feature": {"embedding": pos, "error": -1, "feature": cantor(layer, feat)}.get(
+            "feature": {"embedding": pos, "error": -1, "feature": feature_index(layer, feat, attn)}.get(
                 kind, int(n.token[i])
             ),
             "layer": "E" if kind == "embedding" else str(layer + 1 if kind == "logit" else layer),
             "ctx_idx": pos,
-            "feature_type": FEATURE_TYPES[kind],
+            "feature_type": (ATTN_FEATURE_TYPES if attn else FEATURE_TYPES)[kind],
             "token_prob": 0.0,
             "is_target_logit": False,
             "run_idx": 0,
             "reverse_ctx_idx": 0,
-            "jsNodeId": {
+            "jsNodeId": ("A" if attn else "")
+            + {
                 "embedding": f"E_{int(n.token[i])}-{pos}",
                 "error": f"{layer}_-1-{pos}",
                 "feature": f"{layer}_{feat}-0",
@@ -204,7 +224,13 @@ def graph_to_json(
             "influence": float(share[i]),
             "activation": None if np.isnan(activation[i]) else activation[i],
         }
-        if kind == "feature":
+        if kind == "feature" and attn:
+            node["clerp"] = (
+                labels.get(("attn", layer, feat))
+                or group.get(tuple(node_key(graph, i)))
+                or f"A{layer}/F{feat}"
+            )
+        elif kind == "feature":
             node["clerp"] = (
                 labels.get((layer, feat))
                 or group.get(tuple(node_key(graph, i)))
@@ -424,17 +450,22 @@ def _graph_from_json(data: dict) -> Graph:
     prompt_tokens = [str(t) for t in meta_json["prompt_tokens"]]
     n_pos = len(prompt_tokens)
     kind_of = {v: k for k, v in FEATURE_TYPES.items()}
-    rows, by_id = [], {}
+    attn_kind_of = {v: k for k, v in ATTN_FEATURE_TYPES.items()}
+    rows, by_id, sites = [], {}, []
     for node in data["nodes"]:
         ftype, node_id, pos = node["feature_type"], str(node["node_id"]), int(node["ctx_idx"])
-        kind = kind_of.get(ftype, "error" if "error" in ftype else None)
+        attn = ftype in attn_kind_of
+        kind = attn_kind_of[ftype] if attn else kind_of.get(ftype, "error" if "error" in ftype else None)
         if kind is None:
             raise GraphFileError(
-                f"node {node_id} has feature_type {ftype!r}; attrgraph reads {sorted(FEATURE_TYPES.values())}."
+                f"node {node_id} has feature_type {ftype!r}; attrgraph reads "
+                f"{sorted([*FEATURE_TYPES.values(), *ATTN_FEATURE_TYPES.values()])}."
             )
+        if attn:
+            node_id_parts = node_id[1:] if node_id.startswith("A") else node_id
         if not 0 <= pos < n_pos:
             raise GraphFileError(f"node {node_id} sits at ctx_idx {pos}, outside the {n_pos} prompt tokens.")
-        parts = node_id.split("_")
+        parts = (node_id_parts if attn else node_id).split("_")
         layer, feature, token = -1, -1, -1
         if kind == "embedding":
             token = int(parts[1]) if len(parts) == 3 and parts[0] == "E" else -1
@@ -445,7 +476,7 @@ def _graph_from_json(data: dict) -> Graph:
             feature = (
                 int(parts[1])
                 if len(parts) == 3 and parts[0] == str(layer)
-                else _uncantor(int(node["feature"]))[1]
+                else _uncantor(int(node["feature"]) - (ATTN_INDEX_OFFSET if attn else 0))[1]
             )
         else:
             layer, token = int(node["layer"]) - 1, int(node["feature"])
@@ -454,14 +485,20 @@ def _graph_from_json(data: dict) -> Graph:
             raise GraphFileError(f"node id {node_id} appears twice; every node needs its own id.")
         by_id[node_id] = len(rows)
         rows.append((kind, layer, pos, feature, token, np.nan if act is None else float(act), node))
+        sites.append("attn" if attn else "mlp" if kind in ("feature", "error") else "")
     rank = {k: r for r, k in enumerate(NODE_ORDER)}
     logit_prob = [-float(r[6].get("token_prob", 0.0)) if r[0] == "logit" else 0.0 for r in rows]
-    order = sorted(
-        range(len(rows)), key=lambda i: (rank[rows[i][0]], logit_prob[i], rows[i][1], rows[i][2], rows[i][3])
-    )
+
+    def place(i):  # graph.py's order: errors by (site, layer, position), features by (layer, site, ...)
+        kind, layer, attn = rows[i][0], rows[i][1], sites[i] == "attn"
+        a, b = (int(attn), layer) if kind == "error" else (layer, int(not attn) if kind == "feature" else 0)
+        return (rank[kind], logit_prob[i], a, b, rows[i][2], rows[i][3])
+
+    order = sorted(range(len(rows)), key=place)
     new = np.empty(len(rows), np.int64)
     new[order] = np.arange(len(rows))
     rows = [rows[i] for i in order]
+    sites = [sites[i] for i in order]
     nodes = Nodes(
         kind=np.array([r[0] for r in rows], dtype=str) if rows else np.array([], dtype=str),
         layer=[r[1] for r in rows],
@@ -469,6 +506,7 @@ def _graph_from_json(data: dict) -> Graph:
         feature=[r[3] for r in rows],
         activation=[r[5] for r in rows],
         token=[r[4] for r in rows],
+        site=np.array(sites, dtype=str) if rows else np.array([], dtype=str),
     )
     n = len(rows)
     src, dst, weight = [], [], []

@@ -51,9 +51,20 @@ if TYPE_CHECKING:
 N_PERCENTILES = 100
 
 
+ATTN_INDEX_OFFSET = 1 << 40
+"""Added to an attention feature's `cantor(layer, feature)` index, so that its feature file never
+collides with an MLP feature's."""
+
+
 def cantor(x: int, y: int) -> int:
     """circuit-tracer's feature index of (layer, feature): the Cantor pairing."""
     return (x + y) * (x + y + 1) // 2 + y
+
+
+def feature_index(layer: int, feature: int, attn: bool = False) -> int:
+    """The feature-file index of a feature node: `cantor(layer, feature)`, offset by
+    `ATTN_INDEX_OFFSET` for an attention feature."""
+    return cantor(layer, feature) + (ATTN_INDEX_OFFSET if attn else 0)
 
 
 # ------------------------------------------------------------------------------ step 1
@@ -95,7 +106,7 @@ def _warn(message: str) -> None:
 
 def _check_fits(graph: Graph, d: Dashboards) -> None:
     n = graph.nodes
-    feats = n.kind == "feature"
+    feats = (n.kind == "feature") & (n.site != "attn")  # the dashboards describe the MLP set
     if not feats.any():
         return
     layer, feature = n.layer[feats], n.feature[feats]
@@ -220,18 +231,21 @@ def dashboard_fields(d: Dashboards, layer: int, feature: int, graph_max: float) 
 
 
 def feature_files(graph: Graph, transcoder_id: str, dashboards: Dashboards | None = None) -> dict[int, dict]:
-    """One feature file (feature_models.Model) per feature of the graph, by circuit-tracer index (step 2)."""
+    """One feature file (feature_models.Model) per feature of the graph, by feature index (step 2).
+    Attention features (site "attn") get `ATTN_INDEX_OFFSET` and a `{set}/attn/{layer}` transcoder
+    id; `dashboards` describe the MLP set's features only, so attention files carry what the graph knows."""
     n = graph.nodes
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, int, bool], list[int]] = {}
     for i in np.flatnonzero(n.kind == "feature"):
-        groups.setdefault((int(n.layer[i]), int(n.feature[i])), []).append(i)
+        groups.setdefault((int(n.layer[i]), int(n.feature[i]), n.site[i] == "attn"), []).append(i)
     out = {}
-    for (layer, feat), rows in groups.items():
+    for (layer, feat, attn), rows in groups.items():
         acts = n.activation[rows].astype(np.float64)
         graph_max = float(np.nanmax(acts, initial=0.0))
+        index = feature_index(layer, feat, attn)
         file = {
-            "transcoder_id": f"{transcoder_id}/{layer}",
-            "index": cantor(layer, feat),
+            "transcoder_id": f"{transcoder_id}/{'attn/' if attn else ''}{layer}",
+            "index": index,
             "examples_quantiles": [],
             "top_logits": [],
             "bottom_logits": [],
@@ -241,9 +255,9 @@ def feature_files(graph: Graph, transcoder_id: str, dashboards: Dashboards | Non
             "histogram": [],
             "activation_frequency": len(set(n.position[rows].tolist())) / max(graph.n_pos, 1),
         }
-        if dashboards is not None:
+        if dashboards is not None and not attn:
             file.update(dashboard_fields(dashboards, layer, feat, graph_max))
-        out[cantor(layer, feat)] = file
+        out[index] = file
     return out
 
 

@@ -1,7 +1,8 @@
 """HDF5 storage of attribution graphs: many graphs per file, one group each.
 
-1. Layout (schema version 2): `/graphs/<name>/` holds the node table (`nodes/<field>`; `kind` as
-   fixed-length ASCII), the adjacency as CSR with rows = targets (`adjacency/{data,indices,indptr}`,
+1. Layout (schema version 3): `/graphs/<name>/` holds the node table (`nodes/<field>`; `kind` and
+   `site` as fixed-length ASCII; `site` only in graphs with attention nodes, a missing one means
+   site "mlp" on every feature and error node), the adjacency as CSR with rows = targets (`adjacency/{data,indices,indptr}`,
    attribute `shape`), `prompt_ids`, `logit_tokens`, `logit_probs`, and attributes:
    `schema_version`, `library_version`, `created`, `replacement_score` and `completeness_score`
    (scores.py, of the graph as stored), `meta` (JSON of plain values: model and transcoder
@@ -22,8 +23,8 @@
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
    array's presence and shape, and that the JSON attributes decode to what they should; anything
    else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
-   `GraphFileError` / `SchemaVersionError` saying what is wrong. Files of schema version 1 (the
-   same layout with variable-length strings, no checksums) are still read.
+   `GraphFileError` / `SchemaVersionError` saying what is wrong. Files of schema version 2 (never
+   a `nodes/site`) and 1 (also variable-length strings, no checksums) are still read.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes
 from attrgraph.graph.scores import compute_graph_scores
 
-SCHEMA_VERSION = 2
-"""Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes)."""
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes;
+3: `nodes/site`, attention features and errors)."""
+READABLE_VERSIONS = (1, 2, 3)
 DEFAULT_NAME = "graph"
 LIBVER = ("v110", "latest")
 """HDF5 file-format bounds of every write: the 1.10 format checksums all metadata (step 2)."""
@@ -118,7 +120,9 @@ def _write_group(group: h5py.Group, graph: Graph, progress: bool = False) -> Non
     nodes = group.create_group("nodes")
     for f in fields(Nodes):
         values = getattr(graph.nodes, f.name)
-        if f.name == "kind":  # validated kinds (NODE_ORDER): plain ASCII
+        if f.name == "site" and not (values == "attn").any():
+            continue  # step 1: the default, as in files of version 2
+        if f.name in ("kind", "site"):  # validated kinds (NODE_ORDER) and sites: plain ASCII
             _write_array(nodes, f.name, np.char.encode(values.astype(str), "ascii"))
         else:
             _write_array(nodes, f.name, values, NODE_FIELDS[f.name])
@@ -362,7 +366,14 @@ def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) ->
         )
     if "nodes" not in g or "adjacency" not in g:
         raise GraphFileError(f"{where} lacks its node table or adjacency; the file is incomplete.")
-    node_values = {fld.name: _read(g["nodes"], fld.name, f"{where}/nodes") for fld in fields(Nodes)}
+    node_values = {
+        fld.name: _read(g["nodes"], fld.name, f"{where}/nodes")
+        for fld in fields(Nodes)
+        if fld.name != "site" or "site" in g["nodes"]  # step 1: missing means "mlp"
+    }
+    if "site" in node_values:
+        site = node_values["site"]
+        node_values["site"] = np.char.decode(site, "ascii") if site.dtype.kind == "S" else site.astype(str)
     kind = node_values["kind"]
     if kind.dtype.kind == "S":  # version 2: fixed-length ASCII
         kind = np.char.decode(kind, "ascii")

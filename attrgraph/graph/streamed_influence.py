@@ -6,7 +6,7 @@ matrix, its transpose or `I - A`: on a graph of ~10^4 features the adjacency hol
 and those copies would triple the peak memory of `attribute`.
 
 1. Blocks: contiguous row ranges whose rows have no edge from inside their own block or from a
-   later row (`layer_blocks`: the features of one layer, the logits; embeddings and errors have
+   later row (`layer_blocks`: the features of one layer and site, the logits; embeddings and errors have
    no rows; `row_blocks`: the greedy split of any strictly lower-triangular matrix, which is
    the layer split or finer). Every edge goes from a lower block to a higher one.
 2. `z = (I - A)^-T w` solved block by block from the last: `z_B = w_B + acc_B`, then every edge
@@ -43,8 +43,9 @@ class StreamedInfluence(NamedTuple):
 
 
 def layer_blocks(nodes: Nodes) -> list[tuple[int, int]]:
-    """Step 1: contiguous runs of nodes of one kind and one layer, in node order."""
-    key = np.char.add(nodes.kind.astype(str), nodes.layer.astype(str))
+    """Step 1: contiguous runs of nodes of one kind, one layer and one site, in node order (the
+    attention features of a layer feed its MLP features: they are separate blocks)."""
+    key = np.char.add(np.char.add(nodes.kind.astype(str), nodes.layer.astype(str)), nodes.site.astype(str))
     if not len(key):
         return []
     cuts = np.flatnonzero(key[1:] != key[:-1]) + 1

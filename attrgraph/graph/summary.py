@@ -28,6 +28,11 @@ def summarize(graph: Graph, n_top: int = 10) -> dict:
         "n_edges": graph.n_edges,
         "n_features": graph.n_features,
         "nodes_by_kind": {k: int((n.kind == k).sum()) for k in NODE_ORDER},
+        **(
+            {"attention_nodes": {k: int(n.mask(k, "attn").sum()) for k in ("error", "feature")}}
+            if (n.site == "attn").any()
+            else {}
+        ),
         "prompt_tokens": list(graph.prompt_tokens),
         "logit_tokens": graph.logit_tokens.tolist(),
         "logit_strings": list(graph.logit_strings),
@@ -40,6 +45,7 @@ def summarize(graph: Graph, n_top: int = 10) -> dict:
                 "token": graph.prompt_tokens[int(n.position[i])],
                 "activation": round(float(n.activation[i]), 6),
                 "influence": round(float(n.influence[i]), 6),
+                "site": str(n.site[i]),
             }
             for i in top
         ],
@@ -57,6 +63,9 @@ def format_summary(summary: dict, title: str = "graph") -> str:
     """The summary as a few aligned lines of text."""
     kinds = ", ".join(f"{v} {k}" for k, v in summary["nodes_by_kind"].items())
     lines = [f"{title}: {summary['n_nodes']} nodes ({kinds}), {summary['n_edges']} edges"]
+    if "attention_nodes" in summary:
+        a = summary["attention_nodes"]
+        lines.append(f"  attention: {a['feature']} features, {a['error']} error nodes (site attn)")
     logits = "  ".join(f"{s!r} {p:.3f}" for s, p in zip(summary["logit_strings"], summary["logit_probs"]))
     lines.append(f"  logits: {logits}")
     if "replacement_score" in summary:
@@ -78,7 +87,7 @@ def format_summary(summary: dict, title: str = "graph") -> str:
         lines.append("  top features by logit influence:")
         for f in summary["top_features"]:
             lines.append(
-                f"    L{f['layer']}/F{f['feature']:<6} @{f['position']:<3} {f['token']!r:<12} "
+                f"    {'A' if f.get('site') == 'attn' else 'L'}{f['layer']}/F{f['feature']:<6} @{f['position']:<3} {f['token']!r:<12} "
                 f"act {f['activation']:8.3f}  influence {f['influence']:.4f}"
             )
     return "\n".join(lines)

@@ -90,6 +90,8 @@ def save_supernodes(
         _array(g, "kind", _texts(m.kind for m in members))
         for name in ("layer", "position", "feature"):
             _array(g, name, np.array([getattr(m, name) for m in members], np.int64))
+        if any(m.site != "mlp" for m in members):  # attention members; missing means "mlp"
+            _array(g, "site", _texts(m.site for m in members))
 
 
 def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[Supernode]:
@@ -121,13 +123,14 @@ def _read(g: h5py.Group, where: str) -> list[Supernode]:
     indptr = np.atleast_1d(g["indptr"][()])
     layer, position, feature = (np.atleast_1d(g[k][()]) for k in ("layer", "position", "feature"))
     n = len(kind)
+    site = _strings(g["site"]) if "site" in g else ["mlp"] * n
     ok = (
         len(indptr) == len(names) + 1
         and indptr.dtype.kind in "iu"
         and indptr[0] == 0
         and indptr[-1] == n
         and bool(np.all(np.diff(indptr) > 0))
-        and len(layer) == len(position) == len(feature) == n
+        and len(layer) == len(position) == len(feature) == len(site) == n
     )
     if not ok:
         raise GraphFileError(
@@ -137,5 +140,11 @@ def _read(g: h5py.Group, where: str) -> list[Supernode]:
     unknown = sorted(set(kind) - set(NODE_ORDER))
     if unknown:
         raise GraphFileError(f"{where} has unknown node kinds {unknown[:3]}; the file is corrupt.")
-    keys = [NodeKey(k, int(l), int(p), int(ft)) for k, l, p, ft in zip(kind, layer, position, feature)]
+    if set(site) - {"mlp", "attn"}:
+        raise GraphFileError(
+            f"{where} has unknown sites {sorted(set(site) - {'mlp', 'attn'})[:3]}; the file is corrupt."
+        )
+    keys = [
+        NodeKey(k, int(l), int(p), int(ft), s) for k, l, p, ft, s in zip(kind, layer, position, feature, site)
+    ]
     return [Supernode(n, tuple(keys[indptr[i] : indptr[i + 1]])) for i, n in enumerate(names)]

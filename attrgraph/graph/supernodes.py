@@ -34,12 +34,15 @@ if TYPE_CHECKING:
 
 
 class NodeKey(NamedTuple):
-    """A node's identity independent of its index: kind, layer, position, feature (-1 if none)."""
+    """A node's identity independent of its index: kind, layer, position, feature (-1 if none), and
+    the site of a feature or error node ("attn" for attention-output SAE features and attention
+    errors; "mlp", the default, for every other node)."""
 
     kind: str
     layer: int
     position: int | None
     feature: int = -1
+    site: str = "mlp"
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class SupernodeGraph(NamedTuple):
 
 def node_key(graph: Graph, i: int) -> NodeKey:
     n = graph.nodes
-    return NodeKey(str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]))
+    site = "attn" if n.site[i] == "attn" else "mlp"
+    return NodeKey(str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]), site)
 
 
 def supernode(graph: Graph, name: str, node_ids: Sequence[int]) -> Supernode:
@@ -166,7 +170,9 @@ def suggest_supernodes(
     """Groups of feature nodes with cosine similarity >= `threshold` (step 2), largest first.
 
     `by="edges"` compares input-normalized edge profiles (incoming row and outgoing column);
-    `by="decoder"` compares decoder directions and needs `transcoders`."""
+    `by="decoder"` compares decoder directions and needs `transcoders` (`[mlp_set, attn_set]` or
+    `TranscoderSets` for a graph with attention features, whose directions are compared among
+    themselves: they sit in a block of their own)."""
     if not 0.0 < threshold <= 1.0:
         raise SupernodeError(f"threshold is {threshold}; pass a cosine similarity in (0, 1].")
     feats = np.flatnonzero(graph.nodes.mask("feature"))
@@ -178,13 +184,25 @@ def suggest_supernodes(
             raise SupernodeError("by='decoder' compares decoder directions; pass transcoders=.")
         import torch
 
-        L, d = transcoders.cfg.n_layers, transcoders.cfg.d_model
-        vectors = np.zeros((len(feats), L * d))
+        if hasattr(transcoders, "mlp"):  # TranscoderSets
+            mlp, attn = transcoders.mlp, transcoders.attn
+        elif isinstance(transcoders, (list, tuple)):
+            mlp, attn = transcoders[0], (transcoders[1] if len(transcoders) > 1 else None)
+        else:
+            mlp, attn = transcoders, None
+        is_attn = graph.nodes.site[feats] == "attn"
+        if is_attn.any() and attn is None:
+            raise SupernodeError(
+                "the graph has attention features; pass transcoders=[mlp_set, attn_set] for their decoders."
+            )
+        L, d = mlp.cfg.n_layers, mlp.cfg.d_model
+        vectors = np.zeros((len(feats), 2 * L * d if is_attn.any() else L * d))
         with torch.no_grad():
             for row, i in enumerate(feats):
                 layer, f = int(graph.nodes.layer[i]), int(graph.nodes.feature[i])
-                dec = transcoders.decoder_vectors(layer, torch.tensor([f]))[0].double().cpu().numpy()
-                vectors[row, layer * d : layer * d + dec.size] = dec.ravel()  # output layers layer..
+                tc, at = (attn, (L + layer) * d) if is_attn[row] else (mlp, layer * d)
+                dec = tc.decoder_vectors(layer, torch.tensor([f]))[0].double().cpu().numpy()
+                vectors[row, at : at + dec.size] = dec.ravel()  # output layers layer..
     else:
         raise SupernodeError(f"by is {by!r}; pass 'edges' or 'decoder'.")
     labels = _cluster(vectors, threshold)

@@ -157,3 +157,44 @@ def tiny_transcoders(
         if tc.W_skip is not None:
             tc.W_skip.copy_(0.1 * torch.randn(tc.W_skip.shape, generator=g))
     return tc
+
+
+def tiny_attn_saes(model, d_sae: int = 20, seed: int = 0, activation: str = "relu"):
+    """Random attention-output SAEs (`blocks.{layer}.hook_attn_out`) for `model`, about half the
+    features active."""
+    import torch
+
+    from transcoders import sites
+    from transcoders.config import TranscoderConfig
+    from transcoders.sae import SAE
+
+    cfg = TranscoderConfig(
+        kind="sae",
+        n_layers=model.cfg.n_layers,
+        d_model=model.cfg.d_model,
+        d_sae=d_sae,
+        activation=activation,
+        input_hook=sites.ATTN_OUTPUT,
+        output_hook=sites.ATTN_OUTPUT,
+    )
+    g = torch.Generator().manual_seed(seed + 3)
+    sae = SAE(cfg).init_weights(generator=g).to(model.cfg.dtype)
+    with torch.no_grad():
+        sae.W_enc.mul_(4.0)
+        sae.b_enc.copy_(0.05 * torch.randn(sae.b_enc.shape, generator=g))
+        sae.b_dec.copy_(0.05 * torch.randn(sae.b_dec.shape, generator=g))
+        if sae.threshold is not None:
+            sae.threshold.fill_(0.0)
+    return sae
+
+
+def attention_graph(arch: str = "gpt2", tokens=(0, 5, 9, 3, 17, 22, 5), **kwargs):
+    """A small attribution graph with attention features and errors (site "attn") beside the MLP
+    ones, from a tiny model; returns (graph, model, [transcoders, attention SAEs])."""
+    import torch
+
+    from attrgraph.engine.attribute import attribute
+
+    model = tiny_model(arch)
+    sets = [tiny_transcoders(model), tiny_attn_saes(model)]
+    return attribute(model, sets, torch.tensor(tokens), **kwargs), model, sets

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from attrgraph.analysis.intervene import Add, Scale, SetTo, error_node, generate, intervene
+from attrgraph.analysis.intervene import Add, Scale, SetTo, attn_feature, error_node, generate, intervene
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import supernode
-from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
 from transcoders.activations import apply_activation
 
 TOKENS = [3, 17, 5, 9, 17, 5, 22, 8]
@@ -175,3 +175,62 @@ def test_errors_are_specific():
         intervene(model, tc, TOKENS, {"L0F1": 0.0})
     with pytest.raises(InterventionError, match="mode"):
         intervene(model, tc, TOKENS, {}, mode="sideways")
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma2"])
+def test_constrained_patching_reproduces_direct_edges_with_attention_features(arch):
+    """With [mlp_set, attn_set]: ablating any feature or error of either site over [l_s, l_t]
+    changes a target of either site by minus its graph edge (attention outputs in the range are
+    patched like the MLP outputs)."""
+    model = tiny_model(arch, n_layers=3)
+    sets = [tiny_transcoders(model, "plt", True), tiny_attn_saes(model)]
+    graph = attribute(model, sets, TOKENS, exclude_bos=False)
+    n, A = graph.nodes, graph.dense()
+    clean = intervene(model, sets, TOKENS, {})
+    torch.testing.assert_close(clean.logits, model(torch.tensor([TOKENS]))[0], rtol=1e-9, atol=1e-9)
+    rng = np.random.default_rng(0)
+    rank = 2 * n.layer + (n.site != "attn")
+    targets = np.flatnonzero((n.kind == "feature") & (n.layer == 2))
+    seen = set()
+    for t in rng.choice(targets, 6, replace=False):
+        lt, pt, ft, st = int(n.layer[t]), int(n.position[t]), int(n.feature[t]), n.site[t]
+        sources = [s for s in np.flatnonzero(A[t]) if n.kind[s] in ("feature", "error") and rank[s] < rank[t]]
+        for s in rng.choice(sources, min(6, len(sources)), replace=False):
+            ls, ps, ss = int(n.layer[s]), int(n.position[s]), str(n.site[s])
+            if n.kind[s] == "error":
+                key = error_node(ls, ps, ss)
+            else:
+                key = attn_feature(ls, ps, int(n.feature[s])) if ss == "attn" else (ls, ps, int(n.feature[s]))
+            out = intervene(model, sets, TOKENS, {key: 0.0}, layers=(ls, lt))
+            after, before = (o.attn_pre_acts if st == "attn" else o.pre_acts for o in (out, clean))
+            change = float(after[lt, pt, ft] - before[lt, pt, ft])
+            assert change == pytest.approx(-A[t, s], rel=1e-6, abs=1e-9)
+            seen.add((str(n.kind[s]), ss, st))
+    assert {("feature", "attn", "mlp"), ("feature", "attn", "attn")} <= seen
+    assert {("error", "attn", "mlp"), ("error", "attn", "attn")} & seen
+
+
+def test_steering_an_attention_feature_iteratively():
+    """Iterative patching with an attention edit equals the frozen replacement model (both sites'
+    features recomputed layer by layer) with that edit."""
+    model = tiny_model("llama", n_layers=2)
+    sets = [tiny_transcoders(model, "plt"), tiny_attn_saes(model)]
+    rm = ReplacementModel(model, sets)
+    state = rm.run(torch.tensor(TOKENS), exclude_bos=False)
+    l = 1
+    p, f = (state.attn_acts[l] > 0).nonzero()[0].tolist()
+    out = intervene(model, rm, TOKENS, {attn_feature(l, p, f): Scale(3.0)}, mode="iterative", layers=(0, 1))
+    acts, attn_acts = state.acts.clone(), state.attn_acts.clone()
+    attn_acts[l, p, f] *= 3.0
+    ref = rm.forward(state, acts=acts, attn_acts=attn_acts)
+    for _ in range(2 * model.cfg.n_layers):
+        acts = apply_activation(ref.pre_acts.transpose(0, 1), "relu").transpose(0, 1)
+        attn_acts = apply_activation(ref.attn_pre_acts.transpose(0, 1), "relu").transpose(0, 1)
+        attn_acts[l, p, f] *= 3.0
+        ref = rm.forward(state, acts=acts, attn_acts=attn_acts)
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-8, atol=1e-8)
+    assert (out.logits - model(torch.tensor([TOKENS]))[0]).abs().max() > 1e-4
+    with pytest.raises(InterventionError, match="no attention set"):
+        intervene(model, sets[0], TOKENS, {attn_feature(0, 1, 2): 0.0})
+    with pytest.raises(InterventionError, match="attention SAEs have 20 per layer"):
+        intervene(model, rm, TOKENS, {attn_feature(0, 1, 20): 0.0})

@@ -14,6 +14,7 @@ from attrgraph.analysis.validate import ValidateConfig, faithfulness, influence_
 from attrgraph.analysis.validation_report import summarize_results, write_report
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.errors import ValidationError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.prune import normalize_matrix
 from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
@@ -289,3 +290,21 @@ def test_validate_cli_on_the_bundled_model(tmp_path):
     )
     summary = json.loads((out / "validate.json").read_text())["summary"]
     assert summary["n_graphs"] == 1 and (out / "validate_faithfulness.png").exists()
+
+
+def test_validate_a_graph_with_attention_features():
+    """MLP-site features are ablated (attention outputs held inside the range); a graph with
+    attention features needs the sets that built it."""
+    from tests.attrgraph.ag_helpers import tiny_attn_saes
+
+    model = tiny_model("gpt2", n_layers=3)
+    sets = [tiny_transcoders(model, "plt"), tiny_attn_saes(model)]
+    graph = attribute(model, sets, TOKENS, exclude_bos=False)
+    cfg = ValidateConfig(max_features=20, n_perturbations=2, windows=(0, 99))
+    res = validate_graph(model, sets, graph, cfg)
+    assert res["node_to_logit"]["n_features"] == 20 and res["feature_to_feature"]["n_pairs"] > 10
+    assert res["node_to_logit"]["mean"]["influence"] > 0.5
+    with pytest.raises(ValidationError, match="attention SAEs"):
+        validate_graph(model, sets[0], graph, cfg)
+    with pytest.raises(ValidationError, match="attention SAEs"):
+        validate_graph(model, sets, attribute(model, sets[0], TOKENS, exclude_bos=False), cfg)

@@ -93,3 +93,42 @@ def test_build_passes_method_options_through(model_dir, tmp_path, extra, check):
     assert main(args + ["--no-progress", "--full", *extra]) == 0
     full = load_graph(out, "graph_full")
     assert check(full)
+
+
+def test_build_with_attention_saes(model_dir, tmp_path, capsys):
+    """`--attn-transcoders` adds attention features and errors to the graph; an MLP set in its
+    place is refused in one line (exit 2)."""
+    import torch
+
+    from attrgraph.bundled.loading import load_model
+    from tests.attrgraph.ag_helpers import tiny_attn_saes
+    from transcoders.formats import save_transcoders
+
+    save_transcoders(tiny_attn_saes(load_model(model_dir)).to(torch.float32), tmp_path / "attn")
+    out = tmp_path / "g.h5"
+    args = [
+        "build",
+        PROMPT,
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--transcoders",
+        str(model_dir / "tc"),
+    ]
+    assert main([*args, "--attn-transcoders", str(tmp_path / "attn"), "--no-progress", "--full"]) == 0
+    text = capsys.readouterr().out
+    assert "attention:" in text
+    full = load_graph(out, "graph_full")
+    assert full.nodes.mask("feature", "attn").sum() > 0 and full.nodes.mask("error", "attn").sum() > 0
+    assert (
+        full.meta["attn_transcoders"] == str(tmp_path / "attn") and "attn_transcoder_fingerprint" in full.meta
+    )
+    # validate finds the attention set in the graph's meta
+    v = ["validate", str(out), "--name", "graph_full", "-o", str(tmp_path / "v"), "--max-features", "4"]
+    assert main([*v, "--n-perturbations", "1"]) == 0
+    assert (tmp_path / "v" / "validate.json").exists()
+    capsys.readouterr()
+    assert main([*args, "--attn-transcoders", str(model_dir / "tc"), "-o", str(tmp_path / "bad.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "attention set is a 'plt' set" in err[0]

@@ -255,3 +255,20 @@ def test_build_many_user_errors(tmp_path):
         assert p.returncode == 2, p.stderr
         assert words in p.stderr and "Traceback" not in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_builds_graphs_with_attention_saes(model_dir, tmp_path):
+    """`--attn-transcoders` reaches build-many's workers through the shared build options."""
+    import torch
+
+    from attrgraph.bundled.loading import load_model
+    from tests.attrgraph.ag_helpers import tiny_attn_saes
+    from transcoders.formats import save_transcoders
+
+    save_transcoders(tiny_attn_saes(load_model(model_dir)).to(torch.float32), tmp_path / "attn")
+    worker = build_many.GraphWorker(options(model_dir, attn_transcoders=str(tmp_path / "attn")))
+    assert worker.ready() is None
+    got = worker.build({**prompts(1)[0], "line": 1})
+    graph = got["graphs"]["ioi_0"]
+    assert graph.nodes.mask("feature", "attn").sum() > 0
+    assert graph.meta["attn_transcoders"] == str(tmp_path / "attn")

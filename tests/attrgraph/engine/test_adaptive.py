@@ -9,7 +9,7 @@ from attrgraph.engine.adaptive import attribute_adaptive
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.graph.scores import compute_graph_scores
-from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2, 7, 7])
 
@@ -114,3 +114,36 @@ def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
         )
     text = format_summary(summarize(g))
     assert "scores: replacement" in text and "adaptive: 10 of" in text
+
+
+def test_adaptive_with_attention_features():
+    """Explored targets of both sites keep their full-graph rows; an unexplored feature's edges
+    land on the error node of its own (layer, position, site); the full budget gives the full scores."""
+    model = tiny_model("gemma2", n_layers=3)
+    rm = ReplacementModel(model, [tiny_transcoders(model, "plt", True), tiny_attn_saes(model)])
+    full = attribute(model, rm, TOKENS, exclude_bos=True)
+    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=full.n_features // 3, k=8, exclude_bos=True)
+    n, fn = g.nodes, full.nodes
+
+    def keys(nodes):
+        return list(zip(nodes.kind, nodes.layer, nodes.position, nodes.feature, nodes.site, nodes.token))
+
+    index = {k: i for i, k in enumerate(keys(fn))}
+    where = np.array([index[k] for k in keys(n)])
+    A, F = g.dense().astype(np.float64), full.dense().astype(np.float64)
+    rows = np.flatnonzero((n.kind == "feature") | (n.kind == "logit"))
+    assert len(set(n.site[n.kind == "feature"])) == 2  # explored features of both sites
+    explored = np.zeros(full.n_nodes, bool)
+    explored[where] = True
+    # what the full rows give each kept column once unexplored features are folded into their errors
+    folded = F[where[rows]][:, explored]
+    for j in np.flatnonzero(fn.kind == "feature"):
+        if explored[j]:
+            continue
+        err = index[("error", fn.layer[j], fn.position[j], -1, fn.site[j], -1)]
+        folded[:, np.searchsorted(np.flatnonzero(explored), err)] += F[where[rows], j]
+    np.testing.assert_allclose(A[rows], folded, rtol=1e-5, atol=1e-6 * np.abs(F).max())
+    everything = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True)
+    np.testing.assert_allclose(
+        list(compute_graph_scores(everything)), list(compute_graph_scores(full)), rtol=1e-4
+    )

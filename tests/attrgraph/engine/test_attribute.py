@@ -14,7 +14,7 @@ from attrgraph.engine.sources import to_tokens
 from attrgraph.engine.targets import direction, logit_difference
 from attrgraph.errors import OptionError, PromptError, PromptWarning, TargetError
 from attrgraph.graph.graph import NODE_ORDER
-from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -210,6 +210,124 @@ def test_options_that_do_not_apply_to_the_method_are_refused():
     # the same options are taken by the method they belong to
     g = attribute(model, tc, TOKENS, method="hierarchical", tau=0.0, targets=[target], exclude_bos=True)
     assert g.meta["method"] == "hierarchical"
+
+
+# ------------------------------------------------------------------ attention features (site "attn")
+def zero_forward_with_attention(rm, state):
+    z = torch.zeros_like
+    return rm.forward(
+        state, z(state.acts), z(state.errors), z(state.embed), z(state.attn_acts), z(state.attn_errors)
+    )
+
+
+def values_with_attention(graph, out):
+    """(pre-activation of every feature node in node order, demeaned logits) from a forward output."""
+    n = graph.nodes
+    f = n.kind == "feature"
+    pre = np.zeros(int(f.sum()))
+    attn = n.site[f] == "attn"
+    for mine, table in ((attn, out.attn_pre_acts), (~attn, out.pre_acts)):
+        idx = np.flatnonzero(f)[mine]
+        pre[mine] = table[n.layer[idx], n.position[idx], n.feature[idx]].double().numpy()
+    last = out.logits[-1].double()
+    return pre, (last[graph.logit_tokens] - last.mean()).numpy()
+
+
+def check_contracts_with_attention(graph, rm, state, rtol, n_fd=3, seed=0):
+    """Contracts 1-3 for every node kind and site: MLP and attention features, both error kinds."""
+    A = graph.dense().astype(np.float64)
+    n = graph.nodes
+    f, lg = n.kind == "feature", n.kind == "logit"
+    pre, logit = values_with_attention(graph, rm.forward(state))
+    bias_pre, bias_logit = values_with_attention(graph, zero_forward_with_attention(rm, state))
+    for site in ("attn", "mlp"):  # contract 1 per site
+        m = n.site[f] == site
+        assert m.sum() > 5, f"too few {site} features to test"
+        np.testing.assert_allclose(
+            A[f][m].sum(1) + bias_pre[m], pre[m], rtol=0, atol=rtol * np.abs(pre).max()
+        )
+    np.testing.assert_allclose(A[lg].sum(1) + bias_logit, logit, rtol=0, atol=rtol * np.abs(logit).max())
+    rng = np.random.default_rng(seed)
+    scale = max(np.abs(A).max(), 1e-12)
+    for kind, site in (
+        ("feature", "attn"),
+        ("error", "attn"),
+        ("feature", "mlp"),
+        ("error", "mlp"),
+        ("embedding", ""),
+    ):
+        cand = np.flatnonzero((n.kind == kind) & (n.site == site))
+        for s in rng.choice(cand, size=n_fd, replace=False):
+            src = dict(
+                acts=state.acts.clone(),
+                errors=state.errors.clone(),
+                embed=state.embed.clone(),
+                attn_acts=state.attn_acts.clone(),
+                attn_errors=state.attn_errors.clone(),
+            )
+            l, p = int(n.layer[s]), int(n.position[s])
+            if kind == "embedding":
+                src["embed"][p] *= 2
+            elif kind == "feature":
+                src["attn_acts" if site == "attn" else "acts"][l, p, n.feature[s]] *= 2
+            else:
+                src["attn_errors" if site == "attn" else "errors"][l, p] *= 2
+            new_pre, new_logit = values_with_attention(graph, rm.forward(state, **src))
+            effect = np.concatenate([new_pre - pre, new_logit - logit])
+            np.testing.assert_allclose(effect, np.concatenate([A[f, s], A[lg, s]]), rtol=0, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,skip", TRANSCODERS)
+def test_exactness_contract_with_attention_features(arch, kind, skip):
+    model = tiny_model(arch)
+    rm = ReplacementModel(model, [tiny_transcoders(model, kind, skip), tiny_attn_saes(model)])
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    n = graph.nodes
+    assert ((n.kind == "error") & (n.site == "attn")).sum() == model.cfg.n_layers * (len(TOKENS) - 1)
+    # an attention feature feeds an MLP feature of its own layer and position
+    A = graph.dense()
+    attn_f, mlp_f = np.flatnonzero(n.mask("feature", "attn")), np.flatnonzero(n.mask("feature", "mlp"))
+    same = [
+        (t, s)
+        for t in mlp_f
+        for s in attn_f
+        if n.layer[t] == n.layer[s] and n.position[t] == n.position[s] and A[t, s] != 0
+    ]
+    assert same
+    coo = graph.adjacency.tocoo()
+    assert (coo.col < coo.row).all()
+    check_contracts_with_attention(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
+
+
+def test_exactness_with_attention_float32_position_zero_included():
+    model = tiny_model("gemma2", torch.float32)
+    rm = ReplacementModel(model, [tiny_transcoders(model, "clt"), tiny_attn_saes(model)])
+    graph = attribute(model, rm, TOKENS, exclude_bos=False, backend="linear")
+    assert (graph.nodes.position[graph.nodes.mask("feature", "attn")] == 0).any()
+    check_contracts_with_attention(graph, rm, rm.run(TOKENS, exclude_bos=False), rtol=1e-4)
+
+
+def test_attention_set_reproduces_the_logits_and_graphs_without_it_are_unchanged():
+    model = tiny_model("llama")
+    tc, sae = tiny_transcoders(model, "plt", True), tiny_attn_saes(model)
+    rm = ReplacementModel(model, (tc, sae))
+    state = rm.run(TOKENS)
+    ref = model(TOKENS[None])[0]
+    assert (rm.forward(state).logits - ref).abs().max() <= 1e-10 * ref.abs().max()
+    moved = rm.forward(state, attn_errors=torch.zeros_like(state.attn_errors)).logits
+    assert (moved - ref).abs().max() > 1e-4 * ref.abs().max()  # the attention errors close the gap
+    plain = attribute(model, tc, TOKENS)
+    again = attribute(model, [tc], TOKENS)
+    assert (plain.adjacency != again.adjacency).nnz == 0 and (
+        plain.nodes.site[plain.nodes.kind == "feature"] == "mlp"
+    ).all()
+    both = attribute(model, rm, TOKENS)
+    assert (
+        both.meta["attn_transcoder_hooks"] == "blocks.{layer}.hook_attn_out -> blocks.{layer}.hook_attn_out"
+    )
+    assert "attn_transcoder_fingerprint" in both.meta and "attn_transcoder_fingerprint" not in plain.meta
+    assert both.n_nodes > plain.n_nodes
 
 
 @pytest.mark.bundled("default", "default-plt")

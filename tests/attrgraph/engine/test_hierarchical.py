@@ -20,7 +20,8 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.targets import logit_difference
 from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.store import load_graph, save_graph
-from tests.attrgraph.ag_helpers import graph_from_dense, tiny_model, tiny_transcoders
+from attrgraph.graph.supernodes import NodeKey
+from tests.attrgraph.ag_helpers import graph_from_dense, tiny_attn_saes, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2])
 
@@ -305,3 +306,59 @@ def test_attribute_dispatches_hierarchical(setup):
     h = attribute_hierarchical(model, rm, TOKENS, tau=0.05, exclude_bos=True)
     assert g.meta["method"] == "hierarchical" and g.n_nodes == h.n_nodes
     np.testing.assert_allclose(g.meta["attribution"], h.meta["attribution"], rtol=1e-9)
+
+
+def test_theorem_3_1_with_attention_features():
+    """With attention features a layer's MLP features are visited before its attention features
+    (which feed them); the measured bias leaves close Theorem 3.1 on the model and on the graph."""
+    model = tiny_model("llama", n_layers=3)
+    rm = ReplacementModel(model, [tiny_transcoders(model, "plt", True), tiny_attn_saes(model)])
+    g = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, exclude_bos=True)
+    root = g.meta["root_value"]
+    assert abs(root) > 0.1 and abs(g.meta["theorem_residual"]) <= 1e-9 * abs(root)
+    n = g.nodes
+    assert n.mask("feature", "attn").sum() > 10 and n.mask("error", "attn").sum() > 0
+    full = attribute(model, rm, TOKENS, exclude_bos=True, max_n_logits=1)
+    res = hierarchical_attribution(full, -math.inf, bias=node_biases(rm, full))
+    assert abs(res.theorem_residual(full.nodes.kind)) <= 1e-5 * abs(res.root_value)  # float32 edges
+    # the same attribution on the kept features of both sites
+    key = {
+        (k, l, p, f, s): i
+        for i, (k, l, p, f, s) in enumerate(
+            zip(*(getattr(full.nodes, a) for a in ("kind", "layer", "position", "feature", "site")))
+        )
+    }
+    mine = np.flatnonzero(n.kind == "feature")
+    theirs = [key[(n.kind[i], n.layer[i], n.position[i], n.feature[i], n.site[i])] for i in mine]
+    np.testing.assert_allclose(
+        np.asarray(g.meta["attribution"])[mine], res.attribution[theirs], rtol=1e-4, atol=1e-6 * abs(root)
+    )
+    # with detaching
+    tau = float(np.quantile(res.attribution[full.nodes.kind == "feature"], 0.7))
+    g = attribute_hierarchical(model, rm, TOKENS, tau=tau, exclude_bos=True)
+    assert g.meta["n_detached"] > 0 and abs(g.meta["theorem_residual"]) <= 1e-9 * abs(root)
+    # roots of both sites: an attention feature, and an MLP feature fed by its layer's attention features
+    state = rm.run(TOKENS, exclude_bos=True)
+    fa = np.flatnonzero(full.nodes.mask("feature", "attn") & (full.nodes.layer == 2))[-1]
+    node = NodeKey(
+        "feature",
+        int(full.nodes.layer[fa]),
+        int(full.nodes.position[fa]),
+        int(full.nodes.feature[fa]),
+        "attn",
+    )
+    ga = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, root=node, exclude_bos=True)
+    assert ga.meta["root_value"] == pytest.approx(
+        float(state.attn_pre_acts[node.layer, node.position, node.feature])
+    )
+    assert abs(ga.meta["theorem_residual"]) <= 1e-9 * abs(ga.meta["root_value"])
+    assert (ga.nodes.layer[ga.nodes.kind == "feature"][:-1] < 2).all()  # nothing of its own layer feeds it
+    fm = np.flatnonzero(full.nodes.mask("feature", "mlp") & (full.nodes.layer == 2))[-1]
+    feat = (int(full.nodes.layer[fm]), int(full.nodes.position[fm]), int(full.nodes.feature[fm]))
+    gm = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, root=feat, exclude_bos=True)
+    assert abs(gm.meta["theorem_residual"]) <= 1e-9 * abs(gm.meta["root_value"])
+    assert (gm.nodes.mask("feature", "attn") & (gm.nodes.layer == 2)).any()
+    with pytest.raises(GraphError, match="attention features"):
+        node_biases(ReplacementModel(model, rm.tc), full)
+    with pytest.raises(TargetError, match="attn feature"):
+        attribute_hierarchical(model, rm, TOKENS, root=NodeKey("feature", 0, 0, 0, "attn"), exclude_bos=True)

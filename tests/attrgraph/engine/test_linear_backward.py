@@ -7,9 +7,9 @@ import torch
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.linear_backward import linear_rows, unsupported_reason
 from attrgraph.engine.replacement import ReplacementModel
-from attrgraph.engine.sources import Injection, build_sources
+from attrgraph.engine.sources import Injection, build_sources, feature_injections
 from attrgraph.engine.targets import select_logit_targets
-from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2])
 
@@ -100,3 +100,24 @@ def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
     split = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=stats).toarray()
     np.testing.assert_allclose(split, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
     assert stats["seconds_backward"] > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,skip", TRANSCODERS)
+@pytest.mark.parametrize("exclude_bos", [True, False])
+def test_linear_rows_equal_autograd_rows_with_attention_features(arch, kind, skip, exclude_bos):
+    model = tiny_model(arch)
+    rm = ReplacementModel(model, [tiny_transcoders(model, kind, skip), tiny_attn_saes(model)])
+    state = rm.run(TOKENS, exclude_bos=exclude_bos)
+    sources = build_sources(rm, state)
+    assert sources.attn.any() and (~sources.attn).any()
+    inj = feature_injections(rm, sources.features, sources.attn) + injections_for(rm, state)[-3:]
+    assert {j.site for j in inj} == {"attn", "mlp"}
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    fast = linear_rows(rm, state, sources, inj, batch_size=7).toarray()
+    assert ref.shape == fast.shape and np.abs(ref).max() > 0
+    # attention error and feature columns are reached
+    n_pos = len(TOKENS)
+    c = sources.error_column(0, "attn")
+    assert np.abs(ref[:, c : c + n_pos - sources.n_excluded]).max() > 0
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())

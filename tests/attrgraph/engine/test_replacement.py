@@ -64,3 +64,26 @@ def test_logit_softcap_is_refused():
     model.cfg.output_logits_soft_cap = 30.0
     with pytest.raises(UnsupportedModelError, match="soft-caps"):
         ReplacementModel(model, tiny_transcoders(model))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_replacement_with_attention_saes_reproduces_logits(arch, dtype, tol):
+    """Both MLP outputs and attention outputs replaced (features + errors): the logits are the
+    model's, every attention SAE pre-activation is the recorded one, and each kind of error is needed."""
+    from tests.attrgraph.ag_helpers import tiny_attn_saes
+
+    model = tiny_model(arch, dtype)
+    rm = ReplacementModel(model, [tiny_transcoders(model, "clt"), tiny_attn_saes(model)])
+    tokens = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9])
+    state = rm.run(tokens)
+    assert (state.attn_acts > 0).any() and (state.attn_acts[:, 0] == 0).all()  # BOS excluded
+    ref = model(tokens[None])[0]
+    got = rm.forward(state)
+    assert (got.logits - ref).abs().max() <= tol * ref.abs().max()
+    assert torch.allclose(got.attn_pre_acts, state.attn_pre_acts, atol=tol * 10)
+    for moved in (
+        rm.forward(state, attn_errors=torch.zeros_like(state.attn_errors)).logits,
+        rm.forward(state, errors=torch.zeros_like(state.errors)).logits,
+    ):
+        assert (moved - ref).abs().max() > 1e3 * tol * ref.abs().max()

@@ -571,3 +571,53 @@ def test_same_nodes_influence_and_links_as_circuit_tracers_exporter(tmp_path):
     coo = sp.coo_array(h.adjacency)
     np.testing.assert_array_equal(coo.data, g.dense()[back[coo.row], back[coo.col]])
     assert h.n_edges == len(theirs["links"])
+
+
+def test_attention_nodes_have_their_own_types_and_round_trip(tmp_path):
+    """Attention features and errors (site "attn") get their own feature_type, ids and feature-file
+    indices, and come back from load_json as the same graph (sites and node order included)."""
+    from attrgraph.graph.neuronpedia import ATTN_FEATURE_TYPES, ATTN_INDEX_OFFSET
+    from tests.attrgraph.ag_helpers import attention_graph
+
+    g = prune_graph(attention_graph()[0], 0.9, 0.99)
+    n = g.nodes
+    # an attention and an MLP feature with one (layer, feature, position): distinct ids and files
+    key = {(n.layer[i], n.feature[i], n.position[i]) for i in np.flatnonzero(n.mask("feature", "mlp"))}
+    assert any(
+        (n.layer[i], n.feature[i], n.position[i]) in key for i in np.flatnonzero(n.mask("feature", "attn"))
+    )
+    sn = supernode(g, "attn group", np.flatnonzero(n.mask("feature", "attn"))[:2])
+    out = export_json(
+        g,
+        tmp_path,
+        slug="attn",
+        supernodes=[sn],
+        labels={
+            (
+                "attn",
+                int(n.layer[n.mask("feature", "attn")][0]),
+                int(n.feature[n.mask("feature", "attn")][0]),
+            ): "copy"
+        },
+    )
+    data = json.loads(out.path.read_text())
+    types = {node["feature_type"] for node in data["nodes"]}
+    assert set(ATTN_FEATURE_TYPES.values()) <= types and "cross layer transcoder" in types
+    ids = [node["node_id"] for node in data["nodes"]]
+    assert len(set(ids)) == len(ids) == g.n_nodes
+    attn_nodes = [node for node in data["nodes"] if node["feature_type"] == "attention sae"]
+    assert all(
+        node["node_id"].startswith("A") and node["feature"] >= ATTN_INDEX_OFFSET for node in attn_nodes
+    )
+    assert "copy" in {node["clerp"] for node in attn_nodes}
+    assert len(data["qParams"]["supernodes"][0]) == 3
+    files = {int(p.stem) for p in (tmp_path / "features" / "transcoders").glob("*.json")}
+    assert files == {
+        node["feature"]
+        for node in data["nodes"]
+        if "sae" in node["feature_type"] or node["feature_type"] == "cross layer transcoder"
+    }
+    h = load_json(out.path)
+    for field in ("kind", "layer", "position", "feature", "token", "site"):
+        np.testing.assert_array_equal(getattr(h.nodes, field), getattr(g.nodes, field), err_msg=field)
+    assert (h.adjacency != g.adjacency.astype(np.float32)).nnz == 0  # links are float32

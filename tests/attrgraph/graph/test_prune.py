@@ -173,3 +173,23 @@ def test_pruning_a_graph_with_split_entries_equals_pruning_it_canonical(make_ran
         np.testing.assert_array_equal(getattr(a.nodes, f), getattr(b.nodes, f))
     np.testing.assert_allclose(a.nodes.influence, b.nodes.influence, rtol=1e-5)
     assert abs(a.adjacency - b.adjacency).max() < 1e-5
+
+
+def test_influence_and_pruning_of_a_graph_with_attention_nodes():
+    """A real graph with attention features (attention before MLP within a layer): the streamed
+    influence attribute stores (layer_blocks split by site) equals the dense formula, and pruning
+    keeps every error node of both sites and prunes features of both sites by influence."""
+    from tests.attrgraph.ag_helpers import attention_graph
+
+    g = attention_graph()[0]
+    dense = dense_influence(g)
+    np.testing.assert_allclose(g.nodes.influence, dense, rtol=1e-5, atol=1e-7)
+    kept = prune_graph(g, 1.0, 1.0)
+    np.testing.assert_allclose(kept.nodes.influence, dense, rtol=1e-6, atol=1e-9)
+    pruned = prune_graph(g, 0.7, 0.95)
+    n, m = g.nodes, pruned.nodes
+    for site in ("attn", "mlp"):
+        assert m.mask("error", site).sum() == n.mask("error", site).sum()
+        assert 0 < m.mask("feature", site).sum() < n.mask("feature", site).sum()
+    coo = pruned.adjacency.tocoo()
+    assert (coo.col < coo.row).all()

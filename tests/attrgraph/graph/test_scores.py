@@ -45,3 +45,19 @@ def test_scores_known_answers():
     A[2, 1] = 0.0
     s = compute_graph_scores(graph_from_dense(kinds, A, logit_probs=[1.0]))
     assert s == (1.0, 1.0)
+
+
+def test_scores_count_attention_errors_as_errors():
+    from tests.attrgraph.ag_helpers import attention_graph
+
+    g = attention_graph()[0]
+    got = compute_graph_scores(g)
+    np.testing.assert_allclose([got.replacement, got.completeness], dense_scores(g), rtol=1e-8)
+    np.testing.assert_allclose(
+        [g.meta["unpruned_replacement_score"], g.meta["unpruned_completeness_score"]],
+        dense_scores(g),
+        rtol=1e-6,
+    )
+    # treating the attention errors as features would give other scores
+    g.nodes.kind[g.nodes.mask("error", "attn")] = "feature"
+    assert not np.allclose(dense_scores(g), [got.replacement, got.completeness])

@@ -16,7 +16,7 @@ from attrgraph.graph.store import list_graphs, load_graph, remove_stale_temporar
 
 
 def assert_same(a, b):
-    for f in ("kind", "layer", "position", "feature", "activation", "token", "influence"):
+    for f in ("kind", "layer", "position", "feature", "activation", "token", "influence", "site"):
         np.testing.assert_array_equal(getattr(a.nodes, f), getattr(b.nodes, f))
     assert (a.adjacency != b.adjacency).nnz == 0
     assert a.adjacency.dtype == b.adjacency.dtype
@@ -260,3 +260,30 @@ def test_only_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path, mak
         (tmp_path / name).write_bytes(b"half a graph")
     save_graph(make_random_graph(0), tmp_path / "g.h5")
     assert {name: (tmp_path / name).exists() for name in names} == names
+
+
+def test_attention_nodes_round_trip_and_older_files_read_as_mlp(tmp_path, make_random_graph):
+    from tests.attrgraph.ag_helpers import attention_graph
+
+    g = attention_graph()[0]
+    assert set(g.nodes.site) == {"", "attn", "mlp"}
+    save_graph(g, tmp_path / "a.h5")
+    back = load_graph(tmp_path / "a.h5")
+    assert_same(g, back)
+    with h5py.File(tmp_path / "a.h5") as f:
+        assert f["graphs/graph"].attrs["schema_version"] == 3
+        assert f["graphs/graph/nodes/site"].dtype.kind == "S"
+    # a version 2 file (no site) reads with every feature and error node at site "mlp"
+    plain = make_random_graph(5)
+    save_graph(plain, tmp_path / "v2.h5")
+    with h5py.File(tmp_path / "v2.h5", "a") as f:
+        f["graphs/graph"].attrs["schema_version"] = 2
+    old = load_graph(tmp_path / "v2.h5")
+    assert_same(plain, old)
+    assert (old.nodes.site[np.isin(old.nodes.kind, ["feature", "error"])] == "mlp").all()
+    with h5py.File(tmp_path / "a.h5") as f:  # graphs without attention nodes need no site
+        assert "site" in f["graphs/graph/nodes"]
+    save_graph(plain, tmp_path / "v3.h5")
+    with h5py.File(tmp_path / "v3.h5") as f:
+        assert "site" not in f["graphs/graph/nodes"] and f["graphs/graph"].attrs["schema_version"] == 3
+    assert_same(plain, load_graph(tmp_path / "v3.h5"))

@@ -100,3 +100,33 @@ def test_storage_round_trip(tmp_path):
     assert load_supernodes(path, "other") == []
     with pytest.raises(GraphFileError, match="no graph named"):
         save_supernodes(path, sns, "missing")
+
+
+def test_attention_features_in_suggestions_and_storage(tmp_path):
+    """Attention features' decoder directions come from the attention set and never group with an
+    MLP feature of the same index; stored supernodes keep their members' sites."""
+    import torch
+
+    from tests.attrgraph.ag_helpers import tiny_attn_saes
+
+    model = tiny_model("gpt2", n_layers=2)
+    tc, sae = tiny_transcoders(model, "plt"), tiny_attn_saes(model)
+    with torch.no_grad():
+        sae.W_dec[0][5] = 2.0 * sae.W_dec[0][1]
+        tc.W_dec[0][1] = sae.W_dec[0][1]  # an MLP feature with the same direction as attention feature 1
+    kinds = ["embedding", "feature", "feature", "feature", "feature", "logit"]
+    A = np.zeros((6, 6))
+    A[1:5, 0] = 1.0
+    A[5, 1:5] = 1.0
+    g = graph_from_dense(kinds, A, layers=[-1, 0, 0, 0, 0, 2])
+    g.nodes.feature[1:5] = [1, 5, 7, 1]
+    g.nodes.site[1:5] = ["attn", "attn", "attn", "mlp"]
+    groups = suggest_supernodes(g, by="decoder", transcoders=[tc, sae], threshold=0.99)
+    assert [sorted(node_indices(g, s).tolist()) for s in groups] == [[1, 2]]
+    assert all(m.site == "attn" for m in groups[0].members)
+    with pytest.raises(SupernodeError, match="attention features"):
+        suggest_supernodes(g, by="decoder", transcoders=tc)
+    path = tmp_path / "g.h5"
+    save_graph(g, path)
+    save_supernodes(path, groups)
+    assert load_supernodes(path) == groups
