@@ -27,8 +27,8 @@ import scipy.sparse as sp
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.scores import compute_graph_scores
-from attrgraph.graph.supernodes import Supernode
-from attrgraph.viewer.dashboards import DashboardSource, feature_dashboard
+from attrgraph.graph.supernodes import Supernode, node_key
+from attrgraph.viewer.dashboards import DashboardSource, feature_dashboard, find_dashboards
 
 MAX_NODES = 2000
 """Above this many nodes an unpruned graph is shown pruned (step 1)."""
@@ -58,8 +58,7 @@ def view_keys(graph: Graph) -> list[tuple]:
     n = graph.nodes
     rank = np.cumsum(n.kind == "logit") - 1
     return [
-        (str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i]))
-        + ((int(rank[i]),) if n.kind[i] == "logit" else ())
+        tuple(node_key(graph, i)) + ((int(rank[i]),) if n.kind[i] == "logit" else ())
         for i in range(graph.n_nodes)
     ]
 
@@ -90,13 +89,32 @@ def graph_view(graph: Graph) -> tuple[Graph, np.ndarray, list[str]]:
 def _node_label(graph: Graph, i: int, kind: str, labels: dict) -> str:
     n = graph.nodes
     layer, pos = int(n.layer[i]), int(n.position[i])
+    attn = n.site[i] == "attn"
     if kind == "feature":
-        return labels.get((layer, int(n.feature[i]))) or f"L{layer}/F{int(n.feature[i])}"
+        return (
+            labels.get((attn, layer, int(n.feature[i])))
+            or f"{'A' if attn else 'L'}{layer}/F{int(n.feature[i])}"
+        )
     if kind == "embedding":
         return f"emb {graph.prompt_tokens[pos]!r}@{pos}"
     if kind == "error":
-        return f"err L{layer}@{pos}"
+        return f"{'attn ' if attn else ''}err L{layer}@{pos}"
     return ""  # logits: filled by the caller, which knows their rank
+
+
+def _attention_source(graph: Graph, view: Graph) -> DashboardSource | None:
+    """The dashboards of the graph's attention-output SAE set, when it has attention features and
+    they can be found (found like the MLP set's, from the `attn_transcoder*` provenance)."""
+    if not ((view.nodes.kind == "feature") & (view.nodes.site == "attn")).any():
+        return None
+    m = graph.meta
+    meta = {
+        "transcoders": m.get("attn_transcoders"),
+        "transcoder_fingerprint": m.get("attn_transcoder_fingerprint"),
+        "n_layers": m.get("n_layers"),
+        "transcoder_d_sae": m.get("attn_transcoder_d_sae"),
+    }
+    return find_dashboards({k: v for k, v in meta.items() if v is not None})
 
 
 def graph_payload(
@@ -110,16 +128,18 @@ def graph_payload(
     meta = graph.meta
     n_layers = int(meta.get("n_layers", max(int(graph.nodes.layer.max(initial=0)), 0)))
     n = view.nodes
-    dashboards = source.dashboards if source is not None else None
-    features = sorted({(int(n.layer[i]), int(n.feature[i])) for i in np.flatnonzero(n.kind == "feature")})
-    boards = {}
-    labels = {}
-    if dashboards is not None:
-        for layer, feat in features:
+    boards: dict[str, dict] = {}
+    labels: dict[tuple[bool, int, int], str] = {}
+    for attn, src in ((False, source), (True, _attention_source(graph, view))):
+        dashboards = src.dashboards if src is not None else None
+        if dashboards is None:
+            continue
+        mine = (n.kind == "feature") & ((n.site == "attn") == attn)
+        for layer, feat in sorted({(int(n.layer[i]), int(n.feature[i])) for i in np.flatnonzero(mine)}):
             board = feature_dashboard(dashboards, layer, feat)
             if board is not None:
-                boards[f"{layer}/{feat}"] = board
-                labels[(layer, feat)] = board["label"]
+                boards[f"{'A' if attn else ''}{layer}/{feat}"] = board
+                labels[(attn, layer, feat)] = board["label"]
     attribution = meta.get("attribution") if meta.get("method") == "hierarchical" else None
     if attribution is not None and len(attribution) != graph.n_nodes:
         attribution = None  # a stored graph pruned after attribute_hierarchical: no per-node values
@@ -137,7 +157,8 @@ def graph_payload(
             "token": view.prompt_tokens[pos] if 0 <= pos < view.n_pos else "",
             "activation": json_number(n.activation[i]),
             "influence": json_number(n.influence[i]),
-            "key": [kind, layer, pos, int(n.feature[i])],
+            "key": list(node_key(view, i)),
+            "site": str(n.site[i]),
             "row": {"embedding": 0, "logit": n_layers + 1}.get(kind, layer + 1),
             "col": pos,
             "label": _node_label(view, i, kind, labels),

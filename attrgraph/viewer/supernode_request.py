@@ -67,16 +67,17 @@ def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supern
 def _member(sn_name: str, m) -> NodeKey:
     ok = (
         isinstance(m, list)
-        and len(m) == 4
+        and len(m) in (4, 5)
         and m[0] in NODE_ORDER
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in m[1:])
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in m[1:4])
+        and (len(m) == 4 or m[4] in ("mlp", "attn"))
     )
     if not ok:
         raise SupernodeError(
-            f"supernode {sn_name!r} has member {m!r}; a member is [kind, layer, position, feature] "
-            f"with kind one of {list(NODE_ORDER)} and three integers."
+            f"supernode {sn_name!r} has member {m!r}; a member is [kind, layer, position, feature(, site)] "
+            f"with kind one of {list(NODE_ORDER)}, three integers and site 'mlp' or 'attn'."
         )
-    return NodeKey(m[0], m[1], m[2], m[3])
+    return NodeKey(*m)
 
 
 def check_members(graph: Graph, supernodes: list[Supernode]) -> None:

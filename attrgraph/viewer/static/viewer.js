@@ -256,7 +256,7 @@
     const nodes = s("g", { class: "nodes" });
     state.nodeEls = data.nodes.map((n) => {
       const [x, y] = state.xy[n.id];
-      const g = s("g", { class: "node " + n.kind, "data-id": n.id, transform: `translate(${x},${y})` });
+      const g = s("g", { class: "node " + n.kind + (n.site === "attn" ? " attn" : ""), "data-id": n.id, transform: `translate(${x},${y})` });
       const title = s("title");
       title.textContent = n.label;
       g.append(shape(n.kind), title);
@@ -342,7 +342,7 @@
       edgeList("incoming", state.incoming[id], (e) => d.edges[e][0]),
       edgeList("outgoing", state.outgoing[id], (e) => d.edges[e][1]),
     );
-    if (d.kind === "graph" && n.kind === "feature") box.append(dashboard(d.dashboards[`${n.layer}/${n.feature}`]));
+    if (d.kind === "graph" && n.kind === "feature") box.append(dashboard(d.dashboards[`${n.site === "attn" ? "A" : ""}${n.layer}/${n.feature}`]));
   }
 
   function edgeList(title, idx, other) {

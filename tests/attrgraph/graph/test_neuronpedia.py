@@ -10,7 +10,8 @@ import scipy.sparse as sp
 
 from attrgraph.errors import ExportError, GraphFileError
 from attrgraph.graph.graph import Graph, Nodes
-from attrgraph.graph.neuronpedia import cantor, cumulative_influence, export_json, graph_to_json, load_json
+from attrgraph.graph.neuronpedia import cumulative_influence, export_json, graph_to_json, load_json
+from attrgraph.graph.neuronpedia_features import cantor
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.supernodes import NodeKey, Supernode, supernode
 from tests.attrgraph.peer_frontend import CHECK, CT_EXPORT, run_peer
