@@ -376,7 +376,9 @@ class _AttentionPatch:
         self.pre_out: list[Tensor | None] = [None] * L
         self.act_out: list[Tensor | None] = [None] * L
         dtype = state.attn_out.dtype
-        self.delta = torch.zeros(self.B, L, P, state.attn_out.shape[-1], dtype=dtype)
+        self.delta = torch.zeros(
+            self.B, L, P, state.attn_out.shape[-1], dtype=dtype, device=state.attn_out.device
+        )
         if mode == "constrained":  # clean output plus the edits' change (step 3's rule)
             for l in range(L):
                 for b, e in self.by_layer[l]:

@@ -360,7 +360,12 @@ def attribute_hierarchical(
     for site, table in (("mlp", state.acts), ("attn", state.attn_acts)):
         mine = sites == site
         if mine.any():
-            acts[mine] = table[tuple(sources.features[torch.as_tensor(mine)].T)].double().cpu().numpy()
+            acts[mine] = (
+                table[tuple(sources.features[torch.as_tensor(mine, device=sources.features.device)].T)]
+                .double()
+                .cpu()
+                .numpy()
+            )
     for r in range(root_rank - 1, -1, -1):
         sel = np.flatnonzero(rank == r)
         cols = n_src + sel

@@ -147,7 +147,11 @@ def _build_sources_with_attention(rm: ReplacementModel, state: ReplacementState)
     if len(both):
         keys = (both[:, 0] * 2 + both[:, 1]) * P + both[:, 2]
         bounds = torch.cat(
-            [torch.tensor([0]), (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1, torch.tensor([len(keys)])]
+            [
+                torch.tensor([0], device=keys.device),
+                (keys[1:] != keys[:-1]).nonzero()[:, 0] + 1,
+                torch.tensor([len(keys)], device=keys.device),
+            ]
         )
         for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             l, attn, p = int(both[i0, 0]), bool(is_attn[i0]), int(both[i0, 2])
