@@ -91,6 +91,15 @@ def attribute_options(options: dict, progress: bool) -> tuple[str, dict]:
     return method, kwargs
 
 
+def _scores_from_attribute(graph):
+    """The scores that `attribute` computed on the graph it returned (meta `unpruned_*_score`), so
+    that the summary needs no second pass over the full graph; None when it has none."""
+    from attrgraph.graph.scores import GraphScores
+
+    keys = ("unpruned_replacement_score", "unpruned_completeness_score")
+    return GraphScores(*(graph.meta[k] for k in keys)) if all(k in graph.meta for k in keys) else None
+
+
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
@@ -115,11 +124,16 @@ def run(args) -> int:
     graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
     graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
     t2 = time.perf_counter()
-    pruned = prune_graph(graph, args.node_threshold, args.edge_threshold, progress=progress)
+    # attribute's influence pass is pruning's first step: pass it on rather than compute it again
+    pruned = prune_graph(
+        graph, args.node_threshold, args.edge_threshold, progress=progress, influence=graph.nodes.influence
+    )
     t3 = time.perf_counter()
     name = save_graph(pruned, args.output, args.name)
     if args.full:
-        save_graph(graph, args.output, f"{name}_full", progress=progress)
+        save_graph(
+            graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
+        )
     times = {
         "load_s": round(t1 - t0, 3),
         "attribute_s": round(t2 - t1, 3),
@@ -127,7 +141,7 @@ def run(args) -> int:
         "save_s": round(time.perf_counter() - t3, 3),
         "total_s": round(time.perf_counter() - t0, 3),
     }
-    full, small = summarize(graph), summarize(pruned)
+    full, small = summarize(graph, scores=_scores_from_attribute(graph)), summarize(pruned)
     if args.json:
         print(
             json.dumps(

@@ -141,7 +141,9 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
         kwargs["targets"] = [logit_target(model, target)]
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
     graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
-    pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
+    pruned = prune_graph(
+        graph, options["node_threshold"], options["edge_threshold"], influence=graph.nodes.influence
+    )
     out = {f"{item['name']}_full": graph} if options["full"] else {}
     out[item["name"]] = pruned
     return out

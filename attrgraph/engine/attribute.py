@@ -196,7 +196,7 @@ def attribute(
     pass_ = streamed_influence(
         graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error", progress=progress
     )
-    graph.nodes.influence = pass_.influence.astype(np.float32)
+    graph.nodes.influence = pass_.influence
     scores = scores_from_shares(graph.nodes.kind, pass_.influence, pass_.error_share, w)
     graph.meta.update(
         unpruned_replacement_score=scores.replacement, unpruned_completeness_score=scores.completeness

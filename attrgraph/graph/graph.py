@@ -37,7 +37,7 @@ NODE_FIELDS: dict[str, type] = {
     "feature": np.int64,
     "activation": np.float32,
     "token": np.int64,
-    "influence": np.float32,
+    "influence": np.float64,
 }
 
 
@@ -58,12 +58,13 @@ class Nodes:
     token: np.ndarray
     """Input token (embedding), output token (logit), else -1."""
     influence: np.ndarray = None  # type: ignore[assignment]
-    """Logit influence (prune.compute_influence); NaN until computed."""
+    """Logit influence (prune.compute_influence) in float64, so that `prune_graph(graph,
+    influence=graph.nodes.influence)` prunes exactly as computing it again; NaN until computed."""
 
     def __post_init__(self):
         n = len(self.kind)
         if self.influence is None:
-            self.influence = np.full(n, np.nan, np.float32)
+            self.influence = np.full(n, np.nan)
         for f in fields(self):
             value = np.asarray(getattr(self, f.name))
             if f.name == "kind":

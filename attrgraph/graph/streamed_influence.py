@@ -93,6 +93,23 @@ def streamed_influence(
     )
 
 
+def logit_influence(
+    adjacency: sp.sparray,
+    logit_weights: Float[np.ndarray, " n_nodes"],
+    is_error: np.ndarray | None = None,
+    progress: bool = False,
+) -> StreamedInfluence:
+    """`prune.compute_influence(prune.normalize_matrix(adjacency), w)` (and the error shares) of any
+    strictly lower-triangular matrix in one streamed pass (`row_blocks`). Duplicate entries are
+    summed before |.| as normalize_matrix does (a copy only when there are any); a canonical CSR
+    matrix is read in place."""
+    A = sp.csr_array(adjacency)
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()
+    return streamed_influence(A, logit_weights, row_blocks(A), is_error, progress=progress)
+
+
 def streamed_influence_rows(
     row_sets: list[tuple[Int[np.ndarray, " n_rows"], sp.csr_array]],
     logit_weights: Float[np.ndarray, " n_nodes"],
@@ -112,7 +129,7 @@ def streamed_influence_rows(
                 f"a row set has {len(nodes)} nodes for a {rows.shape} matrix over {N} weights; give one "
                 "ascending node per row and one column per node."
             )
-    is_error = np.zeros(N, bool) if is_error is None else np.asarray(is_error, bool)
+    is_error = None if is_error is None else np.asarray(is_error, bool).astype(np.float64)
     acc = np.zeros(N)
     z = w.copy()
     error_share = np.zeros(N)
@@ -146,15 +163,19 @@ def streamed_influence_rows(
 
 
 def _accumulate(targets, indptr, cols, values, b0, z, acc, error_share, is_error) -> None:
-    """Step 2-3 for one chunk of rows (nodes `targets`, all in the block starting at b0)."""
+    """Steps 2-3 for one chunk of rows (nodes `targets`, all in the block starting at b0): three
+    sparse products of the chunk's |values| in float64, no per-edge index array."""
     if cols.max() >= b0:
         raise GraphError(
             "an edge comes from its own block or a later node; order nodes as graph.NODE_ORDER documents."
         )
     a = np.abs(values, dtype=np.float64)
-    local = np.repeat(np.arange(len(targets)), np.diff(indptr))
-    rowsum = np.bincount(local, weights=a, minlength=len(targets))
+    chunk = sp.csr_array((a, cols, indptr.astype(cols.dtype, copy=False)), shape=(len(targets), len(acc)))
+    counts = np.diff(indptr)
+    rowsum = np.zeros(len(targets))
+    nonempty = counts > 0
+    rowsum[nonempty] = np.add.reduceat(a, indptr[:-1][nonempty])
     inv = np.divide(1.0, rowsum, out=np.zeros_like(rowsum), where=rowsum > 0)
-    error_share[targets] = np.bincount(local, weights=a * is_error[cols], minlength=len(targets)) * inv
-    a *= (z[targets] * inv)[local]
-    acc += np.bincount(cols, weights=a, minlength=len(acc))
+    if is_error is not None:
+        error_share[targets] = (chunk @ is_error) * inv
+    acc += chunk.T @ (z[targets] * inv)
