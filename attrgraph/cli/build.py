@@ -6,7 +6,11 @@
    longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
    what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
 2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
-3. `prune_graph` with `--node-threshold` / `--edge-threshold`.
+3. `prune_graph` with `--node-threshold` / `--edge-threshold`, taking the influence `attribute`
+   computed. Steps 2-3 of the standard method without `--full` (and with a node threshold below
+   1) are one step, `attribute_pruned` (engine/pruned_build.py): the same pruned graph without
+   ever holding the full one, whose edges are most of a long prompt's memory; `--json` then gives
+   the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
    (missing folders are created). Steps that can take long (attribution, the influence passes,
@@ -103,6 +107,7 @@ def _scores_from_attribute(graph):
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
     from attrgraph.graph.store import save_graph
@@ -121,27 +126,50 @@ def run(args) -> int:
     tc = load_transcoders(args.transcoders)
     t1 = time.perf_counter()
     method, options = attribute_options(vars(args), progress)
-    graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
-    graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
-    t2 = time.perf_counter()
-    # attribute's influence pass is pruning's first step: pass it on rather than compute it again
-    pruned = prune_graph(
-        graph, args.node_threshold, args.edge_threshold, progress=progress, influence=graph.nodes.influence
-    )
-    t3 = time.perf_counter()
-    name = save_graph(pruned, args.output, args.name)
-    if args.full:
-        save_graph(
-            graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
+    if method == "standard" and not args.full and args.node_threshold < 1:
+        # the full graph is never held: its rows are streamed into pruning (engine/pruned_build.py)
+        pruned = attribute_pruned(
+            model, tc, tokens, args.node_threshold, args.edge_threshold, batch_size=args.batch_size, **options
         )
-    times = {
-        "load_s": round(t1 - t0, 3),
-        "attribute_s": round(t2 - t1, 3),
-        "prune_s": round(t3 - t2, 3),
-        "save_s": round(time.perf_counter() - t3, 3),
-        "total_s": round(time.perf_counter() - t0, 3),
-    }
-    full, small = summarize(graph, scores=_scores_from_attribute(graph)), summarize(pruned)
+        pruned.meta.update(model=str(args.model), transcoders=str(args.transcoders))
+        t2 = time.perf_counter()
+        name = save_graph(pruned, args.output, args.name)
+        times = {"load_s": t1 - t0, "attribute_and_prune_s": t2 - t1, "save_s": time.perf_counter() - t2}
+        m = pruned.meta
+        full = {
+            "n_nodes": m["unpruned_n_nodes"],
+            "n_edges": m["unpruned_n_edges"],
+            "n_features": m["unpruned_n_features"],
+            "replacement_score": round(m["unpruned_replacement_score"], 6),
+            "completeness_score": round(m["unpruned_completeness_score"], 6),
+        }
+    else:
+        graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
+        graph.meta.update(model=str(args.model), transcoders=str(args.transcoders))
+        t2 = time.perf_counter()
+        # attribute's influence pass is pruning's first step: pass it on rather than compute it again
+        pruned = prune_graph(
+            graph,
+            args.node_threshold,
+            args.edge_threshold,
+            progress=progress,
+            influence=graph.nodes.influence,
+        )
+        t3 = time.perf_counter()
+        name = save_graph(pruned, args.output, args.name)
+        if args.full:
+            save_graph(
+                graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
+            )
+        times = {
+            "load_s": t1 - t0,
+            "attribute_s": t2 - t1,
+            "prune_s": t3 - t2,
+            "save_s": time.perf_counter() - t3,
+        }
+        full = summarize(graph, scores=_scores_from_attribute(graph))
+    times = {k: round(v, 3) for k, v in times.items()} | {"total_s": round(time.perf_counter() - t0, 3)}
+    small = summarize(pruned)
     if args.json:
         print(
             json.dumps(
@@ -149,7 +177,7 @@ def run(args) -> int:
             )
         )
         return 0
-    print(f"prompt: {' '.join(repr(t) for t in graph.prompt_tokens)}")
+    print(f"prompt: {' '.join(repr(t) for t in pruned.prompt_tokens)}")
     print(f"full:   {full['n_nodes']} nodes, {full['n_edges']} edges, {full['n_features']} features")
     print(
         f"pruned: {small['n_nodes']} nodes, {small['n_edges']} edges, {small['n_features']} features "

@@ -132,10 +132,7 @@ def prune_graph(
     `influence`: step 2 on `graph` when already computed on this very adjacency (a graph fresh
     from `attribute` carries it as `graph.nodes.influence`, float64), which saves one streamed pass
     over the full graph; by default that pass computes it."""
-    for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if not 0.0 <= t <= 1.0:
-            raise GraphError(f"{name} is {t}; pass a fraction in [0, 1] such as 0.8.")
-    kind = graph.nodes.kind
+    _check_thresholds(node_threshold, edge_threshold)
     if influence is None:
         influence = logit_influence(graph.adjacency, graph.logit_weights(), progress=progress).influence
     influence = np.asarray(influence, np.float64)
@@ -145,11 +142,32 @@ def prune_graph(
             f"a graph of {graph.n_nodes} nodes; pass one computed value per node (attribute fills "
             "graph.nodes.influence) or None to compute it."
         )
-    non_logit = kind != "logit"
-    cutoff = find_threshold(influence[non_logit], node_threshold)
-    keep = (kind != "feature") | (influence >= cutoff)
+    keep = select_nodes(graph.nodes.kind, influence, node_threshold)
     pruned = graph.subgraph(keep, adjacency=graph.adjacency if keep.all() else None)  # read only
+    return prune_edges(pruned, edge_threshold, progress, node_threshold)
 
+
+def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
+    for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not 0.0 <= t <= 1.0:
+            raise GraphError(f"{name} is {t}; pass a fraction in [0, 1] such as 0.8.")
+
+
+def select_nodes(
+    kind: np.ndarray, influence: Float[np.ndarray, " n_nodes"], node_threshold: float
+) -> np.ndarray:
+    """Step 3: the boolean mask of the nodes kept (every non-feature, and the features whose
+    logit influence reaches the cutoff of `find_threshold` over the non-logit nodes)."""
+    cutoff = find_threshold(influence[kind != "logit"], node_threshold)
+    return (kind != "feature") | (influence >= cutoff)
+
+
+def prune_edges(
+    pruned: Graph, edge_threshold: float = 0.98, progress: bool = False, node_threshold: float = 1.0
+) -> Graph:
+    """Step 4 on the node-pruned graph `pruned` (step 3 already applied, `node_threshold` recorded
+    in the result's meta); influence on its nodes is filled in."""
+    _check_thresholds(node_threshold, edge_threshold)
     raw = sp.csr_array(pruned.adjacency, copy=True)
     raw.sum_duplicates()  # sorts too; duplicates would break "entry for entry" below
     raw.eliminate_zeros()

@@ -121,45 +121,91 @@ def streamed_influence_rows(
     """`streamed_influence` of the graph whose row for node `nodes[i]` is row i of `rows`, for each
     `(nodes, rows)` in `row_sets` (nodes ascending within a set, each node in at most one set;
     columns are node indices); other nodes have no inputs (step 4)."""
-    w = np.asarray(logit_weights, np.float64)
-    N = len(w)
+    solve = InfluenceSolve(logit_weights, is_error, chunk_edges)
     for nodes, rows in row_sets:
+        solve.check(nodes, rows)
+    n_edges = sum(int(rows.indptr[-1] - rows.indptr[0]) for _, rows in row_sets)
+    with tqdm(total=n_edges, desc="influence", unit="edge", unit_scale=True, disable=not progress) as bar:
+        for b0, b1 in reversed(blocks):
+            solve.start_block(b0, b1)
+            for nodes, rows in row_sets:
+                r0, r1 = np.searchsorted(nodes, [b0, b1])
+                bar.update(solve.add_rows(nodes, rows, int(r0), int(r1)))
+    return solve.result()
+
+
+class InfluenceSolve:
+    """Steps 2-3 fed one block at a time, from the last block to the first, for a caller that
+    computes the rows as it goes and need not keep them (attribute_pruned): `start_block(b0, b1)`,
+    then `add_rows(nodes, rows)` for the rows of that block's nodes (any grouping, any order), then
+    the next lower block; `result()` at the end. Nodes whose rows never come have no inputs."""
+
+    def __init__(
+        self,
+        logit_weights: Float[np.ndarray, " n_nodes"],
+        is_error: np.ndarray | None = None,
+        chunk_edges: int = 1 << 18,
+    ):
+        self.w = np.asarray(logit_weights, np.float64)
+        self.is_error = None if is_error is None else np.asarray(is_error, bool).astype(np.float64)
+        self.chunk_edges = chunk_edges
+        self.acc = np.zeros(len(self.w))
+        self.z = self.w.copy()
+        self.error_share = np.zeros(len(self.w))
+        self.block = (len(self.w), len(self.w))
+
+    def check(self, nodes: np.ndarray, rows: sp.csr_array) -> None:
+        N = len(self.w)
         if rows.shape != (len(nodes), N) or np.any(np.diff(nodes) <= 0):
             raise GraphError(
                 f"a row set has {len(nodes)} nodes for a {rows.shape} matrix over {N} weights; give one "
                 "ascending node per row and one column per node."
             )
-    is_error = None if is_error is None else np.asarray(is_error, bool).astype(np.float64)
-    acc = np.zeros(N)
-    z = w.copy()
-    error_share = np.zeros(N)
-    n_edges = sum(int(rows.indptr[-1] - rows.indptr[0]) for _, rows in row_sets)
-    bar = tqdm(total=n_edges, desc="influence", unit="edge", unit_scale=True, disable=not progress)
-    for b0, b1 in reversed(blocks):
-        z[b0:b1] = w[b0:b1] + acc[b0:b1]
-        for nodes, rows in row_sets:
-            r0, r_end = np.searchsorted(nodes, [b0, b1])
-            indptr, indices, data = rows.indptr, rows.indices, rows.data
-            while r0 < r_end:  # chunks of rows with about chunk_edges edges
-                r1 = int(np.searchsorted(indptr, indptr[r0] + chunk_edges, side="right")) - 1
-                r1 = min(max(r1, r0 + 1), r_end)
-                p0, p1 = int(indptr[r0]), int(indptr[r1])
-                if p1 > p0:
-                    _accumulate(
-                        nodes[r0:r1],
-                        indptr[r0 : r1 + 1] - p0,
-                        indices[p0:p1],
-                        data[p0:p1],
-                        b0,
-                        z,
-                        acc,
-                        error_share,
-                        is_error,
-                    )
-                    bar.update(p1 - p0)
-                r0 = r1
-    bar.close()
-    return StreamedInfluence(influence=z - w, error_share=error_share)
+
+    def start_block(self, b0: int, b1: int) -> None:
+        """The block `[b0, b1)`, below the blocks done: every node above it has all its rows."""
+        if b1 > self.block[0]:
+            raise GraphError(
+                f"block [{b0}, {b1}) overlaps or follows the previous block; go from the last down."
+            )
+        self.block = (b0, b1)
+        self.z[b0:b1] = self.w[b0:b1] + self.acc[b0:b1]
+
+    def add_rows(
+        self, nodes: Int[np.ndarray, " n_rows"], rows: sp.csr_array, r0: int = 0, r_end: int | None = None
+    ) -> int:
+        """Rows `r0 .. r_end - 1` (default all) of `rows`, those of `nodes[r0:r_end]` (ascending,
+        inside the current block; read in place, not copied); returns their edge count."""
+        self.check(nodes, rows)
+        r_end = len(nodes) if r_end is None else r_end
+        b0, b1 = self.block
+        if r_end > r0 and (nodes[r0] < b0 or nodes[r_end - 1] >= b1):
+            raise GraphError(
+                f"rows of nodes outside the current block [{b0}, {b1}); start their block first."
+            )
+        indptr, indices, data = rows.indptr, rows.indices, rows.data
+        r_start = r0
+        while r0 < r_end:  # chunks of rows with about chunk_edges edges
+            r1 = int(np.searchsorted(indptr, indptr[r0] + self.chunk_edges, side="right")) - 1
+            r1 = min(max(r1, r0 + 1), r_end)
+            p0, p1 = int(indptr[r0]), int(indptr[r1])
+            if p1 > p0:
+                _accumulate(
+                    nodes[r0:r1],
+                    indptr[r0 : r1 + 1] - p0,
+                    indices[p0:p1],
+                    data[p0:p1],
+                    b0,
+                    self.z,
+                    self.acc,
+                    self.error_share,
+                    self.is_error,
+                )
+            r0 = r1
+        return int(indptr[r_end] - indptr[r_start])
+
+    def result(self) -> StreamedInfluence:
+        return StreamedInfluence(influence=self.z - self.w, error_share=self.error_share)
 
 
 def _accumulate(targets, indptr, cols, values, b0, z, acc, error_share, is_error) -> None:
