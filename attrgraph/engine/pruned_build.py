@@ -138,7 +138,10 @@ def _influence(
     solve = InfluenceSolve(_logit_weights(setup), nodes.kind == "error")
     n_edges = 0
     bar = tqdm(
-        total=len(setup.injections), desc="attribution (rows into influence)", unit="target", disable=not progress
+        total=len(setup.injections),
+        desc="attribution (rows into influence)",
+        unit="target",
+        disable=not progress,
     )
     for b0, b1 in reversed(layer_blocks(nodes)):
         solve.start_block(b0, b1)

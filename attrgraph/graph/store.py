@@ -306,8 +306,8 @@ def list_graphs(path: str | os.PathLike) -> list[str]:
 
 
 def _read(group: h5py.Group, key: str, where: str, dtype=None, bar=None, below: int | None = None):
-    """Dataset `key` as a 1-d array of `dtype`; with `below`, every value must lie in [0, below),
-    checked slice by slice before the cast (a narrowing cast could hide a corrupt value)."""
+    """Dataset `key` as a 1-d array of `dtype`; with `below`, every value must lie in [0, below)
+    (`below` must fit in `dtype`: a value that does not fit saturates, so it is still caught)."""
     if key not in group:
         raise GraphFileError(
             f"{where} lacks '{key}'; the file is incomplete, write it again with save_graph."
@@ -318,13 +318,17 @@ def _read(group: h5py.Group, key: str, where: str, dtype=None, bar=None, below: 
     if ds.ndim != 1:
         raise GraphFileError(f"{where}/{key} has shape {ds.shape}, not one dimension; the file is damaged.")
     out = np.empty(ds.shape, ds.dtype if dtype is None else dtype)
-    for i in range(0, len(out), _SLICE):  # in slices (progress bar; cast without a full-size copy)
-        part = ds[i : i + _SLICE]
-        if below is not None and len(part) and (part.min() < 0 or part.max() >= below):
+    numeric = out.dtype.kind in "biuf" and ds.dtype.kind in "biuf"
+    for i in range(0, len(out), _SLICE):  # in slices, for the progress bar
+        part = np.s_[i : i + _SLICE]
+        if numeric:  # HDF5 converts into place: no temporary (a narrowing cast saturates)
+            ds.read_direct(out, part, part)
+        else:
+            out[part] = ds[part]
+        if below is not None and (out[part].min() < 0 or out[part].max() >= below):
             raise GraphFileError(f"{where}/{key} has values outside [0, {below}); the file is corrupt.")
-        out[i : i + _SLICE] = part
         if bar is not None:
-            bar.update(ds.dtype.itemsize * len(out[i : i + _SLICE]))
+            bar.update(ds.dtype.itemsize * len(out[part]))
     return out
 
 
