@@ -54,27 +54,27 @@ class Steps:
     """Wall time and sampled peak RSS of each step of one process."""
 
     def __init__(self):
-        self.peak, self.rows, self.running = _rss_gb(), [], True
+        self.samples, self.rows, self.running = [], [], True  # (time, RSS GB)
         threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self):
         while self.running:
-            self.peak = max(self.peak, _rss_gb())
+            self.samples.append((time.perf_counter(), _rss_gb()))
             time.sleep(0.005)
 
     def run(self, name: str, fn):
         before = _rss_gb()
-        self.peak = before
         t = time.perf_counter()
         out = fn()
-        seconds = time.perf_counter() - t
-        self.peak = max(self.peak, _rss_gb())
+        t_end = time.perf_counter()
+        peak = max([before, _rss_gb()] + [r for s, r in self.samples if t <= s <= t_end])
+        self.samples.clear()
         self.rows.append(
             dict(
                 step=name,
-                seconds=round(seconds, 3),
+                seconds=round(t_end - t, 3),
                 rss_before_gb=round(before, 3),
-                peak_rss_gb=round(self.peak, 3),
+                peak_rss_gb=round(peak, 3),
             )
         )
         return out

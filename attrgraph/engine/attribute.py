@@ -17,6 +17,7 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation". Algorithm:
 The cost is one backward per batch of targets, linear in the number of active features.
 `attribute_hierarchical` (hierarchical.py) and `attribute_adaptive` (adaptive.py) are the other two
 entry points; `attribute(method=...)` runs either, and refuses options the method does not take.
+`attribute_pruned` (pruned_build.py) runs steps 1-5 and pruning without holding the rows.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ logit influence, which one pass over the rows from the last block of nodes to th
    only read lower blocks, so every node's influence is final once the blocks above it are done.
 3. Node pruning (prune.select_nodes) on that influence; the rows of the kept features and of the
    targets computed again, restricted to the kept nodes: the node-pruned graph.
-4. Edge pruning (prune.prune_edges), as `prune_graph` does.
+4. Edge pruning (prune.prune_graph_edges), as `prune_graph` does.
 
 The result is `prune_graph(attribute(...))`: the same steps on the same rows (a row computed in
 another batch agrees to float32 rounding). Cost: the rows of every target once, as `attribute`,
@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from attrgraph.engine.attribute import StandardSetup, standard_setup
 from attrgraph.engine.targets import Target
 from attrgraph.graph.graph import Graph
-from attrgraph.graph.prune import prune_edges, select_nodes
+from attrgraph.graph.prune import prune_graph_edges, select_nodes
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import InfluenceSolve, StreamedInfluence, layer_blocks
 
@@ -111,7 +111,7 @@ def attribute_pruned(
         unpruned_n_edges=int(n_edges),
         unpruned_n_features=int((kind == "feature").sum()),
     )
-    return prune_edges(pruned, edge_threshold, progress, node_threshold)  # step 4
+    return prune_graph_edges(pruned, edge_threshold, progress, node_threshold)  # step 4
 
 
 def _logit_weights(setup: StandardSetup) -> np.ndarray:

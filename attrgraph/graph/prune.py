@@ -20,7 +20,8 @@ A threshold of 1.0 keeps everything at that step.
 (streamed_influence.py, the same numbers without the normalized copy and its transpose, which
 on a graph of 10^8 edges took longer than attribution itself); `progress=True` shows it. A graph
 fresh from `attribute` already carries that pass's result (`nodes.influence`); `influence=` takes
-it instead of computing it again, so that the build computes it once.
+it instead of computing it again, so that the build computes it once. Step 3 is `select_nodes`,
+step 4 `prune_graph_edges` (attribute_pruned applies them to rows it never holds all at once).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def prune_graph(
         )
     keep = select_nodes(graph.nodes.kind, influence, node_threshold)
     pruned = graph.subgraph(keep, adjacency=graph.adjacency if keep.all() else None)  # read only
-    return prune_edges(pruned, edge_threshold, progress, node_threshold)
+    return prune_graph_edges(pruned, edge_threshold, progress, node_threshold)
 
 
 def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
@@ -162,7 +163,7 @@ def select_nodes(
     return (kind != "feature") | (influence >= cutoff)
 
 
-def prune_edges(
+def prune_graph_edges(
     pruned: Graph, edge_threshold: float = 0.98, progress: bool = False, node_threshold: float = 1.0
 ) -> Graph:
     """Step 4 on the node-pruned graph `pruned` (step 3 already applied, `node_threshold` recorded
