@@ -9,6 +9,7 @@ from attrgraph.engine.attribute import StandardSetup, attribute
 from attrgraph.engine.pruned_build import attribute_pruned
 from attrgraph.engine.targets import logit_difference
 from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.streamed_influence import logit_influence
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -35,7 +36,11 @@ def test_equals_prune_graph_of_attribute(arch, kind, skip):
     model = tiny_model(arch, torch.float32)
     tc = tiny_transcoders(model, kind, skip)
     full = attribute(model, tc, TOKENS)
+    # attribute's influence is the pass prune_graph would make, in float64: pruning may take it
+    again = logit_influence(full.adjacency, full.logit_weights()).influence
+    np.testing.assert_allclose(full.nodes.influence, again, rtol=1e-12, atol=1e-15)
     want = prune_graph(full, 0.7, 0.9)
+    assert_same_pruned_graph(want, prune_graph(full, 0.7, 0.9, influence=full.nodes.influence))
     got = attribute_pruned(model, tc, TOKENS, 0.7, 0.9, chunk_edges=200)  # many groups of rows
     assert_same_pruned_graph(want, got)
     assert got.meta["unpruned_n_edges"] == full.n_edges and got.meta["unpruned_n_nodes"] == full.n_nodes
