@@ -127,6 +127,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     """Attribute and prune one work item with `attrgraph build`'s options: {name: graph} to store,
     the unpruned graph (with `full`) before the pruned one."""
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.engine.targets import logit_difference, logit_target
     from attrgraph.graph.prune import prune_graph
@@ -139,8 +140,22 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
         kwargs["targets"] = [logit_difference(model, *target)]
     elif target is not None:
         kwargs["targets"] = [logit_target(model, target)]
+    meta = dict(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
+    if method == "standard" and not options["full"] and options["node_threshold"] < 1:
+        # as `attrgraph build`: the full graph's rows are streamed into pruning, never held
+        pruned = attribute_pruned(
+            model,
+            tc,
+            tokens,
+            options["node_threshold"],
+            options["edge_threshold"],
+            batch_size=options["batch_size"],
+            **kwargs,
+        )
+        pruned.meta.update(meta)
+        return {item["name"]: pruned}
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
-    graph.meta.update(model=str(options["model"]), transcoders=str(options["transcoders"]), line=item["line"])
+    graph.meta.update(meta)
     pruned = prune_graph(
         graph, options["node_threshold"], options["edge_threshold"], influence=graph.nodes.influence
     )
