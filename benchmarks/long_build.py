@@ -115,6 +115,7 @@ def worker(path: str, out_dir: str) -> dict:
         info.update(
             nodes=m["unpruned_n_nodes"], edges=m["unpruned_n_edges"], features=m["unpruned_n_features"]
         )
+        info["pruning_s"] = m["pruning_seconds"]  # steps 3-4 of attribute_pruned
     steps.running = False
     info.update(
         n_pos=len(ids),
@@ -243,6 +244,8 @@ def write(args, samples: dict, check: dict | None) -> None:
             )
             if path == "held":
                 summary[path]["attribute_rows_s"] = _median([r["attribute_rows_s"] for r in rows])
+            if path == "streamed":
+                summary[path]["pruning_s"] = _median([r["pruning_s"] for r in rows])
     first = next(iter(samples.values()))[0]
     size = first.get("full") or first
     loads = [x for rows in samples.values() for r in rows for x in r["load_1min"]]
@@ -294,6 +297,12 @@ def write(args, samples: dict, check: dict | None) -> None:
             "",
             f"Of `attribute`'s {summary['held']['steps']['attribute']['seconds']:.1f} s, the rows took "
             f"{summary['held']['attribute_rows_s']:.1f} s and the influence pass the rest.",
+        ]
+    if "streamed" in summary:
+        lines += [
+            "",
+            f"Of `attribute_pruned`'s {summary['streamed']['steps']['attribute_pruned']['seconds']:.1f} s, "
+            f"pruning (the kept rows again, edge pruning) took {summary['streamed']['pruning_s']:.2f} s.",
         ]
     if check:
         lines += [
