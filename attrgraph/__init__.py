@@ -15,6 +15,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
 `import attrgraph` does not load torch, h5py, networkx or the circuits code up front:
   load_model                                     bundled/loading.py
   attribute, attribute_hierarchical, attribute_adaptive, node_biases   engine/
+  attribute_pruned (attribute + prune_graph, the full graph never held)   engine/pruned_build.py
   to_tokens (prompt -> checked ids: strict=, truncate=)   engine/sources.py
   Target, direction, logit_difference            engine/targets.py
   ReplacementModel                               engine/replacement.py
@@ -46,6 +47,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.engine.sources": ["to_tokens"],
     "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],
     "attrgraph.engine.adaptive": ["attribute_adaptive"],
+    "attrgraph.engine.pruned_build": ["attribute_pruned"],
     "attrgraph.engine.replacement": ["ReplacementModel"],
     "attrgraph.engine.sets": ["TranscoderSets"],
     "attrgraph.engine.targets": ["Target", "direction", "logit_difference", "logit_target"],

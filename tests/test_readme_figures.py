@@ -245,3 +245,40 @@ def test_dashboards(readme):
     ]
     quoted(readme, f"{sizes[0]} kB and {sizes[1]} kB")
     assert big["file_kb"] == sizes[0]  # the benchmark's file is the shipped one's settings
+
+
+def test_long_build(readme):
+    res = load(RESULTS / "long_build.json")
+    held, streamed = res["summary"]["held"], res["summary"]["streamed"]
+    h, s = held["steps"], streamed["steps"]
+    quoted(readme, f"47,224 nodes and {res['graph']['edges']:,} edges")
+    quoted(
+        readme,
+        f"| held: `attribute`, `prune_graph(influence=)`, `save_graph` | {h['attribute']['seconds']:.1f} s "
+        f"| {h['prune']['seconds']:.2f} s | {h['save pruned']['seconds']:.2f} s | {h['save full']['seconds']:.1f} s "
+        f"| {held['peak_rss_gb']:.2f} GB |",
+    )
+    quoted(
+        readme,
+        f"| streamed: `attribute_pruned` (`attrgraph build`) | {s['attribute_pruned']['seconds']:.1f} s "
+        f"(both) | | {s['save pruned']['seconds']:.2f} s | | {streamed['peak_rss_gb']:.2f} GB |",
+    )
+    quoted(readme, f"load average {res['load_1min_range'][0]:.1f}-{res['load_1min_range'][1]:.1f}")
+    quoted(readme, f"the rows took {held['attribute_rows_s']:.1f} s")
+
+
+def test_influence_against_one_solve(readme):
+    res = load(RESULTS / "influence.json")
+    r = res["rows"]
+    quoted(readme, f"({res['edges']:,} edges; `python benchmarks/influence.py`")
+    quoted(
+        readme,
+        f"the streamed pass takes {r['influence']['seconds'] * 1e3:.1f} ms, {res['influence_over_solve']:.2f}x one "
+        f"`scipy.sparse.linalg.spsolve_triangular` on the normalized matrix prepared for it "
+        f"({r['solve_prepared']['seconds'] * 1e3:.1f} ms; called as `compute_influence` calls it, "
+        f"{r['solve_as_called']['seconds'] * 1e3:.1f} ms)",
+    )
+    quoted(
+        readme,
+        f"the whole `prune_graph` takes {r['prune_graph']['seconds'] * 1e3:.1f} ms ({res['prune_over_solve']:.2f}x)",
+    )

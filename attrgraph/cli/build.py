@@ -8,7 +8,11 @@
    longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
    what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
 2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
-3. `prune_graph` with `--node-threshold` / `--edge-threshold`.
+3. `prune_graph` with `--node-threshold` / `--edge-threshold`, taking the influence `attribute`
+   computed. Steps 2-3 of the standard method without `--full` (and with a node threshold below
+   1) are one step, `attribute_pruned` (engine/pruned_build.py): the same pruned graph without
+   ever holding the full one, whose edges are most of a long prompt's memory; `--json` then gives
+   the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
    (missing folders are created). Steps that can take long (attribution, the influence passes,
@@ -117,9 +121,19 @@ def attribute_options(options: dict, progress: bool) -> tuple[str, dict]:
     return method, kwargs
 
 
+def _scores_from_attribute(graph):
+    """The scores that `attribute` computed on the graph it returned (meta `unpruned_*_score`), so
+    that the summary needs no second pass over the full graph; None when it has none."""
+    from attrgraph.graph.scores import GraphScores
+
+    keys = ("unpruned_replacement_score", "unpruned_completeness_score")
+    return GraphScores(*(graph.meta[k] for k in keys)) if all(k in graph.meta for k in keys) else None
+
+
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
     from attrgraph.graph.store import save_graph
@@ -137,22 +151,56 @@ def run(args) -> int:
     tc = load_sets(vars(args))
     t1 = time.perf_counter()
     method, options = attribute_options(vars(args), progress)
-    graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
-    graph.meta.update(graph_sources(vars(args)))
-    t2 = time.perf_counter()
-    pruned = prune_graph(graph, args.node_threshold, args.edge_threshold, progress=progress)
-    t3 = time.perf_counter()
-    name = save_graph(pruned, args.output, args.name)
-    if args.full:
-        save_graph(graph, args.output, f"{name}_full", progress=progress)
-    times = {
-        "load_s": round(t1 - t0, 3),
-        "attribute_s": round(t2 - t1, 3),
-        "prune_s": round(t3 - t2, 3),
-        "save_s": round(time.perf_counter() - t3, 3),
-        "total_s": round(time.perf_counter() - t0, 3),
-    }
-    full, small = summarize(graph), summarize(pruned)
+    if method == "standard" and not args.full and args.node_threshold < 1:
+        # the full graph is never held: its rows are streamed into pruning (engine/pruned_build.py)
+        pruned = attribute_pruned(
+            model, tc, tokens, args.node_threshold, args.edge_threshold, batch_size=args.batch_size, **options
+        )
+        pruned.meta.update(graph_sources(vars(args)))
+        t2 = time.perf_counter()
+        name = save_graph(pruned, args.output, args.name)
+        prune_s = pruned.meta["pruning_seconds"]  # steps 3-4 of attribute_pruned
+        times = {
+            "load_s": t1 - t0,
+            "attribute_s": t2 - t1 - prune_s,
+            "prune_s": prune_s,
+            "save_s": time.perf_counter() - t2,
+        }
+        m = pruned.meta
+        full = {
+            "n_nodes": m["unpruned_n_nodes"],
+            "n_edges": m["unpruned_n_edges"],
+            "n_features": m["unpruned_n_features"],
+            "replacement_score": round(m["unpruned_replacement_score"], 6),
+            "completeness_score": round(m["unpruned_completeness_score"], 6),
+        }
+    else:
+        graph = attribute(model, tc, tokens, method=method, batch_size=args.batch_size, **options)
+        graph.meta.update(graph_sources(vars(args)))
+        t2 = time.perf_counter()
+        # attribute's influence pass is pruning's first step: pass it on rather than compute it again
+        pruned = prune_graph(
+            graph,
+            args.node_threshold,
+            args.edge_threshold,
+            progress=progress,
+            influence=graph.nodes.influence,
+        )
+        t3 = time.perf_counter()
+        name = save_graph(pruned, args.output, args.name)
+        if args.full:
+            save_graph(
+                graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
+            )
+        times = {
+            "load_s": t1 - t0,
+            "attribute_s": t2 - t1,
+            "prune_s": t3 - t2,
+            "save_s": time.perf_counter() - t3,
+        }
+        full = summarize(graph, scores=_scores_from_attribute(graph))
+    times = {k: round(v, 3) for k, v in times.items()} | {"total_s": round(time.perf_counter() - t0, 3)}
+    small = summarize(pruned)
     if args.json:
         print(
             json.dumps(
@@ -160,7 +208,7 @@ def run(args) -> int:
             )
         )
         return 0
-    print(f"prompt: {' '.join(repr(t) for t in graph.prompt_tokens)}")
+    print(f"prompt: {' '.join(repr(t) for t in pruned.prompt_tokens)}")
     print(f"full:   {full['n_nodes']} nodes, {full['n_edges']} edges, {full['n_features']} features")
     print(
         f"pruned: {small['n_nodes']} nodes, {small['n_edges']} edges, {small['n_features']} features "

@@ -128,6 +128,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     """Attribute and prune one work item with `attrgraph build`'s options: {name: graph} to store,
     the unpruned graph (with `full`) before the pruned one."""
     from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.engine.targets import logit_difference, logit_target
     from attrgraph.graph.prune import prune_graph
@@ -140,9 +141,25 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
         kwargs["targets"] = [logit_difference(model, *target)]
     elif target is not None:
         kwargs["targets"] = [logit_target(model, target)]
+    meta = dict(**graph_sources(options), line=item["line"])
+    if method == "standard" and not options["full"] and options["node_threshold"] < 1:
+        # as `attrgraph build`: the full graph's rows are streamed into pruning, never held
+        pruned = attribute_pruned(
+            model,
+            tc,
+            tokens,
+            options["node_threshold"],
+            options["edge_threshold"],
+            batch_size=options["batch_size"],
+            **kwargs,
+        )
+        pruned.meta.update(meta)
+        return {item["name"]: pruned}
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
-    graph.meta.update(**graph_sources(options), line=item["line"])
-    pruned = prune_graph(graph, options["node_threshold"], options["edge_threshold"])
+    graph.meta.update(meta)
+    pruned = prune_graph(
+        graph, options["node_threshold"], options["edge_threshold"], influence=graph.nodes.influence
+    )
     out = {f"{item['name']}_full": graph} if options["full"] else {}
     out[item["name"]] = pruned
     return out

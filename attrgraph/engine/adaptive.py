@@ -180,5 +180,5 @@ def attribute_adaptive(
     )
     graph.nodes.influence = streamed_influence(
         graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
-    ).influence.astype(np.float32)
+    ).influence
     return graph

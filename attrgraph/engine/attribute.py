@@ -18,13 +18,15 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation". Algorithm:
 The cost is one backward per batch of targets, linear in the number of active features.
 `attribute_hierarchical` (hierarchical.py) and `attribute_adaptive` (adaptive.py) are the other two
 entry points; `attribute(method=...)` runs either, and refuses options the method does not take.
+`attribute_pruned` (pruned_build.py) runs steps 1-5 and pruning without holding the rows.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,7 +50,7 @@ from attrgraph.engine.sources import (
 )
 from attrgraph.engine.targets import Target, check_targets, select_logit_targets
 from attrgraph.errors import OptionError
-from attrgraph.graph.graph import Graph
+from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
 
@@ -65,6 +67,126 @@ _OPTIONS = {
     "hierarchical": {"targets", "tau"},
     "adaptive": {"max_n_logits", "desired_logit_prob", "max_feature_nodes"},
 }
+
+
+@dataclass
+class StandardSetup:
+    """What standard attribution (module docstring, steps 1-2) prepares before computing rows: the
+    model run, the targets, the sources and one injection per feature and target, the node table.
+    Node `n_src + i` is the target of `injections[i]` (features, then targets, in node order)."""
+
+    model: HookedTransformer
+    rm: ReplacementModel
+    tokens: Tensor
+    state: object
+    targets: list[Target]
+    weights: np.ndarray
+    sources: object
+    injections: list[Injection]
+    nodes: Nodes
+    engine: Callable
+    exclude_bos: bool
+    embedding: str
+    max_n_logits: int
+    desired_logit_prob: float
+
+    @property
+    def n_src(self) -> int:
+        """Embedding and error nodes: the nodes without rows, first in node order."""
+        return self.tokens.shape[0] + self.sources.n_errors
+
+    @property
+    def n_nodes(self) -> int:
+        return self.sources.n_columns + len(self.targets)
+
+    def rows(
+        self, injections: list[Injection], batch_size: int, progress: bool = False, stats=None
+    ) -> sp.csr_array:
+        """Step 3: the rows of `injections`, `[len(injections), n_columns]` (sources only); `stats`
+        (a dict) adds up the linear engine's flops."""
+        extra = dict(stats=stats) if self.engine is linear_rows and stats is not None else {}
+        return self.engine(
+            self.rm, self.state, self.sources, injections, batch_size=batch_size, progress=progress, **extra
+        )
+
+    def graph(self, nodes: Nodes, adjacency: sp.csr_array, stats: dict, t0: float) -> Graph:
+        """The graph on `nodes` (all of them, or a selection) with `adjacency`, and its metadata."""
+        targets = self.targets
+        return Graph(
+            nodes=nodes,
+            adjacency=adjacency,
+            prompt_ids=self.tokens.cpu().numpy(),
+            prompt_tokens=prompt_strings(self.model, self.tokens),
+            logit_tokens=np.array([t.token for t in targets]),
+            logit_probs=self.weights,
+            logit_strings=[t.name for t in targets],
+            meta=dict(
+                **graph_provenance(self.model, self.rm, self.state, self.exclude_bos, self.embedding),
+                backend="linear" if self.engine is linear_rows else "autograd",
+                backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
+                max_n_logits=int(self.max_n_logits),
+                desired_logit_prob=float(self.desired_logit_prob),
+                custom_targets=any(
+                    t.hook is not None or t.token < 0 or not math.isfinite(t.weight) for t in targets
+                ),
+                attribution_seconds=round(time.perf_counter() - t0, 4),
+            ),
+        )
+
+
+def standard_setup(
+    model: HookedTransformer,
+    transcoders: SparseCoder | Sequence[SparseCoder] | TranscoderSets | ReplacementModel,
+    prompt: str | list[int] | Tensor | np.ndarray,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    targets: list[Target] | None = None,
+    batch_size: int = 256,
+    exclude_bos: bool | None = None,
+    embedding: str = "token+position",
+    backend: str = "auto",
+) -> StandardSetup:
+    """Steps 1-2 of `attribute` (same options): run the model, choose the targets, build the
+    sources, the injections and the node table, and pick the rows engine."""
+    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    tokens = to_tokens(model, prompt)
+    if batch_size < 1:
+        raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
+    tokenizer = getattr(model, "tokenizer", None)
+    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
+    if targets is not None:
+        check_targets(targets, model, len(tokens))
+    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
+    n_pos, L = len(tokens), model.cfg.n_layers
+    if targets is None:
+        targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
+    weights = np.array([t.weight for t in targets], np.float64)
+    weights = np.where(np.isnan(weights), 1.0 / len(targets), weights)
+
+    sources = build_sources(rm, state)
+    injections = feature_injections(rm, sources.features, sources.attn)
+    positions = [t.position % n_pos for t in targets]
+    injections += [
+        Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
+    ]
+    values = target_values(rm, state, targets, positions)
+    return StandardSetup(
+        model=model,
+        rm=rm,
+        tokens=tokens,
+        state=state,
+        targets=targets,
+        weights=weights,
+        sources=sources,
+        injections=injections,
+        nodes=node_table(state, sources, targets, positions, values, L),
+        engine=rows_engine(backend, rm, injections),
+        exclude_bos=bool(exclude_bos),
+        embedding=embedding,
+        max_n_logits=max_n_logits,
+        desired_logit_prob=desired_logit_prob,
+    )
 
 
 def attribute(
@@ -138,70 +260,31 @@ def attribute(
         return attribute_adaptive(
             model, transcoders, prompt, max_feature_nodes=max_feature_nodes, **logits, **common
         )
-    max_n_logits, desired_logit_prob = logits["max_n_logits"], logits["desired_logit_prob"]
     t0 = time.perf_counter()
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    tokens = to_tokens(model, prompt)
-    if batch_size < 1:
-        raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
-    tokenizer = getattr(model, "tokenizer", None)
-    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
-    if targets is not None:
-        check_targets(targets, model, len(tokens))
-    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
-    n_pos, L = len(tokens), model.cfg.n_layers
-    if targets is None:
-        targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
-    weights = np.array([t.weight for t in targets], np.float64)
-    weights = np.where(np.isnan(weights), 1.0 / len(targets), weights)
-
-    sources = build_sources(rm, state)
-    feats = sources.features
-    injections = feature_injections(rm, feats, sources.attn)
-    positions = [t.position % n_pos for t in targets]
-    injections += [
-        Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
-    ]
-    engine = rows_engine(backend, rm, injections)
+    setup = standard_setup(
+        model,
+        transcoders,
+        prompt,
+        targets=targets,
+        exclude_bos=exclude_bos,
+        embedding=embedding,
+        backend=backend,
+        batch_size=batch_size,
+        **logits,
+    )
     stats: dict = {}
-    extra = dict(stats=stats) if engine is linear_rows else {}
-    rows = engine(rm, state, sources, injections, batch_size=batch_size, progress=progress, **extra)
-
-    n_src = n_pos + sources.n_errors
-    N = sources.n_columns + len(targets)
+    rows = setup.rows(setup.injections, batch_size=batch_size, progress=progress, stats=stats)
     # rows only for features and targets; embeddings and errors have no inputs (empty rows)
     # keep the rows' index dtype, so that scipy does not copy the (large) indices
-    indptr = np.concatenate([np.zeros(n_src, rows.indptr.dtype), rows.indptr])
-    adjacency = sp.csr_array((rows.data, rows.indices, indptr), shape=(N, N))
-
-    values = target_values(rm, state, targets, positions)
-    nodes = node_table(state, sources, targets, positions, values, L)
-    graph = Graph(
-        nodes=nodes,
-        adjacency=adjacency,
-        prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=prompt_strings(model, tokens),
-        logit_tokens=np.array([t.token for t in targets]),
-        logit_probs=weights,
-        logit_strings=[t.name for t in targets],
-        meta=dict(
-            **graph_provenance(model, rm, state, exclude_bos, embedding),
-            backend="linear" if engine is linear_rows else "autograd",
-            backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
-            max_n_logits=int(max_n_logits),
-            desired_logit_prob=float(desired_logit_prob),
-            custom_targets=any(
-                t.hook is not None or t.token < 0 or not math.isfinite(t.weight) for t in targets
-            ),
-            attribution_seconds=round(time.perf_counter() - t0, 4),
-        ),
-    )
+    indptr = np.concatenate([np.zeros(setup.n_src, rows.indptr.dtype), rows.indptr])
+    adjacency = sp.csr_array((rows.data, rows.indices, indptr), shape=(setup.n_nodes, setup.n_nodes))
+    graph = setup.graph(setup.nodes, adjacency, stats, t0)
     # influence and scores in one streamed pass (no copies of a possibly huge adjacency)
     w = graph.logit_weights()
     pass_ = streamed_influence(
         graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error", progress=progress
     )
-    graph.nodes.influence = pass_.influence.astype(np.float32)
+    graph.nodes.influence = pass_.influence
     scores = scores_from_shares(graph.nodes.kind, pass_.influence, pass_.error_share, w)
     graph.meta.update(
         unpruned_replacement_score=scores.replacement, unpruned_completeness_score=scores.completeness

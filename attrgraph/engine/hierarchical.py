@@ -441,9 +441,7 @@ def attribute_hierarchical(
         ),
     )
 
-    graph.nodes.influence = compute_influence(
-        normalize_matrix(graph.adjacency), graph.logit_weights()
-    ).astype(np.float32)
+    graph.nodes.influence = compute_influence(normalize_matrix(graph.adjacency), graph.logit_weights())
     return graph
 
 

@@ -44,7 +44,7 @@ NODE_FIELDS: dict[str, type] = {
     "feature": np.int64,
     "activation": np.float32,
     "token": np.int64,
-    "influence": np.float32,
+    "influence": np.float64,
     "site": np.str_,
 }
 SITES: tuple[str, ...] = ("attn", "mlp")
@@ -68,7 +68,8 @@ class Nodes:
     token: np.ndarray
     """Input token (embedding), output token (logit), else -1."""
     influence: np.ndarray = None  # type: ignore[assignment]
-    """Logit influence (prune.compute_influence); NaN until computed."""
+    """Logit influence (prune.compute_influence) in float64, so that `prune_graph(graph,
+    influence=graph.nodes.influence)` prunes exactly as computing it again; NaN until computed."""
     site: np.ndarray = None  # type: ignore[assignment]
     """"mlp" or "attn" for feature and error nodes, "" otherwise (default: "mlp" on every feature
     and error node)."""
@@ -76,7 +77,7 @@ class Nodes:
     def __post_init__(self):
         n = len(self.kind)
         if self.influence is None:
-            self.influence = np.full(n, np.nan, np.float32)
+            self.influence = np.full(n, np.nan)
         if self.site is None:
             kind = np.asarray(self.kind).astype(np.str_)
             self.site = np.where((kind == "feature") | (kind == "error"), "mlp", "")

@@ -18,7 +18,10 @@ A threshold of 1.0 keeps everything at that step.
 
 `prune_graph` computes step 2 on the full graph as one streamed pass over its rows
 (streamed_influence.py, the same numbers without the normalized copy and its transpose, which
-on a graph of 10^8 edges took longer than attribution itself); `progress=True` shows it.
+on a graph of 10^8 edges took longer than attribution itself); `progress=True` shows it. A graph
+fresh from `attribute` already carries that pass's result (`nodes.influence`); `influence=` takes
+it instead of computing it again, so that the build computes it once. Step 3 is `select_nodes`,
+step 4 `prune_graph_edges` (attribute_pruned applies them to rows it never holds all at once).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from scipy.sparse.linalg import spsolve_triangular
 
 from attrgraph.errors import GraphError
 from attrgraph.graph.graph import Graph
-from attrgraph.graph.streamed_influence import row_blocks, streamed_influence
+from attrgraph.graph.streamed_influence import logit_influence
 
 
 def _row_reduce(A: sp.csr_array, ufunc: np.ufunc, init: float) -> np.ndarray:
@@ -118,37 +121,61 @@ def find_threshold(scores: Float[np.ndarray, " n"], threshold: float) -> float:
     return float(ordered[index])
 
 
-def _influence(adjacency: sp.csr_array, w: np.ndarray, progress: bool = False) -> np.ndarray:
-    """`compute_influence(normalize_matrix(adjacency), w)` in one streamed pass over the rows."""
-    A = sp.csr_array(adjacency)
-    if not A.has_canonical_format:  # duplicates are summed before |.|, as normalize_matrix does
-        A = A.copy()
-        A.sum_duplicates()
-    return streamed_influence(A, w, row_blocks(A), progress=progress).influence
-
-
 def prune_graph(
-    graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98, progress: bool = False
+    graph: Graph,
+    node_threshold: float = 0.8,
+    edge_threshold: float = 0.98,
+    progress: bool = False,
+    influence: Float[np.ndarray, " n_nodes"] | None = None,
 ) -> Graph:
-    """The pruned graph (steps 3-4 of the module docstring); influence on its nodes is filled in."""
+    """The pruned graph (steps 3-4 of the module docstring); influence on its nodes is filled in.
+
+    `influence`: step 2 on `graph` when already computed on this very adjacency (a graph fresh
+    from `attribute` carries it as `graph.nodes.influence`, float64), which saves one streamed pass
+    over the full graph; by default that pass computes it."""
+    _check_thresholds(node_threshold, edge_threshold)
+    if influence is None:
+        influence = logit_influence(graph.adjacency, graph.logit_weights(), progress=progress).influence
+    influence = np.asarray(influence, np.float64)
+    if influence.shape != (graph.n_nodes,) or np.isnan(influence).any():
+        raise GraphError(
+            f"influence has shape {influence.shape}{' and NaN' * bool(np.isnan(influence).any())} for "
+            f"a graph of {graph.n_nodes} nodes; pass one computed value per node (attribute fills "
+            "graph.nodes.influence) or None to compute it."
+        )
+    keep = select_nodes(graph.nodes.kind, influence, node_threshold)
+    pruned = graph.subgraph(keep, adjacency=graph.adjacency if keep.all() else None)  # read only
+    return prune_graph_edges(pruned, edge_threshold, progress, node_threshold)
+
+
+def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
     for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= t <= 1.0:
             raise GraphError(f"{name} is {t}; pass a fraction in [0, 1] such as 0.8.")
-    kind = graph.nodes.kind
-    influence = _influence(graph.adjacency, graph.logit_weights(), progress)
-    non_logit = kind != "logit"
-    cutoff = find_threshold(influence[non_logit], node_threshold)
-    keep = (kind != "feature") | (influence >= cutoff)
-    pruned = graph.subgraph(keep)
 
+
+def select_nodes(
+    kind: np.ndarray, influence: Float[np.ndarray, " n_nodes"], node_threshold: float
+) -> np.ndarray:
+    """Step 3: the boolean mask of the nodes kept (every non-feature, and the features whose
+    logit influence reaches the cutoff of `find_threshold` over the non-logit nodes)."""
+    cutoff = find_threshold(influence[kind != "logit"], node_threshold)
+    return (kind != "feature") | (influence >= cutoff)
+
+
+def prune_graph_edges(
+    pruned: Graph, edge_threshold: float = 0.98, progress: bool = False, node_threshold: float = 1.0
+) -> Graph:
+    """Step 4 on the node-pruned graph `pruned` (step 3 already applied, `node_threshold` recorded
+    in the result's meta); influence on its nodes is filled in."""
+    _check_thresholds(node_threshold, edge_threshold)
     raw = sp.csr_array(pruned.adjacency, copy=True)
     raw.sum_duplicates()  # sorts too; duplicates would break "entry for entry" below
     raw.eliminate_zeros()
     A = normalize_matrix(raw)  # same pattern as raw, entry for entry
     w = pruned.logit_weights()
-    node_influence = _influence(raw, w, progress)
-    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
-    edge_score = A.data * (node_influence + w)[rows]
+    node_influence = logit_influence(raw, w, progress=progress).influence
+    edge_score = A.data * np.repeat(node_influence + w, np.diff(A.indptr))
     had_out = np.bincount(raw.indices, minlength=pruned.n_nodes) > 0
     raw.data[edge_score < find_threshold(edge_score, edge_threshold)] = 0.0
     raw.eliminate_zeros()
@@ -164,6 +191,6 @@ def prune_graph(
             break
         keep &= ~drop
     out = pruned.subgraph(keep, adjacency=raw[keep][:, keep])
-    out.nodes.influence = node_influence[keep].astype(np.float32)
+    out.nodes.influence = node_influence[keep]
     out.meta.update(pruned=True, node_threshold=float(node_threshold), edge_threshold=float(edge_threshold))
     return out

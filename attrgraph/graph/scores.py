@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from jaxtyping import Float
 
 from attrgraph.graph.graph import Graph
-from attrgraph.graph.prune import compute_influence, normalize_matrix
+from attrgraph.graph.streamed_influence import logit_influence
 
 
 class GraphScores(NamedTuple):
@@ -38,10 +38,12 @@ class GraphScores(NamedTuple):
 
 
 def compute_graph_scores(graph: Graph) -> GraphScores:
-    """Replacement and completeness scores of `graph` (module docstring, steps 1-3)."""
+    """Replacement and completeness scores of `graph` (module docstring, steps 1-3), from one
+    streamed pass over its rows (streamed_influence.logit_influence: no copy of the adjacency)."""
     w = graph.logit_weights()
-    A = normalize_matrix(graph.adjacency)
-    return scores_from_influence(graph.nodes.kind, A, compute_influence(A, w), w)
+    kind = graph.nodes.kind
+    pass_ = logit_influence(graph.adjacency, w, kind == "error")
+    return scores_from_shares(kind, pass_.influence, pass_.error_share, w)
 
 
 def scores_from_influence(

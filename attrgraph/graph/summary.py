@@ -14,11 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from attrgraph.graph.graph import NODE_ORDER, Graph
-from attrgraph.graph.scores import compute_graph_scores
+from attrgraph.graph.scores import GraphScores, compute_graph_scores
 
 
-def summarize(graph: Graph, n_top: int = 10) -> dict:
-    """Plain-JSON summary: at least n_nodes, n_edges, n_features, logit_tokens, logit_probs."""
+def summarize(graph: Graph, n_top: int = 10, scores: GraphScores | None = None) -> dict:
+    """Plain-JSON summary: at least n_nodes, n_edges, n_features, logit_tokens, logit_probs.
+    `scores`: the graph's scores when already computed (a graph fresh from `attribute` carries
+    them as `meta["unpruned_*_score"]`); by default one streamed pass over its edges computes them."""
+    if scores is None:
+        scores = compute_graph_scores(graph)
     n = graph.nodes
     feats = np.flatnonzero(n.kind == "feature")
     influence = np.nan_to_num(n.influence[feats], nan=-1.0)
@@ -52,7 +56,7 @@ def summarize(graph: Graph, n_top: int = 10) -> dict:
         **dict(
             zip(
                 ("replacement_score", "completeness_score"),
-                (round(x, 6) for x in compute_graph_scores(graph)),
+                (round(x, 6) for x in scores),
             )
         ),
         "meta": {k: v for k, v in graph.meta.items() if isinstance(v, (str, int, float, bool))},

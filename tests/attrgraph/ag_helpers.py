@@ -198,3 +198,36 @@ def attention_graph(arch: str = "gpt2", tokens=(0, 5, 9, 3, 17, 22, 5), **kwargs
     model = tiny_model(arch)
     sets = [tiny_transcoders(model), tiny_attn_saes(model)]
     return attribute(model, sets, torch.tensor(tokens), **kwargs), model, sets
+
+
+def large_graph(n_feat: int = 2800, n_emb: int = 8, n_logit: int = 2, seed: int = 0) -> Graph:
+    """A graph of ~n_feat^2 / 2 edges built as CSR (no dense matrix): every feature and logit reads
+    every node before it (logits: every non-logit node); float32 values, int32 indices."""
+    rng = np.random.default_rng(seed)
+    n = n_emb + n_feat + n_logit
+    kinds = np.array(["embedding"] * n_emb + ["feature"] * n_feat + ["logit"] * n_logit)
+    counts = np.minimum(np.arange(n), n_emb + n_feat)
+    counts[:n_emb] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    indices = (np.arange(indptr[-1]) - np.repeat(indptr[:-1], counts)).astype(np.int32)
+    data = rng.normal(size=indptr[-1]).astype(np.float32)
+    nodes = Nodes(
+        kind=kinds,
+        layer=np.where(kinds == "embedding", -1, np.where(kinds == "logit", 1, 0)),
+        position=np.zeros(n, int),
+        feature=np.where(kinds == "feature", np.arange(n), -1),
+        activation=np.ones(n),
+        token=np.where(kinds == "logit", np.arange(n), -1),
+    )
+    import scipy.sparse as sp
+
+    return Graph(
+        nodes=nodes,
+        adjacency=sp.csr_array((data, indices, indptr), shape=(n, n)),
+        prompt_ids=np.arange(1),
+        prompt_tokens=["t0"],
+        logit_tokens=np.arange(n_logit) + 100,
+        logit_probs=np.full(n_logit, 0.9 / n_logit),
+        logit_strings=[f"out{i}" for i in range(n_logit)],
+        meta={"model": "hand-built", "n_layers": 1},
+    )

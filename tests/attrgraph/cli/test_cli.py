@@ -222,8 +222,15 @@ def test_progress_bars_of_every_long_step_are_on_stderr(model_dir, tmp_path, cap
     args = ["build", "When Mary and John went to the store", *model_args(model_dir)]
     rc, _, err = run(capsys, *args, "-o", tmp_path / "a.h5")
     assert rc == 0
-    # attribution, then three influence passes: in attribute (scores) and in both pruning steps
-    assert err.count("attribution (") >= 1 and err.count("influence: 100%") == 3, err
+    # the full graph's rows streamed into its influence (attribute_pruned), then the node-pruned
+    # graph's influence pass
+    assert err.count("attribution (rows into influence): 100%") == 1, err
+    assert err.count("influence: 100%") == 1, err
+    rc, _, err = run(capsys, *args, "-o", tmp_path / "a.h5", "--full")
+    assert rc == 0
+    # attribution, then two influence passes: the full graph's once, in attribute (pruning takes
+    # it from there instead of computing it again), and the node-pruned graph's in pruning
+    assert err.count("attribution (linear)") >= 1 and err.count("influence: 100%") == 2, err
     rc, _, err = run(capsys, *args, "-o", tmp_path / "b.h5", "--no-progress")
     assert rc == 0 and err == ""
 

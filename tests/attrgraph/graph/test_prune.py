@@ -8,6 +8,7 @@ import scipy.sparse as sp
 
 from attrgraph.errors import GraphError
 from attrgraph.graph.prune import compute_influence, find_threshold, normalize_matrix, prune_graph
+from attrgraph.graph.streamed_influence import logit_influence
 
 # e0 -> f1 (3); f1 -> f2 (-2), e0 -> f2 (2); f2 -> logit (1), e0 -> logit (1)
 CHAIN_KINDS = ["embedding", "feature", "feature", "logit"]
@@ -123,7 +124,8 @@ def test_pruning_influence_equals_the_dense_formula(make_random_graph, seed):
     g = make_random_graph(seed, n_feat=40)
     dense = dense_influence(g)
     kept = prune_graph(g, 1.0, 1.0)
-    np.testing.assert_allclose(kept.nodes.influence, dense, rtol=1e-6, atol=1e-9)
+    assert kept.nodes.influence.dtype == np.float64  # as computed, not rounded to float32
+    np.testing.assert_allclose(kept.nodes.influence, dense, rtol=1e-10, atol=1e-14)
     is_feature = g.nodes.kind == "feature"
     cutoff = find_threshold(dense[g.nodes.kind != "logit"], 0.6)
     expect = set(np.flatnonzero(is_feature & (dense >= cutoff)).tolist())
@@ -193,3 +195,20 @@ def test_influence_and_pruning_of_a_graph_with_attention_nodes():
         assert 0 < m.mask("feature", site).sum() < n.mask("feature", site).sum()
     coo = pruned.adjacency.tocoo()
     assert (coo.col < coo.row).all()
+
+
+def test_given_influence_prunes_as_computing_it(make_random_graph, capsys):
+    """`influence=` (attribute's pass) replaces the first pass and changes nothing else."""
+    g = make_random_graph(1, n_feat=60)
+    influence = logit_influence(g.adjacency, g.logit_weights()).influence
+    want = prune_graph(g, 0.6, 0.9)
+    capsys.readouterr()
+    got = prune_graph(g, 0.6, 0.9, progress=True, influence=influence)
+    assert capsys.readouterr().err.count("influence: 100%") == 1  # the node-pruned graph's only
+    np.testing.assert_array_equal(got.nodes.feature, want.nodes.feature)
+    np.testing.assert_array_equal(got.adjacency.toarray(), want.adjacency.toarray())
+    np.testing.assert_array_equal(got.nodes.influence, want.nodes.influence)
+    with pytest.raises(GraphError, match="shape"):
+        prune_graph(g, influence=influence[:-1])
+    with pytest.raises(GraphError, match="NaN"):
+        prune_graph(g, influence=np.full(g.n_nodes, np.nan))

@@ -1,11 +1,13 @@
 """Graph scores: known answers on hand-built graphs and the dense formula (circuit-tracer's) on random ones."""
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.scores import compute_graph_scores
-from tests.attrgraph.ag_helpers import graph_from_dense, random_graph
+from tests.attrgraph.ag_helpers import graph_from_dense, large_graph, random_graph
 
 
 def dense_scores(graph):
@@ -61,3 +63,15 @@ def test_scores_count_attention_errors_as_errors():
     # treating the attention errors as features would give other scores
     g.nodes.kind[g.nodes.mask("error", "attn")] = "feature"
     assert not np.allclose(dense_scores(g), [got.replacement, got.completeness])
+
+
+def test_scores_make_no_copy_of_the_adjacency():
+    """One streamed pass: numpy allocations stay far below one copy of the edge values (the dense
+    path made a float64 copy, and scipy's solve copied that again)."""
+    g = large_graph()
+    tracemalloc.start()
+    got = compute_graph_scores(g)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < g.adjacency.data.nbytes / 2, (peak, g.adjacency.data.nbytes)
+    assert 0 < got.replacement <= 1 and 0 < got.completeness <= 1

@@ -8,7 +8,13 @@ import torch
 from attrgraph.engine.attribute import attribute
 from attrgraph.errors import GraphError
 from attrgraph.graph.prune import compute_influence, normalize_matrix
-from attrgraph.graph.streamed_influence import layer_blocks, row_blocks, streamed_influence
+from attrgraph.graph.streamed_influence import (
+    InfluenceSolve,
+    layer_blocks,
+    logit_influence,
+    row_blocks,
+    streamed_influence,
+)
 from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
 
 
@@ -52,3 +58,48 @@ def test_row_blocks_known_answer():
     assert row_blocks(A) == [(0, 2), (2, 4), (4, 6), (6, 7)]
     with pytest.raises(GraphError, match="strictly lower-triangular"):
         row_blocks(sp.csr_array((np.ones(1), ([3], [3])), shape=(7, 7)))
+
+
+def test_rows_fed_block_by_block_in_any_grouping():
+    """InfluenceSolve: a graph's rows given a few at a time, blocks from the last down, rows of a
+    block in any order and grouping (empty rows between), equal the one-call pass; the result does
+    not depend on the rows being kept."""
+    g = random_graph(1, n_feat=40, density=0.3)
+    w, is_error = g.logit_weights(), g.nodes.kind == "error"
+    blocks = row_blocks(g.adjacency)
+    want = streamed_influence(g.adjacency, w, blocks, is_error)
+    solve = InfluenceSolve(w, is_error, chunk_edges=4)
+    rng = np.random.default_rng(0)
+    for b0, b1 in reversed(blocks):
+        solve.start_block(b0, b1)
+        nodes = rng.permutation(np.arange(b0, b1))
+        for group in np.array_split(nodes, rng.integers(1, 4)):
+            group = np.sort(group)
+            solve.add_rows(group, g.adjacency[group].copy())  # a copy, as a rows engine gives
+    got = solve.result()
+    np.testing.assert_allclose(got.influence, want.influence, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.error_share, want.error_share, rtol=1e-12, atol=1e-15)
+
+
+def test_influence_solve_refuses_blocks_out_of_order():
+    g = random_graph(2)
+    blocks = row_blocks(g.adjacency)
+    solve = InfluenceSolve(g.logit_weights())
+    b0, b1 = blocks[-2]
+    solve.start_block(b0, b1)
+    with pytest.raises(GraphError, match="from the last down"):
+        solve.start_block(*blocks[-1])
+    last = np.arange(*blocks[-1])
+    with pytest.raises(GraphError, match="outside the current block"):
+        solve.add_rows(last, g.adjacency[last])
+
+
+def test_logit_influence_sums_duplicates_before_the_absolute_value():
+    """A -> B stored as two entries +3 and -1 is one edge of weight 2 (normalize_matrix's rule)."""
+    kinds = np.array(["embedding", "feature", "logit"])
+    A = sp.csr_array((np.array([3.0, -1.0, 1.0]), np.array([0, 0, 1]), np.array([0, 0, 2, 3])), shape=(3, 3))
+    assert not A.has_canonical_format
+    w = np.array([0.0, 0.0, 1.0])
+    got = logit_influence(A, w, kinds == "error").influence
+    np.testing.assert_allclose(got, compute_influence(normalize_matrix(A), w))
+    np.testing.assert_allclose(got, [1.0, 1.0, 0.0])

@@ -1,0 +1,163 @@
+"""`attribute_pruned`: the pruned attribution graph of a prompt without holding its full graph.
+
+Seed: circuit-tracing appendix, "Attribution Graph Computation" and "Graph Pruning". The full
+graph of a long prompt is most of a build's memory (8 bytes per edge: the 128-token prompt of
+benchmarks/long_build.py has 4 10^8 edges, 3.2 GB), yet pruning needs of it only every node's
+logit influence, which one pass over the rows from the last block of nodes to the first computes
+(streamed_influence.InfluenceSolve), and then the rows of the nodes it keeps. So:
+
+1. Steps 1-2 of `attribute` (attribute.standard_setup): model run, targets, sources, node table.
+2. The blocks of nodes (graph.NODE_ORDER: the features of one layer, the targets; layer_blocks)
+   from the last to the first. Each block's targets go to the rows engine in groups of at most
+   about `chunk_edges` edges (a row has at most as many edges as there are sources at or before
+   its position); each group's rows are added to the influence solve and dropped. A block's rows
+   only read lower blocks, so every node's influence is final once the blocks above it are done.
+3. Node pruning (prune.select_nodes) on that influence; the rows of the kept features and of the
+   targets computed again, restricted to the kept nodes: the node-pruned graph.
+4. Edge pruning (prune.prune_graph_edges), as `prune_graph` does.
+
+The result is `prune_graph(attribute(...))`: the same steps on the same rows (a row computed in
+another batch agrees to float32 rounding). Cost: the rows of every target once, as `attribute`,
+plus the kept targets' again. Peak memory: the setup, one group's rows and the node-pruned
+graph, whatever the number of edges of the full graph, which the result's meta records as
+`unpruned_n_nodes`, `unpruned_n_edges`, `unpruned_n_features`, and its scores as
+`unpruned_replacement_score` and `unpruned_completeness_score` (as `attribute` does); its
+`attribution_seconds` are steps 1-2, `pruning_seconds` steps 3-4.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from attrgraph.engine.attribute import StandardSetup, standard_setup
+from attrgraph.engine.targets import Target
+from attrgraph.graph.graph import Graph
+from attrgraph.graph.prune import prune_graph_edges, select_nodes
+from attrgraph.graph.scores import scores_from_shares
+from attrgraph.graph.streamed_influence import InfluenceSolve, StreamedInfluence, layer_blocks
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+    from attrgraph.engine.replacement import ReplacementModel
+    from transcoders import SparseCoder
+
+CHUNK_EDGES = 1 << 25
+"""Most edges (8 bytes each) of one group of rows in step 2 (268 MB): a group costs the engine
+some 0.1 s to set up on a 128-token prompt, so fewer, larger groups are faster."""
+
+
+def attribute_pruned(
+    model: HookedTransformer,
+    transcoders: SparseCoder | ReplacementModel,
+    prompt: str | list[int] | Tensor | np.ndarray,
+    node_threshold: float = 0.8,
+    edge_threshold: float = 0.98,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    targets: list[Target] | None = None,
+    batch_size: int = 256,
+    exclude_bos: bool | None = None,
+    embedding: str = "token+position",
+    progress: bool = False,
+    backend: str = "auto",
+    chunk_edges: int = CHUNK_EDGES,
+) -> Graph:
+    """`prune_graph(attribute(model, transcoders, prompt, ...), node_threshold, edge_threshold)`
+    (module docstring, steps 1-4), with `attribute`'s options; the full graph is never held.
+    A `node_threshold` of 1 keeps every node, so step 3 computes every row a second time."""
+    t0 = time.perf_counter()
+    setup = standard_setup(
+        model,
+        transcoders,
+        prompt,
+        max_n_logits=max_n_logits,
+        desired_logit_prob=desired_logit_prob,
+        targets=targets,
+        batch_size=batch_size,
+        exclude_bos=exclude_bos,
+        embedding=embedding,
+        backend=backend,
+    )
+    stats: dict = {}
+    full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
+    kind = setup.nodes.kind
+    w = _logit_weights(setup)
+    scores = scores_from_shares(kind, full.influence, full.error_share, w)
+
+    t1 = time.perf_counter()
+    keep = select_nodes(kind, full.influence, node_threshold)  # step 3
+    kept = np.flatnonzero(keep)
+    n_src, n_cols = setup.n_src, setup.sources.n_columns
+    with_rows = kept[kept >= n_src] - n_src  # injections of the kept features and of every target
+    rows = setup.rows([setup.injections[i] for i in with_rows], batch_size, stats=stats)
+    rows = sp.csr_array((rows.data, rows.indices, rows.indptr), shape=(len(with_rows), n_cols))
+    rows = rows[:, kept[kept < n_cols]]  # every embedding and error node is kept: they come first
+    indptr = np.concatenate([np.zeros(n_src, rows.indptr.dtype), rows.indptr])
+    nodes = setup.nodes.select(kept)
+    nodes.influence = full.influence[kept]
+    pruned = setup.graph(
+        nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats, t0
+    )
+    pruned.meta.update(
+        unpruned_replacement_score=scores.replacement,
+        unpruned_completeness_score=scores.completeness,
+        unpruned_n_nodes=int(len(kind)),
+        unpruned_n_edges=int(n_edges),
+        unpruned_n_features=int((kind == "feature").sum()),
+        attribution_seconds=round(t1 - t0, 4),
+    )
+    out = prune_graph_edges(pruned, edge_threshold, progress, node_threshold)  # step 4
+    out.meta["pruning_seconds"] = round(time.perf_counter() - t1, 4)
+    return out
+
+
+def _logit_weights(setup: StandardSetup) -> np.ndarray:
+    """Graph.logit_weights of the full graph (its logit probabilities are stored as float32)."""
+    w = np.zeros(setup.n_nodes)
+    w[setup.nodes.kind == "logit"] = setup.weights.astype(np.float32)
+    return w
+
+
+def _influence(
+    setup: StandardSetup, batch_size: int, chunk_edges: int, progress: bool, stats: dict
+) -> tuple[StreamedInfluence, int]:
+    """Step 2: the full graph's influence and error shares, and its number of edges."""
+    nodes, n_src, N, n_cols = setup.nodes, setup.n_src, setup.n_nodes, setup.sources.n_columns
+    # a feature's row reads at most the sources of lower layers (embeddings: -1) at or before its
+    # position, a target's those of any layer
+    top = int(nodes.layer.max()) + 1
+    count = np.zeros((top + 2, setup.tokens.shape[0]), np.int64)
+    np.add.at(count, (nodes.layer[:n_cols] + 1, nodes.position[:n_cols]), 1)
+    below = count.cumsum(0).cumsum(1)  # [l, p]: sources of layers < l at positions <= p
+    rows_of = slice(n_src, N)
+    layer = np.where(nodes.kind[rows_of] == "feature", nodes.layer[rows_of], top + 1)
+    bound = below[layer, nodes.position[rows_of]]
+    solve = InfluenceSolve(_logit_weights(setup), nodes.kind == "error")
+    n_edges = 0
+    bar = tqdm(
+        total=len(setup.injections),
+        desc="attribution (rows into influence)",
+        unit="target",
+        disable=not progress,
+    )
+    for b0, b1 in reversed(layer_blocks(nodes)):
+        solve.start_block(b0, b1)
+        i, i_end = max(b0 - n_src, 0), max(b1 - n_src, 0)
+        while i < i_end:  # groups of about chunk_edges edges, at least one target
+            i1 = i + max(1, int(np.searchsorted(np.cumsum(bound[i:i_end]), chunk_edges, side="right")))
+            rows = setup.rows(setup.injections[i:i1], batch_size, stats=stats)
+            rows = sp.csr_array((rows.data, rows.indices, rows.indptr), shape=(i1 - i, N))
+            n_edges += solve.add_rows(np.arange(n_src + i, n_src + i1), rows)
+            del rows
+            bar.update(i1 - i)
+            i = i1
+    bar.close()
+    return solve.result(), n_edges
