@@ -76,16 +76,17 @@ BUNDLED_PROMPT = "When Mary and John went to the store , John gave a drink to"
 
 
 # ----------------------------------------------------------------------------- our side (subprocess)
-def matmul_gflops(n: int = 2048, repeats: int = 3) -> float:
-    """The machine's float32 matmul rate in this process (best of `repeats`)."""
+def matmul_gflops(n: int = 2048, repeats: int = 3, clock=time.perf_counter) -> float:
+    """The machine's float32 matmul rate in this process (best of `repeats`); `clock=time.process_time`
+    gives it per CPU second of this process (what a descheduled process does not lose)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         a @ b
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return 2 * n**3 / best / 1e9
 
 
@@ -103,18 +104,24 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     tc = load_transcoders(d / "transcoders")
     tokens = np.load(d / "input_tokens.npy")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     g = attribute(
         model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size, backend=backend
     )
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak_gflops = matmul_gflops()  # after the peak is read: its 48 MB of matrices are not ours to count
+    gflop = g.meta.get("backward_gflop", 0.0)
     out = dict(
         backend=g.meta["backend"],
-        backward_gflop=g.meta.get("backward_gflop", 0.0),
-        gflops=round(g.meta.get("backward_gflop", 0.0) / seconds, 2),
+        backward_gflop=gflop,
+        gflops=round(gflop / seconds, 2),
         matmul_gflops=round(peak_gflops, 2),
+        # the same per CPU second of this process (robust to a shared machine's descheduling;
+        # with T threads both count every thread's time, spin-waits included)
+        gflops_cpu=round(gflop / cpu, 2),
+        matmul_gflops_cpu=round(matmul_gflops(clock=time.process_time), 2),
+        cpu_seconds=round(cpu, 3),
         seconds=round(seconds, 3),
         peak_rss_mb=round(peak, 1),
         rss_before_mb=round(rss_before, 1),
@@ -123,6 +130,178 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
         features=g.n_features,
     )
     out.update(compare(g, d))
+    return out
+
+
+# The phases of `attribute` timed by `profile_worker` (label: functions wrapped, as module path,
+# attribute); a function of the rows engine is timed only while the engine runs, and what the
+# engine's wall time has beyond its timed parts is its Python (per batch and group) and glue.
+PHASES = {
+    "forward (replacement model run)": [("attrgraph.engine.replacement", "ReplacementModel.run")],
+    "sources and injections": [
+        ("attrgraph.engine.attribute", "build_sources"),
+        ("attrgraph.engine.attribute", "feature_injections"),
+    ],
+    "influence and scores": [("attrgraph.engine.attribute", "streamed_influence")],
+}
+ENGINE = "attrgraph.engine.linear_backward"
+ENGINE_PHASES = {
+    "start (injection, first norm)": [(ENGINE, "LinearBackward.start")],
+    "attention (W_O, pattern, W_V)": [(ENGINE, "LinearBackward.attention_back")],
+    "first attention of a feature target": [(ENGINE, "LinearBackward.attention_back_at")],
+    "feature contraction (row gather, bmm, slot gather)": [(ENGINE, "_LayerDecoders.contract")],
+    "error and embedding columns (einsum)": [("torch", "einsum")],
+    "CSR assembly (nonzeros, buffers)": [
+        ("attrgraph.engine.csr_rows", "CsrRowWriter.append"),
+        ("attrgraph.engine.csr_rows", "CsrRowWriter.to_csr"),
+    ],
+}
+
+
+def _wrap_phases(phases: dict, seconds: dict, inside: list | None = None) -> list:
+    """Wrap each function of `phases` so that its wall time adds up in `seconds[label]` (only while
+    `inside[0]` is true when `inside` is given); returns what to restore."""
+    import importlib
+
+    restore = []
+    for label, targets in phases.items():
+        seconds.setdefault(label, 0.0)
+        for module, name in targets:
+            owner = importlib.import_module(module)
+            *path, attr = name.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            fn = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+
+            def timed(*a, _fn=fn, _label=label, **k):
+                if inside is not None and not inside[0]:
+                    return _fn(*a, **k)
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    seconds[_label] += time.perf_counter() - t0
+
+            setattr(owner, attr, timed)
+            restore.append((owner, attr, fn))
+    return restore
+
+
+def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
+    """`--profile`: where our time goes on one case, in three runs of `attribute` in one process:
+    plain (time, GFLOP, then the matmul rate), phases timed by wrapping functions (PHASES,
+    ENGINE_PHASES), and the rows engine under torch.profiler (ops issued per batch, self time by op;
+    the engine's wall time beyond the ops' self time is Python, dispatch and the profiler's own cost)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from torch.profiler import ProfilerActivity, profile
+
+    import attrgraph.engine.attribute as attribute_module
+    import attrgraph.engine.linear_backward as engine_module
+    from attrgraph.bundled.loading import load_model
+    from transcoders.formats import load_transcoders
+
+    d = Path(dir_)
+    model = load_model(d)
+    tc = load_transcoders(d / "transcoders")
+    tokens = np.load(d / "input_tokens.npy")
+
+    def run():
+        return attribute_module.attribute(
+            model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size
+        )
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    g = run()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    gflop = g.meta.get("backward_gflop", 0.0)
+    out = dict(
+        threads=threads,
+        seconds=round(seconds, 3),
+        cpu_seconds=round(cpu, 3),
+        backward_gflop=gflop,
+        gflops=round(gflop / seconds, 2),
+        matmul_gflops=round(matmul_gflops(), 2),
+        gflops_cpu=round(gflop / cpu, 2),
+        matmul_gflops_cpu=round(matmul_gflops(clock=time.process_time), 2),
+        edges=g.n_edges,
+    )
+    del g
+    # phases: every wrapped function's wall time, the engine's own parts only while it runs
+    phase_s: dict = {}
+    inside = [False]
+    rows_fn = engine_module.linear_rows
+
+    def rows_timed(*a, **k):
+        inside[0] = True
+        t = time.perf_counter()
+        try:
+            return rows_fn(*a, **k)
+        finally:
+            phase_s["rows engine (linear_rows)"] = time.perf_counter() - t
+            inside[0] = False
+
+    restore = _wrap_phases(PHASES, phase_s) + _wrap_phases(ENGINE_PHASES, phase_s, inside)
+    engine_module.linear_rows = attribute_module.linear_rows = rows_timed
+    t0 = time.perf_counter()
+    run()
+    total = time.perf_counter() - t0
+    engine_module.linear_rows = attribute_module.linear_rows = rows_fn
+    for owner, attr, fn in restore:
+        setattr(owner, attr, fn)
+    rows_s = phase_s["rows engine (linear_rows)"]
+    parts = {k: phase_s[k] for k in ENGINE_PHASES}
+    parts["rest of the engine (Python per batch and group, cat, sort)"] = rows_s - sum(parts.values())
+    top = {k: phase_s[k] for k in PHASES}
+    top["rows engine (linear_rows)"] = rows_s
+    top["rest of attribute (targets, graph and node table)"] = total - sum(top.values())
+    out["phases"] = dict(
+        seconds=round(total, 3),
+        attribute={k: round(v, 4) for k, v in top.items()},
+        engine={k: round(v, 4) for k, v in parts.items()},
+    )
+    # the rows engine under torch.profiler: ops it issued (top level, views included) and self time
+    stats: dict = {}
+    keep = []
+
+    def rows_stats(*a, **k):
+        k["stats"] = stats
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()
+            result = rows_fn(*a, **k)
+            keep.append((prof, time.perf_counter() - t))
+        return result
+
+    engine_module.linear_rows = attribute_module.linear_rows = rows_stats
+    run()
+    engine_module.linear_rows = attribute_module.linear_rows = rows_fn
+    prof, wall = keep[0]
+    issued: dict = {}
+    for e in prof.events():
+        if e.cpu_parent is None and e.name.startswith("aten::"):
+            issued[e.name] = issued.get(e.name, 0) + 1
+    avg = [a for a in prof.key_averages() if a.key.startswith("aten::")]
+    self_s = sum(a.self_cpu_time_total for a in avg) / 1e6
+    n = max(stats.get("batches", 1), 1)
+    out["profiler"] = dict(
+        batches=stats.get("batches"),
+        engine_threads=stats.get("threads"),
+        wall_seconds=round(wall, 3),
+        ops_self_seconds=round(self_s, 3),
+        python_and_dispatch_seconds=round(wall - self_s, 3),
+        ops_per_batch=round(sum(issued.values()) / n, 1),
+        top_ops=[
+            dict(
+                op=a.key,
+                calls=a.count,
+                per_batch=round(a.count / n, 1),
+                self_ms=round(a.self_cpu_time_total / 1e3, 1),
+                share=round(a.self_cpu_time_total / 1e6 / self_s, 3),
+            )
+            for a in sorted(avg, key=lambda a: -a.self_cpu_time_total)[:12]
+        ],
+    )
     return out
 
 
@@ -304,6 +483,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--only", help="comma-separated case labels to run (default: all)")
     ap.add_argument(
+        "--profile",
+        metavar="LABEL",
+        help="instead of comparing: profile our side on the timing case(s) (--only, default 6/256/4096) "
+        "and add the breakdown under LABEL to OUT_profile.{json,md}",
+    )
+    ap.add_argument(
         "--peer-python",
         help="Python of the peer venv with circuit-tracer (../shared/peer/install_env.sh VENV "
         "creates it; then VENV/bin/python)",
@@ -320,10 +505,15 @@ def main(argv=None) -> int:
     if args._worker == "peer":
         print(json.dumps(ours(args._target, args.batch_size, args.threads, args.backend)))
         return 0
+    if args._worker == "profile":
+        print(json.dumps(profile_worker(args._target, args.batch_size, args.threads)))
+        return 0
     if args._worker == "bundled":
         print(json.dumps(ours_bundled(args.batch_size, args.threads)))
         return 0
 
+    if args.profile:
+        return profile_main(args, ap)
     rows = []
     cases = [] if args.no_correctness else [(label, SMALL + a, "correctness") for label, a in CORRECTNESS]
     if not args.quick:
@@ -377,6 +567,120 @@ def main(argv=None) -> int:
         rows = [r for r in json.loads(Path(args.merge).read_text())["rows"] if r["case"] not in done] + rows
     write_results(rows, bundled, args)
     return 0 if all(r["ours"].get("match") for r in rows) else 1
+
+
+def profile_main(args, ap) -> int:
+    """`--profile LABEL`: the breakdown of `profile_worker`, in a fresh process per case, added to
+    (or replacing) LABEL's entry in OUT_profile.json; the md shows every label side by side."""
+    labels = args.only.split(",") if args.only else ["6/256/4096"]
+    reuse = dict(x.split("=", 1) for x in args.peer_dir)
+    out = Path(args.out + "_profile")
+    old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    runs = old.get("runs", {})
+    work = tempfile.mkdtemp(prefix="peer_profile_")
+    for label in labels:
+        dir_ = reuse.get(label)
+        if dir_ is None:
+            if not args.peer_python:
+                ap.error("--profile needs --peer-dir LABEL=DIR or --peer-python to make the case.")
+            dir_ = os.path.join(work, label.replace("/", "_"))
+            run_peer(dict(TIMING)[label], dir_, 1, args.batch_size, args.peer_python, args.peer_harness)
+        cmd = [sys.executable, __file__, "--_worker", "profile", "--_target", dir_]
+        cmd += ["--threads", str(args.threads), "--batch-size", str(args.batch_size)]
+        loads = [os.getloadavg()]
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT
+        )
+        if res.returncode != 0:
+            raise RuntimeError(f"profile worker failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+        r = json.loads(res.stdout.strip().splitlines()[-1])
+        loads.append(os.getloadavg())
+        r.update(
+            case=label,
+            load_average_1min=[round(x[0], 2) for x in loads],
+            date=time.strftime("%Y-%m-%d %H:%M"),
+            commit=subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+            ).stdout.strip(),
+        )
+        runs[f"{args.profile} {label} {args.threads}t"] = r
+        print(json.dumps(r), flush=True)
+    out.with_suffix(".json").write_text(json.dumps(dict(runs=runs), indent=1))
+    write_profile_md(runs, out.with_suffix(".md"))
+    return 0
+
+
+def write_profile_md(runs: dict, path: Path) -> None:
+    names = list(runs)
+    lines = [
+        "# Where attrgraph's time goes (peer_compare.py --profile)",
+        "",
+        "`python benchmarks/peer_compare.py --profile LABEL --peer-dir 6/256/4096=DIR --threads T` "
+        "(DIR: the peer harness' case folder). One fresh process per column: `attribute(...)` three times "
+        "(plain; phases timed by wrapping the functions named in PHASES / ENGINE_PHASES; the rows engine "
+        "under torch.profiler). Rate = the engine's GFLOP over all of `attribute`'s wall time, against a "
+        "float32 2048^3 matmul in the same process and threads. The machine is shared: the 1-min load "
+        "average is given (2 cores).",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+
+    def row(title, f):
+        lines.append(f"| {title} | " + " | ".join(f(runs[n]) for n in names) + " |")
+
+    row("commit, date", lambda r: f"{r['commit']}, {r['date']}")
+    row("1-min load average (start, end)", lambda r: ", ".join(f"{x:.1f}" for x in r["load_average_1min"]))
+    row("attribute wall (CPU) s", lambda r: f"{r['seconds']:.2f} ({r['cpu_seconds']:.2f})")
+    row(
+        "GFLOP, GFLOP/s (matmul, share)",
+        lambda r: (
+            f"{r['backward_gflop']:.1f}, {r['gflops']:.1f} ({r['matmul_gflops']:.1f}, "
+            f"{r['gflops'] / r['matmul_gflops']:.0%})"
+        ),
+    )
+    row(
+        "per CPU second: GFLOP/s (matmul, share)",
+        lambda r: (
+            f"{r['gflops_cpu']:.1f} ({r['matmul_gflops_cpu']:.1f}, "
+            f"{r['gflops_cpu'] / r['matmul_gflops_cpu']:.0%})"
+        ),
+    )
+    row("timed run: attribute s", lambda r: f"{r['phases']['seconds']:.2f}")
+    for key in dict.fromkeys(k for n in names for k in runs[n]["phases"]["attribute"]):
+        row(f"- {key}", lambda r, k=key: _share(r["phases"]["attribute"].get(k), r["phases"]["seconds"]))
+    for key in dict.fromkeys(k for n in names for k in runs[n]["phases"]["engine"]):
+        row(
+            f"-- engine: {key}",
+            lambda r, k=key: _share(
+                r["phases"]["engine"].get(k), r["phases"]["attribute"]["rows engine (linear_rows)"]
+            ),
+        )
+    row(
+        "profiler: batches, threads, ops issued per batch",
+        lambda r: (
+            f"{r['profiler']['batches']}, {r['profiler']['engine_threads']}, {r['profiler']['ops_per_batch']}"
+        ),
+    )
+    row(
+        "profiler: engine wall s = ops' self s + Python/dispatch s",
+        lambda r: (
+            f"{r['profiler']['wall_seconds']:.2f} = {r['profiler']['ops_self_seconds']:.2f} + "
+            f"{r['profiler']['python_and_dispatch_seconds']:.2f}"
+        ),
+    )
+    row(
+        "profiler: top ops by self time (share of ops' self time, calls per batch)",
+        lambda r: "<br>".join(
+            f"{o['op'][6:]} {o['share']:.0%} ({o['per_batch']})" for o in r["profiler"]["top_ops"][:8]
+        ),
+    )
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _share(x: float | None, whole: float) -> str:
+    return "-" if x is None else f"{x:.2f} s ({x / whole:.0%})"
 
 
 def write_results(rows, bundled, args) -> None:
