@@ -95,6 +95,7 @@ def worker(path: str, out_dir: str) -> dict:
     model, tc = steps.run("load", lambda: (load_model("default"), load_transcoders("default-plt")))
     ids = prompt_ids(model)
     out = Path(out_dir) / f"{path}.h5"
+    out.unlink(missing_ok=True)  # a fresh file: adding to the previous repeat's would copy it first
     info = {}
     if path == "held":
         graph = steps.run("attribute", lambda: attribute(model, tc, ids))
