@@ -245,3 +245,14 @@ def test_dashboards(readme):
     ]
     quoted(readme, f"{sizes[0]} kB and {sizes[1]} kB")
     assert big["file_kb"] == sizes[0]  # the benchmark's file is the shipped one's settings
+
+
+def test_attention_features(readme):
+    """The path-mass shares of the attention-features table (benchmarks/attention_features.py)."""
+    tasks = load(RESULTS / "attention_features.json")["tasks"]
+    names = ("embeddings", "MLP errors", "attention errors", "MLP features", "attention features")
+    quoted(readme, "| prompt | " + " | ".join(names) + " |")
+    for task in ("IOI", "induction"):
+        shares = tasks[task]["shares"]
+        assert abs(shares["embeddings"] + shares["MLP errors"] + shares["attention errors"] - 1) < 1e-6
+        quoted(readme, f"| {task} | " + " | ".join(f"{shares[n]:.3f}" for n in names) + " |")
