@@ -290,3 +290,14 @@ def test_influence_against_one_solve(readme):
         readme,
         f"the whole `prune_graph` takes {r['prune_graph']['seconds'] * 1e3:.1f} ms ({res['prune_over_solve']:.2f}x)",
     )
+
+
+def test_attention_features(readme):
+    """The path-mass shares of the attention-features table (benchmarks/attention_features.py)."""
+    tasks = load(RESULTS / "attention_features.json")["tasks"]
+    names = ("embeddings", "MLP errors", "attention errors", "MLP features", "attention features")
+    quoted(readme, "| prompt | " + " | ".join(names) + " |")
+    for task in ("IOI", "induction"):
+        shares = tasks[task]["shares"]
+        assert abs(shares["embeddings"] + shares["MLP errors"] + shares["attention errors"] - 1) < 1e-6
+        quoted(readme, f"| {task} | " + " | ".join(f"{shares[n]:.3f}" for n in names) + " |")
