@@ -85,3 +85,42 @@ def test_hierarchical_attribution_follows_its_node_into_the_view(monkeypatch):
     ]
     pruned = prune_graph(g, 0.5, 0.9)  # stored pruned: its per-node values no longer line up
     assert "attribution" not in graph_payload(pruned, "p")["nodes"][0]
+
+
+@pytest.mark.bundled("default", "default-plt", "default-attn-sae")
+def test_attention_features_carry_their_site_labels_and_dashboards(tmp_path):
+    """A graph with attention-output SAE features: each node says its site, attention features are
+    labelled and get dashboards from the attention set's file (never the MLP set's), and supernode
+    keys carry the site, so that an attention node and an MLP node never share a key."""
+    import attrgraph
+    from transcoders import load_transcoders
+
+    model = attrgraph.load_model("default")
+    sets = [load_transcoders("default-plt"), load_transcoders("default-attn-sae")]
+    g = prune_graph(
+        attrgraph.attribute(model, sets, "When Mary and John went to the store, John gave a drink to")
+    )
+    g.meta.update(transcoders="default-plt", attn_transcoders="default-attn-sae")
+    from attrgraph.viewer.dashboards import find_dashboards
+
+    data = graph_payload(g, "g", source=find_dashboards(g.meta))
+    attn = [n for n in data["nodes"] if n["site"] == "attn" and n["kind"] == "feature"]
+    mlp = [n for n in data["nodes"] if n["site"] == "mlp" and n["kind"] == "feature"]
+    assert attn and mlp
+    mlp_boards = load_dashboards_labels("default-plt")
+    attn_boards = load_dashboards_labels("default-attn-sae")
+    for n in attn:
+        assert n["key"][4] == "attn"
+        board = data["dashboards"][f"A{n['layer']}/{n['feature']}"]
+        assert n["label"] == board["label"] == attn_boards[n["layer"], n["feature"]]
+    for n in mlp:
+        assert n["key"][4] == "mlp" and n["label"] == mlp_boards[n["layer"], n["feature"]]
+    keys = [json.dumps(n["key"]) for n in data["nodes"] if n["kind"] != "logit"]
+    assert len(set(keys)) == len(keys)
+
+
+def load_dashboards_labels(name):
+    from transcoders.dashboard_file import load_dashboards
+    from transcoders.paths import BUNDLED
+
+    return load_dashboards(BUNDLED[name] / "dashboards.h5").labels()
