@@ -38,7 +38,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_compare import PEER_PY, PEER_SCRIPT, TIMING  # noqa: E402
+from peer_compare import TIMING  # noqa: E402
+
+PEER_PY = sys.executable
+"""The Python of the peer venv (`--peer-python`)."""
+PEER_SCRIPT = str(Path(__file__).resolve().parents[2] / "shared" / "peer" / "ct_graph.py")
+"""The peer harness (`--peer-harness`)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 BUSY = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
@@ -225,9 +230,15 @@ def main(argv=None) -> int:
     ap.add_argument("--before-label", default="", help="what --before is, for the results (e.g. a commit)")
     ap.add_argument("--conditions", default="as-is,busy")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "busy_machine"))
+    ap.add_argument("--peer-python", required=True, help="the Python of the peer venv (VENV/bin/python)")
+    ap.add_argument(
+        "--peer-harness", default=str(ROOT.parent / "shared" / "peer"), help="folder of ct_graph.py"
+    )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global PEER_PY, PEER_SCRIPT
+    PEER_PY, PEER_SCRIPT = args.peer_python, str(Path(args.peer_harness) / "ct_graph.py")
     if args._worker == "profile":
         print(json.dumps(profile_worker(args._target, args.threads)))
         return 0
