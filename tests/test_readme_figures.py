@@ -301,3 +301,12 @@ def test_attention_features(readme):
         shares = tasks[task]["shares"]
         assert abs(shares["embeddings"] + shares["MLP errors"] + shares["attention errors"] - 1) < 1e-6
         quoted(readme, f"| {task} | " + " | ".join(f"{shares[n]:.3f}" for n in names) + " |")
+
+
+def test_train_vs_sparsify(readme):
+    """The table rows and ratios of benchmarks/results/train_vs_sparsify.md, as the README quotes them."""
+    md = (RESULTS / "train_vs_sparsify.md").read_text().splitlines()
+    rows = [line for line in md if line.startswith(("| transcoders.train", "| sparsify"))]
+    assert len(rows) == 2
+    for line in rows + [next(line for line in md if line.startswith("Ours / sparsify"))]:
+        quoted(readme, line)
