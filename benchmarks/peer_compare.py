@@ -26,7 +26,8 @@ Usage: python benchmarks/peer_compare.py --peer-python VENV/bin/python [--peer-h
 [--quick] [--no-large] [--threads N] [--repeats N]
 (correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
 PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features on prompts of 16, 24 and 32
-tokens, BOS not counted).
+tokens, BOS not counted; `--only gpt2-small` runs GPT-2 small's shape instead: 12 layers, d_model 768,
+12 heads, a 50,257-token vocabulary, 8,192 features per layer with ~64 active per token, 24 tokens).
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ TIMING = [  # (label, harness arguments) as in the harness README
     ("4/128/2048", ["--n-layers", "4", "--d-model", "128", "--d-transcoder", "2048", "--prompt-len", "24"]),
     ("6/256/4096", ["--n-layers", "6", "--d-model", "256", "--d-transcoder", "4096", "--prompt-len", "32"]),
 ]
+# GPT-2 small's shape (issue 15): 12 layers, d_model 768, 12 heads, its 50,257-token vocabulary, 8,192
+# transcoder features per layer with ~64 active per token, a 24-token prompt. circuit-tracer needs
+# minutes to an hour per run here, so the case runs only when named (`--only gpt2-small`).
+GPT2_SMALL = (
+    "gpt2-small",
+    ["--n-layers", "12", "--d-model", "768", "--n-heads", "12", "--d-vocab", "50257"]
+    + ["--d-transcoder", "8192", "--l0", "64", "--prompt-len", "24"],
+)
 BUNDLED_PROMPT = "When Mary and John went to the store , John gave a drink to"
 
 
@@ -307,7 +316,7 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
 
 def compare(g, d: Path) -> dict:
     """Step 3: map circuit-tracer's node order onto ours and compare node for node."""
-    ref = np.load(d / "adjacency.npy")
+    ref = np.load(d / "adjacency.npy", mmap_mode="r")
     af = np.load(d / "active_features.npy")
     ct_logits = np.load(d / "logit_token_ids.npy").tolist()
     n_pos, n_feat = len(g.prompt_ids), len(af)
@@ -342,7 +351,10 @@ def compare(g, d: Path) -> dict:
     unmapped_max = (
         float(np.abs(ref[:, unmapped]).max() + np.abs(ref[unmapped]).max()) if len(unmapped) else 0.0
     )
-    diff = float(np.abs(g.dense() - ref[np.ix_(idx, idx)]).max())
+    diff = 0.0
+    for lo in range(0, g.n_nodes, 2048):  # row blocks: two dense [N, N] copies would not fit at gpt2-small
+        rows = slice(lo, lo + 2048)
+        diff = max(diff, float(np.abs(g.adjacency[rows].toarray() - ref[np.ix_(idx[rows], idx)]).max()))
     rel = diff / scale
     return dict(
         match=bool(rel <= TOL and unmapped_max == 0.0),
@@ -380,12 +392,32 @@ def ours_bundled(batch_size: int, threads: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
+# Runs the harness' main() with circuit_tracer.attribute wrapped to also print its CPU seconds (on a
+# shared machine wall time depends on the other processes; CPU time much less).
+CT_DRIVER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import circuit_tracer, ct_graph
+attribute = circuit_tracer.attribute
+def timed(*args, **kwargs):
+    t0 = time.process_time()
+    graph = attribute(*args, **kwargs)
+    print(f"attribute_cpu_s: {time.process_time() - t0:.3f}", flush=True)
+    return graph
+circuit_tracer.attribute = timed
+sys.argv = [ct_graph.__file__, *sys.argv[2:]]
+sys.exit(0 if ct_graph.main() else 1)
+"""
+
+
 def run_peer(
     args: list[str], out: str, threads: int, batch_size: int, peer_python: str, harness: Path
 ) -> dict:
     cmd = [
         peer_python,
-        str(harness / "ct_graph.py"),
+        "-c",
+        CT_DRIVER,
+        str(harness),
         *args,
         "--out",
         out,
@@ -404,9 +436,12 @@ def run_peer(
             stats[k.strip()] = v.strip()
     return dict(
         seconds=float(stats["attribute_s"]),
+        cpu_seconds=float(stats["attribute_cpu_s"]),
         peak_rss_mb=float(stats["peak_rss_mb"]),
+        rss_before_mb=float(stats["rss_before_attr_mb"]),
         nodes=int(stats["nodes"]),
         active_features=int(stats["active_features"]),
+        load_average=os.getloadavg(),
     )
 
 
@@ -416,6 +451,7 @@ def peer_from_dir(d: str) -> dict:
     return dict(
         seconds=float(st["attribute_s"]),
         peak_rss_mb=float(st["peak_rss_mb"]),
+        rss_before_mb=float(st["rss_before_attr_mb"]),
         nodes=int(st["nodes"]),
         active_features=int(st["active_features"]),
         threads=int(st["torch_threads"]),
@@ -443,7 +479,7 @@ def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str
     )
     if res.returncode != 0:
         raise RuntimeError(f"our worker failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]), load_average=os.getloadavg())
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -451,9 +487,11 @@ def median_run(runs: list[dict]) -> dict:
     run is a fresh process; both figures vary by a few percent from run to run); all samples kept."""
     out = dict(runs[0])
     if len(runs) > 1:
-        for key in ("seconds", "peak_rss_mb"):
-            out[key] = float(np.median([r[key] for r in runs]))
-            out[f"{key}_runs"] = [r[key] for r in runs]
+        for key in ("seconds", "peak_rss_mb", "cpu_seconds", "load_average"):
+            if all(key in r for r in runs):
+                if key != "load_average":
+                    out[key] = float(np.median([r[key] for r in runs]))
+                out[f"{key}_runs"] = [r[key] for r in runs]
     return out
 
 
@@ -467,6 +505,11 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--repeats", type=int, default=3, help="runs per timing case and side (median time and peak RSS)"
     )
+    ap.add_argument(
+        "--peer-repeats",
+        type=int,
+        help="runs of circuit-tracer per timing case (default: --repeats; gpt2-small takes 12+ min a run)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peer_compare"))
     ap.add_argument(
         "--merge", help="JSON results of an earlier run whose rows (other cases) are kept in the table"
@@ -479,7 +522,8 @@ def main(argv=None) -> int:
         action="append",
         default=[],
         metavar="LABEL=DIR",
-        help="reuse a harness output folder for a timing case instead of running circuit-tracer again",
+        help="reuse a harness output folder for a timing case instead of running circuit-tracer again "
+        "(repeat it with other folders of the same case: circuit-tracer's median over them)",
     )
     ap.add_argument("--only", help="comma-separated case labels to run (default: all)")
     ap.add_argument(
@@ -520,7 +564,12 @@ def main(argv=None) -> int:
         cases += [
             (label, a, "timing") for label, a in TIMING if not (args.no_large and label == "6/256/4096")
         ]
-    reuse = dict(x.split("=", 1) for x in args.peer_dir)
+        if args.only and GPT2_SMALL[0] in args.only.split(","):
+            cases.append((*GPT2_SMALL, "timing"))
+    reuse = {}  # label -> harness folders (several: circuit-tracer's median over them)
+    for x in args.peer_dir:
+        label, d = x.split("=", 1)
+        reuse.setdefault(label, []).append(d)
     if args.only:
         cases = [c for c in cases if c[0] in args.only.split(",")]
     if any(label not in reuse for label, _, _ in cases):
@@ -537,14 +586,14 @@ def main(argv=None) -> int:
         out = os.path.join(work, label.replace("/", "_"))
         n = args.repeats if kind == "timing" else 1
         if label in reuse:
-            out, ct = reuse[label], peer_from_dir(reuse[label])
+            out, ct = reuse[label][0], median_run([peer_from_dir(d) for d in reuse[label]])
         else:
             ct = median_run(
                 [
                     run_peer(
                         harness_args, out, args.threads, args.batch_size, args.peer_python, args.peer_harness
                     )
-                    for _ in range(n)
+                    for _ in range(args.peer_repeats or n if kind == "timing" else 1)
                 ]
             )
             ct["threads"] = args.threads
@@ -683,6 +732,11 @@ def _share(x: float | None, whole: float) -> str:
     return "-" if x is None else f"{x:.2f} s ({x / whole:.0%})"
 
 
+def _loads(side: dict) -> str:
+    """The 1-minute load averages recorded after each run of one side."""
+    return ", ".join(f"{a[0]:.1f}" for a in side.get("load_average_runs", [side["load_average"]]))
+
+
 def write_results(rows, bundled, args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -698,7 +752,8 @@ def write_results(rows, bundled, args) -> None:
         "# attrgraph vs circuit-tracer (same weights, same prompt, same process conditions)",
         "",
         f"torch threads {args.threads}, batch size {args.batch_size}, timing cases: median of "
-        f"{args.repeats} fresh processes per side, load average at the end "
+        f"{args.repeats} fresh processes for attrgraph and {args.peer_repeats or args.repeats} for "
+        f"circuit-tracer, load average at the end "
         f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|.",
         "",
         "| case | kind | threads | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | speed-up "
@@ -722,6 +777,15 @@ def write_results(rows, bundled, args) -> None:
     lines.append(
         "Node counts differ by n_layers: circuit-tracer keeps error nodes at the BOS position (all zero); we drop them."
     )
+    for r in rows:  # CPU time depends much less than wall time on the machine's other processes
+        ct, us = r["ct"], r["ours"]
+        if "cpu_seconds" in ct and "cpu_seconds" in us:
+            lines += [
+                "",
+                f"{r['case']}: CPU time of attribute() (median) circuit-tracer {ct['cpu_seconds']:.1f} s, "
+                f"attrgraph {us['cpu_seconds']:.1f} s ({ct['cpu_seconds'] / us['cpu_seconds']:.1f}x); 1-minute "
+                f"load average after each run: circuit-tracer {_loads(ct)}, attrgraph {_loads(us)}.",
+            ]
     if bundled:
         lines += [
             "",

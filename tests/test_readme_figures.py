@@ -310,3 +310,21 @@ def test_train_vs_sparsify(readme):
     assert len(rows) == 2
     for line in rows + [next(line for line in md if line.startswith("Ours / sparsify"))]:
         quoted(readme, line)
+
+
+def test_peer_gpt2_small(readme):
+    res = load(RESULTS / "peer_compare_gpt2_small.json")
+    (r,) = [r for r in res["rows"] if r["case"] == "gpt2-small"]
+    ct, us = r["ct"], r["ours"]
+    assert us["match"]
+    quoted(
+        readme,
+        f"| {seconds(ct['seconds'])} s | {seconds(us['seconds'])} s | {ct['seconds'] / us['seconds']:.1f}x | "
+        f"{ct['peak_rss_mb'] / 1024:.2f} -> {us['peak_rss_mb'] / 1024:.2f} GB "
+        f"({us['peak_rss_mb'] / ct['peak_rss_mb']:.2f}) | yes ({sci(us['max_rel_diff'], 0)}) |",
+    )
+    quoted(
+        readme,
+        f"{ct['cpu_seconds']:.0f} s of CPU against {us['cpu_seconds']:.0f} s "
+        f"({ct['cpu_seconds'] / us['cpu_seconds']:.1f}x)",
+    )
