@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 SITES = ("mlp", "attn")
 """The sites a graph's features sit at: its transcoder set's ("mlp") and its attention set's."""
 _PREFIX = {"mlp": "", "attn": "attn_"}
-_SET_NAME = {"mlp": "transcoder set", "attn": "attention set"}
+SET_NAMES = {"mlp": "transcoder set", "attn": "attention set"}
+"""What each site's set is called in messages."""
 
 
 class FoundDashboards(NamedTuple):
@@ -110,7 +111,7 @@ def fits(dashboards: Dashboards, meta: dict, site: str = "mlp") -> str | None:
     if n_layers is not None and int(n_layers) != dashboards.n_layers:
         return f"{dashboards.path} covers {dashboards.n_layers} layers, the graph {n_layers}"
     if d_sae is not None and int(d_sae) != dashboards.d_sae:
-        return f"{dashboards.path} has {dashboards.d_sae} features per layer, the graph's {_SET_NAME[site]} {d_sae}"
+        return f"{dashboards.path} has {dashboards.d_sae} features per layer, the graph's {SET_NAMES[site]} {d_sae}"
     return None
 
 
@@ -140,13 +141,13 @@ def find_dashboards(
     name = m.get("transcoders")
     candidates = []
     if not name:
-        problems.append(f"the graph names no {_SET_NAME[site]}")
+        problems.append(f"the graph names no {SET_NAMES[site]}")
     else:
         path = resolve_path(str(name))
         if path.is_file():
             candidates = [path]
         else:
-            problems.append(f"no dashboards for {_SET_NAME[site]} {name!r} ({path} is missing)")
+            problems.append(f"no dashboards for {SET_NAMES[site]} {name!r} ({path} is missing)")
     fp = m.get("transcoder_fingerprint")
     if not candidates and fp:  # step 3
         how = "found by its fingerprint"

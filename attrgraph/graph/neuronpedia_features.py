@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attrgraph.errors import ExportError, ExportWarning
-from attrgraph.graph.dashboard_lookup import find_dashboards
+from attrgraph.graph.dashboard_lookup import SET_NAMES, find_dashboards
 from attrgraph.graph.graph import Graph
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def export_dashboards(
             continue
         found = find_dashboards(graph.meta, site, given)
         if found.dashboards is None and found.given:
-            raise ExportError(f"{found.reason}; pass the dashboards of the graph's {_SETS[site]}.")
+            raise ExportError(f"{found.reason}; pass the dashboards of the graph's {SET_NAMES[site]}.")
         if found.dashboards is None:
             what, flag = (
                 ("attention feature files", "--attn-dashboards")
@@ -104,9 +104,6 @@ def export_dashboards(
             _check_fits(graph, found.dashboards, site)
         out[site] = found.dashboards
     return out
-
-
-_SETS = {"mlp": "transcoder set", "attn": "attention set"}
 
 
 def _warn(message: str) -> None:
@@ -124,14 +121,14 @@ def _check_fits(graph: Graph, d: Dashboards, site: str) -> None:
             raise ExportError(
                 f"the dashboards {d.path} cover {d.n_layers} layers x {d.d_sae} features but the graph has "
                 f"{'A' if site == 'attn' else 'L'}{int(layer[k])}/F{int(feature[k])}; pass the dashboards "
-                f"of the graph's {_SETS[site]}."
+                f"of the graph's {SET_NAMES[site]}."
             )
     name = graph.meta.get("attn_transcoders" if site == "attn" else "transcoders")
     theirs = d.attrs.get("transcoders")
     if name and theirs and Path(str(name).rstrip("/\\")).name != Path(str(theirs).rstrip("/\\")).name:
         _warn(
             f"the dashboards {d.path} were computed for transcoder set {theirs!r}, the graph's "
-            f"{_SETS[site]} is {name!r}; their examples describe that set."
+            f"{SET_NAMES[site]} is {name!r}; their examples describe that set."
         )
 
 
