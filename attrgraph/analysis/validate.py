@@ -43,8 +43,8 @@ from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
 from attrgraph.analysis.stats import loglog_pearson, nan_stat, spearman
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
-from attrgraph.engine.sources import fingerprint
 from attrgraph.errors import ValidationError
+from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import normalize_matrix
 

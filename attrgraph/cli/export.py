@@ -5,7 +5,9 @@ circuit-tracer's local frontend and Neuronpedia (graph/neuronpedia.py).
 2. For each, its supernodes (supernode_store.py) go to `qParams.supernodes`; with `--node-threshold`
    / `--edge-threshold` it is pruned first, as circuit-tracer's `create_graph_files` does.
 3. Fill the feature files from `--dashboards PATH`, else from the dashboards of the graph's
-   transcoder set when it has some (one warning line when not: the files then have no examples).
+   transcoder set when they are found (graph/dashboard_lookup.py; one warning line when not: the
+   files then have no examples); attention features' from `--attn-dashboards PATH`, else its
+   attention set's.
 4. Write `DIR/graph-metadata.json`, `DIR/<slug>.json` and `DIR/features/...`; print one line per graph.
 """
 
@@ -34,7 +36,14 @@ def add_parser(sub) -> None:
         "--dashboards",
         default=None,
         metavar="PATH",
-        help="dashboards.h5 filling the feature files (default: the one of the graph's transcoder set)",
+        help="dashboards.h5 (or a set folder or bundled name) filling the feature files (default: the "
+        "one of the graph's transcoder set)",
+    )
+    p.add_argument(
+        "--attn-dashboards",
+        default=None,
+        metavar="PATH",
+        help="the same for the attention features' files (default: the one of the graph's attention set)",
     )
     p.add_argument(
         "--feature-url",
@@ -71,11 +80,11 @@ def run(args) -> int:
         raise ExportError(
             f"--slug names one graph but {path} holds {len(chosen)}; pick one with {path}:NAME."
         )
-    dashboards = None
-    if args.dashboards is not None:  # read once, and before anything is written
-        from transcoders.dashboard_file import load_dashboards
+    from attrgraph.graph.dashboard_lookup import find_dashboards
 
-        dashboards = load_dashboards(args.dashboards)
+    given = {}  # read once, and before anything is written
+    for site, spec in (("mlp", args.dashboards), ("attn", args.attn_dashboards)):
+        given[site] = None if spec is None else find_dashboards({}, site, spec).dashboards
     for graph_name in chosen:
         graph = load_graph(path, graph_name)
         result = export_json(
@@ -86,15 +95,17 @@ def run(args) -> int:
             supernodes=load_supernodes(path, graph_name),
             node_threshold=args.node_threshold,
             edge_threshold=args.edge_threshold,
-            dashboards=dashboards,
+            dashboards=given["mlp"],
             feature_url=args.feature_url,
+            attn_dashboards=given["attn"],
         )
         dropped = (
             f", {result.n_dropped_members} supernode members not in the graph left out"
             if result.n_dropped_members
             else ""
         )
-        source = f" (examples from {result.dashboards})" if result.dashboards else " (no examples)"
+        found = [str(p) for p in (result.dashboards, result.attn_dashboards) if p is not None]
+        source = f" (examples from {' and '.join(found)})" if found else " (no examples)"
         print(
             f"wrote {result.path}: {result.n_nodes} nodes, {result.n_links} links, "
             f"{result.n_feature_files} feature files{source}{dropped}"

@@ -1,7 +1,7 @@
 """`attrgraph serve FILE [--port N]`: the viewer page for the graphs and circuits of FILE (viewer/).
 
 1. Open FILE and check that it holds something to view (a clear error otherwise), and
-   `--dashboards` if given, before binding the port.
+   `--dashboards` / `--attn-dashboards` if given, before binding the port.
 2. Bind `--host` (default 127.0.0.1; another address is served with a warning) and `--port`
    (default 8765; 0 takes a free one); a port in use is one clear line, exit code 2.
 3. Print the URL, optionally open it in a browser (`--open`), serve until Ctrl-C.
@@ -27,6 +27,11 @@ def add_parser(sub) -> None:
         help="feature dashboards to label features with: a dashboards.h5, a transcoder folder or a "
         "bundled set name (default: the set each graph was built with, when found)",
     )
+    p.add_argument(
+        "--attn-dashboards",
+        default=None,
+        help="the same for attention features (default: those of the attention set each graph was built with)",
+    )
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     p.add_argument("--verbose", action="store_true", help="log every request")
 
@@ -37,7 +42,7 @@ def run(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port {args.port} is not a port; pass 0 to 65535 (0: any free port).")
-    server = make_server(args.file, args.host, args.port, args.dashboards, args.verbose)
+    server = make_server(args.file, args.host, args.port, args.dashboards, args.verbose, args.attn_dashboards)
     warn_if_exposed(args.host)
     print(f"serving {args.file} at {server.url} (Ctrl-C to stop)", flush=True)
     if args.open:

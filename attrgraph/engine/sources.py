@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
 from attrgraph.errors import PromptError, PromptWarning
+from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Nodes
 
 if TYPE_CHECKING:
@@ -301,18 +301,6 @@ def _check_known_words(tokenizer, prompt: str, tokens: Tensor, strict: bool) -> 
         ),
         stacklevel=3,
     )
-
-
-def fingerprint(module: torch.nn.Module) -> str:
-    """A cheap identity hash: sha256 over parameter names, shapes and a strided sample of values."""
-    h = hashlib.sha256()
-    for name, p in sorted(module.state_dict().items()):
-        flat = p.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].double().cpu().numpy()
-        h.update(name.encode())
-        h.update(str(tuple(p.shape)).encode())
-        h.update(sample.tobytes())
-    return h.hexdigest()[:16]
 
 
 def resolve_exclude_bos(model: HookedTransformer, tokens: Tensor, exclude_bos: bool | None) -> bool:

@@ -8,6 +8,8 @@ scores.py              replacement and completeness scores
 summary.py             the text summary `attrgraph build` and `show` print
 export.py              to networkx
 neuronpedia.py         to and from the graph JSON of circuit-tracer's frontend and Neuronpedia
+dashboard_lookup.py    which dashboards describe a graph's features, per site (viewer and export)
+fingerprint.py         the identity hash a graph's provenance records for its model and sets
 supernodes.py          groups of nodes and their adjacency
 supernode_store.py     supernodes in the HDF5 file
 """

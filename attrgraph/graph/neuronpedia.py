@@ -23,7 +23,8 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    adjacency[t, s]}`, the signed direct effect of source on target (float32, shortest repr).
 3. `clerp` of a feature, the first there is of: `labels[(layer, feature)]` (passed in), the
    user's label in the dashboards, the name of its supernode, the dashboards' automatic label,
-   `L{layer}/F{feature}`. Supernodes go to `qParams.supernodes` as `[name, *member node_ids]`
+   `L{layer}/F{feature}` (for attention features: the attention set's dashboards, keys
+   `("attn", layer, feature)`, `A{layer}/F{feature}`). Supernodes go to `qParams.supernodes` as `[name, *member node_ids]`
    (members the graph lacks are dropped); their members and the logits are pinned.
 4. metadata: slug, scan, prompt_tokens, prompt, node_threshold (the viewer's pruning default,
    only when the export prunes), pruning_settings (the thresholds the graph was pruned with),
@@ -38,9 +39,10 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
      DIR/features/<set>/<index>.json  one per feature, index = cantor(layer, feature); the
                                       default scan `./data/features/<set>` makes the frontend
                                       read them from DIR instead of the internet.
-   Feature files are filled from the dashboards of the graph's transcoder set (examples with
-   per-token activations, logits, histogram, percentiles, frequency: neuronpedia_features.py);
-   without dashboards they carry what the graph knows, and one ExportWarning line says so.
+   Feature files are filled from the dashboards of the graph's transcoder set, attention
+   features' from its attention set's (examples with per-token activations, logits, histogram,
+   percentiles, frequency: neuronpedia_features.py, found by dashboard_lookup.py); without
+   dashboards they carry what the graph knows, and one ExportWarning line per set says so.
 6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
    ids too), sorts them into `NODE_ORDER` (and the graph.py order of sites) and rebuilds the
    adjacency from the links; influence is recomputed (compute_influence), since the file holds
@@ -70,9 +72,9 @@ from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes
 from attrgraph.graph.neuronpedia_features import (
     ATTN_INDEX_OFFSET,
     dashboard_labels,
+    export_dashboards,
     feature_files,
     feature_index,
-    find_dashboards,
 )
 from attrgraph.graph.prune import compute_influence, normalize_matrix, prune_graph
 from attrgraph.graph.supernodes import Supernode, node_key
@@ -107,6 +109,8 @@ class JsonExport(NamedTuple):
     """Supernode members the exported graph lacks (pruned away), left out of `qParams`."""
     dashboards: Path | None = None
     """The dashboards file the feature files were filled from (None: no examples in them)."""
+    attn_dashboards: Path | None = None
+    """The same for the attention features' files."""
 
 
 def _uncantor(z: int) -> tuple[int, int]:
@@ -228,6 +232,7 @@ def graph_to_json(
             node["clerp"] = (
                 labels.get(("attn", layer, feat))
                 or group.get(tuple(node_key(graph, i)))
+                or auto_labels.get(("attn", layer, feat))
                 or f"A{layer}/F{feat}"
             )
         elif kind == "feature":
@@ -331,6 +336,7 @@ def export_json(
     edge_threshold: float | None = None,
     dashboards: str | os.PathLike | Dashboards | None = None,
     feature_url: str | None = None,
+    attn_dashboards: str | os.PathLike | Dashboards | None = None,
 ) -> JsonExport:
     """Write `graph` into the folder `out_dir` as circuit-tracer's local frontend reads it (step 5).
 
@@ -338,14 +344,20 @@ def export_json(
     one not given) and node influence is the cumulative share in the unpruned graph, as circuit-tracer's
     `create_graph_files` does; without them it is exported as it is. `dashboards` (a path or a loaded
     `transcoders.Dashboards`; default: those of the graph's transcoder set, when there are some) fill
-    the feature files and the clerps (neuronpedia_features.py); `feature_url` is the URL the folder
-    will be served from, for Neuronpedia (metadata.feature_details)."""
+    the feature files and the clerps (neuronpedia_features.py), `attn_dashboards` (default: those of
+    its attention set) its attention features'; `feature_url` is the URL the folder will be served
+    from, for Neuronpedia (metadata.feature_details)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
     _check_slug(slug)
-    found = find_dashboards(graph, dashboards)
-    user, auto = dashboard_labels(found) if found is not None else ({}, {})
+    found = export_dashboards(graph, dashboards, attn_dashboards)
+    user, auto = {}, {}
+    for site, d in found.items():
+        if d is not None:
+            u, a = dashboard_labels(d, site)
+            user.update(u)
+            auto.update(a)
     labels = {**user, **(labels or {})}  # labels passed here first, then the user's in the dashboards
     share = None
     if node_threshold is not None or edge_threshold is not None:
@@ -370,7 +382,7 @@ def export_json(
     index["graphs"] = [g for g in index["graphs"] if g.get("slug") != slug] + [entry]
     with _atomic(index_path) as f:
         json.dump(index, f, indent=2)
-    files = feature_files(graph, _transcoder_set(graph), found)
+    files = feature_files(graph, _transcoder_set(graph), found["mlp"], found["attn"])
     fdir = out / _feature_dir(data["metadata"]["scan"])
     fdir.mkdir(parents=True, exist_ok=True)
     for idx, feature in files.items():
@@ -381,7 +393,7 @@ def export_json(
         len(data["links"]),
         len(files),
         dropped,
-        None if found is None else found.path,
+        *(None if found[site] is None else found[site].path for site in ("mlp", "attn")),
     )
 
 

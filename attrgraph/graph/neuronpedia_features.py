@@ -4,12 +4,15 @@ from the dashboards of the graph's transcoder set (transcoders/dashboard_file.py
 Seed: circuit-tracer's `frontend/feature_models.py` (the fields) and the frontend code that reads
 them (`feature_examples/*.js`, `attribution_graph/render-act-histogram.js`).
 
-1. Which dashboards: `dashboards=` (a path or a loaded `Dashboards`; a bad one is an error), else
-   `dashboards.h5` in the folder of the graph's transcoder set (`graph.meta["transcoders"]`: a
-   bundled name or a folder). None there, or one that cannot be read: the files hold only what
-   the graph knows and one `ExportWarning` line says so. Dashboards that lack a layer or feature
-   of the graph: `ExportError`.
-2. One file per feature (layer l, feature f) of the graph, circuit-tracer index cantor(l, f):
+1. Which dashboards, per site ("mlp": the graph's transcoder set; "attn": its attention set, for
+   its attention features): dashboard_lookup.py's, from `dashboards=` / `attn_dashboards=` (a
+   path, a set folder, a bundled name or a loaded `Dashboards`; a missing or unreadable one is an
+   error, one that does not fit the graph an `ExportError`), else those of the set the graph
+   names or whose fingerprint it records. None found for a site with features, or one found
+   that cannot be read or does not fit: that site's files hold only what the graph knows and one
+   `ExportWarning` line says so. Dashboards that lack a layer or feature of the graph: `ExportError`.
+2. One file per feature (layer l, feature f) of the graph, index feature_index(l, f) (cantor(l, f),
+   plus ATTN_INDEX_OFFSET for attention features, filled from the attention set's dashboards):
      examples_quantiles   "Top activations" (the dashboards' top examples), then one entry per
                           activation-quantile bin, highest first, named with its range; an
                           example is its tokens (with a space before each but the first when
@@ -30,7 +33,7 @@ them (`feature_examples/*.js`, `attribution_graph/render-act-histogram.js`).
    Without dashboards: no examples, logits, histogram or percentiles; act_min / act_max over the
    feature's graph nodes; frequency = the share of prompt positions holding it.
 3. Labels for the node `clerp`s (neuronpedia.py, step 3): the dashboards' user labels and, apart,
-   their automatic ones ("dead" ones left out).
+   their automatic ones ("dead" ones left out), keyed `("attn", l, f)` for the attention set's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attrgraph.errors import ExportError, ExportWarning
+from attrgraph.graph.dashboard_lookup import SET_NAMES, find_dashboards
 from attrgraph.graph.graph import Graph
 
 if TYPE_CHECKING:
@@ -68,61 +72,63 @@ def feature_index(layer: int, feature: int, attn: bool = False) -> int:
 
 
 # ------------------------------------------------------------------------------ step 1
-def find_dashboards(
-    graph: Graph, dashboards: str | os.PathLike | Dashboards | None = None
-) -> Dashboards | None:
-    """The dashboards for `graph`'s feature files (step 1), or None after one ExportWarning."""
-    from transcoders.dashboard_file import Dashboards, default_path, load_dashboards
-    from transcoders.errors import DashboardFileError
+_HINT = "compute them with `python -m transcoders.dashboards --transcoders SET` or pass the file"
 
-    if isinstance(dashboards, Dashboards):
-        found = dashboards
-    elif dashboards is not None:
-        found = load_dashboards(dashboards)  # asked for by name: a bad file is an error
-    else:
-        name = graph.meta.get("transcoders")
-        hint = "; compute them with `python -m transcoders.dashboards --transcoders SET` or pass the file (--dashboards)"
-        if not name:
-            _warn(f"the graph names no transcoder set, so feature files have no examples{hint}.")
-            return None
-        path = default_path(str(name))
-        if not path.is_file():
-            _warn(
-                f"no dashboards for transcoder set {name!r} ({path} is missing), so feature files have no examples{hint}."
+
+def export_dashboards(
+    graph: Graph,
+    dashboards: str | os.PathLike | Dashboards | None = None,
+    attn_dashboards: str | os.PathLike | Dashboards | None = None,
+) -> dict[str, Dashboards | None]:
+    """The dashboards for `graph`'s feature files by site, "mlp" and "attn" (step 1): found by
+    dashboard_lookup.py, one ExportWarning line for each site that has features but none, an
+    ExportError for given ones that do not fit or dashboards that lack a feature of the graph."""
+    n = graph.nodes
+    out: dict[str, Dashboards | None] = {}
+    for site, given in (("mlp", dashboards), ("attn", attn_dashboards)):
+        attn = site == "attn"
+        if attn and given is None and not ((n.kind == "feature") & (n.site == "attn")).any():
+            out[site] = None  # no attention features: nothing to fill, nothing to say
+            continue
+        found = find_dashboards(graph.meta, site, given)
+        if found.dashboards is None and found.given:
+            raise ExportError(f"{found.reason}; pass the dashboards of the graph's {SET_NAMES[site]}.")
+        if found.dashboards is None:
+            what, flag = (
+                ("attention feature files", "--attn-dashboards")
+                if attn
+                else ("feature files", "--dashboards")
             )
-            return None
-        try:
-            found = load_dashboards(path)
-        except DashboardFileError as e:
-            _warn(f"{e} Feature files have no examples.")
-            return None
-    _check_fits(graph, found)
-    return found
+            _warn(f"{found.reason}, so {what} have no examples; {_HINT} ({flag}).")
+        else:
+            _check_fits(graph, found.dashboards, site)
+        out[site] = found.dashboards
+    return out
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, ExportWarning, stacklevel=3)
+    warnings.warn(message, ExportWarning, stacklevel=4)
 
 
-def _check_fits(graph: Graph, d: Dashboards) -> None:
+def _check_fits(graph: Graph, d: Dashboards, site: str) -> None:
     n = graph.nodes
-    feats = (n.kind == "feature") & (n.site != "attn")  # the dashboards describe the MLP set
-    if not feats.any():
-        return
-    layer, feature = n.layer[feats], n.feature[feats]
-    bad = (layer < 0) | (layer >= d.n_layers) | (feature < 0) | (feature >= d.d_sae)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise ExportError(
-            f"the dashboards {d.path} cover {d.n_layers} layers x {d.d_sae} features but the graph has "
-            f"L{int(layer[k])}/F{int(feature[k])}; pass the dashboards of the graph's transcoder set."
-        )
-    name = graph.meta.get("transcoders")
+    feats = (n.kind == "feature") & ((n.site == "attn") == (site == "attn"))
+    if feats.any():
+        layer, feature = n.layer[feats], n.feature[feats]
+        bad = (layer < 0) | (layer >= d.n_layers) | (feature < 0) | (feature >= d.d_sae)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ExportError(
+                f"the dashboards {d.path} cover {d.n_layers} layers x {d.d_sae} features but the graph has "
+                f"{'A' if site == 'attn' else 'L'}{int(layer[k])}/F{int(feature[k])}; pass the dashboards "
+                f"of the graph's {SET_NAMES[site]}."
+            )
+    name = graph.meta.get("attn_transcoders" if site == "attn" else "transcoders")
     theirs = d.attrs.get("transcoders")
     if name and theirs and Path(str(name).rstrip("/\\")).name != Path(str(theirs).rstrip("/\\")).name:
         _warn(
-            f"the dashboards {d.path} were computed for transcoder set {theirs!r}, the graph was built with "
-            f"{name!r}; their examples describe that set."
+            f"the dashboards {d.path} were computed for transcoder set {theirs!r}, the graph's "
+            f"{SET_NAMES[site]} is {name!r}; their examples describe that set."
         )
 
 
@@ -230,10 +236,15 @@ def dashboard_fields(d: Dashboards, layer: int, feature: int, graph_max: float) 
     }
 
 
-def feature_files(graph: Graph, transcoder_id: str, dashboards: Dashboards | None = None) -> dict[int, dict]:
+def feature_files(
+    graph: Graph,
+    transcoder_id: str,
+    dashboards: Dashboards | None = None,
+    attn_dashboards: Dashboards | None = None,
+) -> dict[int, dict]:
     """One feature file (feature_models.Model) per feature of the graph, by feature index (step 2).
-    Attention features (site "attn") get `ATTN_INDEX_OFFSET` and a `{set}/attn/{layer}` transcoder
-    id; `dashboards` describe the MLP set's features only, so attention files carry what the graph knows."""
+    Attention features (site "attn") get `ATTN_INDEX_OFFSET`, a `{set}/attn/{layer}` transcoder id
+    and the fields of `attn_dashboards` (the attention set's); the others those of `dashboards`."""
     n = graph.nodes
     groups: dict[tuple[int, int, bool], list[int]] = {}
     for i in np.flatnonzero(n.kind == "feature"):
@@ -255,15 +266,18 @@ def feature_files(graph: Graph, transcoder_id: str, dashboards: Dashboards | Non
             "histogram": [],
             "activation_frequency": len(set(n.position[rows].tolist())) / max(graph.n_pos, 1),
         }
-        if dashboards is not None and not attn:
-            file.update(dashboard_fields(dashboards, layer, feat, graph_max))
+        source = attn_dashboards if attn else dashboards
+        if source is not None:
+            file.update(dashboard_fields(source, layer, feat, graph_max))
         out[index] = file
     return out
 
 
 # ------------------------------------------------------------------------------ step 3
-def dashboard_labels(d: Dashboards) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], str]]:
-    """(user labels, automatic labels) of dashboards `d`, by (layer, feature); "dead" ones left out."""
+def dashboard_labels(d: Dashboards, site: str = "mlp") -> tuple[dict[tuple, str], dict[tuple, str]]:
+    """(user labels, automatic labels) of dashboards `d`, by (layer, feature), or by ("attn", layer,
+    feature) for site "attn"; "dead" ones left out."""
+    key = (lambda l, i: ("attn", int(l), int(i))) if site == "attn" else (lambda l, i: (int(l), int(i)))
     auto = d["labels/auto"]
-    automatic = {(int(l), int(i)): str(auto[l, i]) for l, i in zip(*np.nonzero(auto != "dead"))}
-    return dict(d.user_labels), automatic
+    automatic = {key(l, i): str(auto[l, i]) for l, i in zip(*np.nonzero(auto != "dead"))}
+    return {key(l, i): v for (l, i), v in d.user_labels.items()}, automatic

@@ -3,7 +3,7 @@
   server.py            `attrgraph serve FILE`: a local HTTP server (127.0.0.1) for the page and its JSON
   payload.py           a graph as the page's JSON (the view: pruned when huge; labels; dashboards)
   circuit_payload.py   a stored component circuit as the page's JSON
-  dashboards.py        which dashboards file labels a graph's features (transcoders/dashboard_file.py)
+  dashboards.py        the view's note on which dashboards label a graph's features (graph/dashboard_lookup.py)
   supernode_request.py the page's request to store supernodes, checked before anything is written
   notebook.py          `attrgraph.show(graph)`: the same page, self-contained, inside Jupyter
   static/              index.html, viewer.js, viewer.css: plain JavaScript and SVG, no libraries

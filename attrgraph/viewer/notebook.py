@@ -80,11 +80,14 @@ def show(
     supernodes: Sequence[Supernode] = (),
     dashboards: str | os.PathLike | None = None,
     height: int = 640,
+    attn_dashboards: str | os.PathLike | None = None,
 ) -> GraphView:
     """The viewer for `graph` in a notebook (module docstring). `dashboards`: a dashboards file,
-    a transcoder folder or a bundled set name, when the graph's own cannot be found."""
+    a transcoder folder or a bundled set name, when the graph's own cannot be found;
+    `attn_dashboards`: the same for its attention features."""
     source = find_dashboards(graph.meta, dashboards)
-    payload = graph_payload(graph, name, supernodes, source)
+    attn = None if attn_dashboards is None else find_dashboards(graph.meta, attn_dashboards, "attn")
+    payload = graph_payload(graph, name, supernodes, source, attn)
     payload["notes"] = payload["notes"] + [
         "A read-only view: supernodes grouped here are not saved (use attrgraph.save_supernodes, or "
         "`attrgraph serve FILE`)."

@@ -12,7 +12,8 @@
 3. Edges: `[source, target, weight]`, the signed direct effect (rows = targets in the Graph).
 4. Graph-level: prompt tokens, logits with probabilities, replacement and completeness scores
    (scores.py, of the stored graph), the hierarchical root identity where present, the plain
-   meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py).
+   meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py: an
+   attention feature's from the attention set's file; a note in `notes` when it has none).
 NaN becomes null, so the result is strict JSON.
 """
 
@@ -103,18 +104,11 @@ def _node_label(graph: Graph, i: int, kind: str, labels: dict) -> str:
 
 
 def _attention_source(graph: Graph, view: Graph) -> DashboardSource | None:
-    """The dashboards of the graph's attention-output SAE set, when it has attention features and
-    they can be found (found like the MLP set's, from the `attn_transcoder*` provenance)."""
+    """The dashboards of the graph's attention-output SAE set, when it has attention features
+    (found like the MLP set's, graph/dashboard_lookup.py, from the `attn_transcoder*` provenance)."""
     if not ((view.nodes.kind == "feature") & (view.nodes.site == "attn")).any():
         return None
-    m = graph.meta
-    meta = {
-        "transcoders": m.get("attn_transcoders"),
-        "transcoder_fingerprint": m.get("attn_transcoder_fingerprint"),
-        "n_layers": m.get("n_layers"),
-        "transcoder_d_sae": m.get("attn_transcoder_d_sae"),
-    }
-    return find_dashboards({k: v for k, v in meta.items() if v is not None})
+    return find_dashboards(graph.meta, site="attn")
 
 
 def graph_payload(
@@ -122,15 +116,23 @@ def graph_payload(
     name: str,
     supernodes: Sequence[Supernode] = (),
     source: DashboardSource | None = None,
+    attn_source: DashboardSource | None = None,
 ) -> dict:
-    """The page's JSON for `graph` stored as `name` (module docstring)."""
+    """The page's JSON for `graph` stored as `name` (module docstring). `source`: the dashboards of
+    its MLP-site features; `attn_source`: its attention features' (default: found, dashboards.py)."""
     view, index, notes = graph_view(graph)
     meta = graph.meta
     n_layers = int(meta.get("n_layers", max(int(graph.nodes.layer.max(initial=0)), 0)))
     n = view.nodes
     boards: dict[str, dict] = {}
     labels: dict[tuple[bool, int, int], str] = {}
-    for attn, src in ((False, source), (True, _attention_source(graph, view))):
+    if attn_source is None:
+        attn_source = _attention_source(graph, view)
+    elif not ((n.kind == "feature") & (n.site == "attn")).any():
+        attn_source = None
+    if attn_source is not None and attn_source.dashboards is None:
+        notes = notes + [attn_source.note]
+    for attn, src in ((False, source), (True, attn_source)):
         dashboards = src.dashboards if src is not None else None
         if dashboards is None:
             continue

@@ -54,21 +54,27 @@ def static_file(url_path: str) -> Path | None:
 class Viewer:
     """The state behind the routes: the graph file, the dashboards override, payload caches."""
 
-    def __init__(self, path: str | os.PathLike, dashboards: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        dashboards: str | os.PathLike | None = None,
+        attn_dashboards: str | os.PathLike | None = None,
+    ):
         from attrgraph.graph.store import list_graphs
 
         self.path = Path(path)
-        self.dashboards = dashboards
+        self.dashboards, self.attn_dashboards = dashboards, attn_dashboards
         graphs = list_graphs(self.path)  # GraphFileError for a missing, foreign or damaged file
         if not graphs and not self.circuits():
             raise GraphFileError(
                 f"{self.path} holds no graphs or circuits to view; write one with "
                 f"`attrgraph build PROMPT -o {self.path}` (or `attrgraph circuit ... --out {self.path}`)."
             )
-        if dashboards is not None:
-            from attrgraph.viewer.dashboards import find_dashboards
+        from attrgraph.viewer.dashboards import find_dashboards
 
-            find_dashboards({}, dashboards)  # a wrong --dashboards is an error before serving
+        for site, given in (("mlp", dashboards), ("attn", attn_dashboards)):
+            if given is not None:  # a wrong --dashboards / --attn-dashboards is an error before serving
+                find_dashboards({}, given, site)
         self.lock = threading.Lock()
         self.cache: dict[tuple, dict] = {}
 
@@ -112,8 +118,14 @@ class Viewer:
 
         graph = load_graph(self.path, name)
         source = find_dashboards(graph.meta, self.dashboards)
+        attn = (
+            None
+            if self.attn_dashboards is None
+            else find_dashboards(graph.meta, self.attn_dashboards, "attn")
+        )
         supernodes = load_supernodes(self.path, name)
-        return dict(graph_payload(graph, name, supernodes, source), file=self.path.name, editable=True)
+        payload = graph_payload(graph, name, supernodes, source, attn)
+        return dict(payload, file=self.path.name, editable=True)
 
     def save_supernodes(self, body: bytes) -> dict:
         from attrgraph.graph.store import load_graph
@@ -254,10 +266,12 @@ def make_server(
     port: int = 8765,
     dashboards: str | os.PathLike | None = None,
     verbose: bool = False,
+    attn_dashboards: str | os.PathLike | None = None,
 ) -> ViewerServer:
     """A viewer server for the graph file `path`, bound but not yet serving (call
-    `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port."""
-    return ViewerServer(Viewer(path, dashboards), host, port, verbose)
+    `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port.
+    `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found)."""
+    return ViewerServer(Viewer(path, dashboards, attn_dashboards), host, port, verbose)
 
 
 def warn_if_exposed(host: str) -> None:

@@ -200,6 +200,25 @@ def attention_graph(arch: str = "gpt2", tokens=(0, 5, 9, 3, 17, 22, 5), **kwargs
     return attribute(model, sets, torch.tensor(tokens), **kwargs), model, sets
 
 
+def bundled_attention_graph(prompt: str = "When Mary and John went to the store, John gave a drink to"):
+    """The pruned graph of the bundled model on [default-plt, default-attn-sae], built from Python
+    (its meta names no set, only their fingerprints); tests using it carry the `bundled` marker."""
+    import torch
+
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.graph.prune import prune_graph
+    from transcoders.formats import load_transcoders
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sets = [load_transcoders("default-plt"), load_transcoders("default-attn-sae")]
+        return prune_graph(attribute(load_model("default"), sets, prompt, progress=False))
+    finally:
+        torch.set_num_threads(n)
+
+
 def large_graph(n_feat: int = 2800, n_emb: int = 8, n_logit: int = 2, seed: int = 0) -> Graph:
     """A graph of ~n_feat^2 / 2 edges built as CSR (no dense matrix): every feature and logit reads
     every node before it (logits: every non-logit node); float32 values, int32 indices."""

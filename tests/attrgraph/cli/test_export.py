@@ -167,3 +167,6 @@ def test_bad_dashboards_path_is_one_line(graph_file, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("attrgraph export: error: ") and "nope.h5 does not exist" in err
     assert err.count("\n") == 1 and not (tmp_path / "site").exists()
+    assert export(graph_file, "-o", tmp_path / "site", "--attn-dashboards", tmp_path / "nope.h5") == 2
+    err = capsys.readouterr().err
+    assert "nope.h5 does not exist" in err and err.count("\n") == 1 and not (tmp_path / "site").exists()

@@ -78,6 +78,8 @@ def test_nothing_to_view_and_bad_ports_are_one_line_and_exit_code_2(graph_file, 
     assert "does not exist" in one_error_line(capsys)
     assert main(["serve", str(graph_file), "--port", "70000"]) == 2
     assert "--port 70000 is not a port" in one_error_line(capsys)
+    assert main(["serve", str(graph_file), "--attn-dashboards", str(tmp_path / "nope.h5")]) == 2
+    assert "no dashboards file at" in one_error_line(capsys)
 
 
 def test_another_host_is_served_with_a_warning(capsys):

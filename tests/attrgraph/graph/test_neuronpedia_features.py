@@ -65,7 +65,8 @@ def test_estimates_keep_totals_and_each_percentile_in_its_true_bin():
 # ------------------------------------------------------------------------- files from the bundled dashboards
 def bundled_graph(seed=0):
     g = layered_graph(seed)
-    g.meta["transcoders"] = "default-plt"  # as `attrgraph build` records it
+    # as `attrgraph build` records it; the hand-built graph uses layers 0-1 of default-plt's 4
+    g.meta.update(transcoders="default-plt", n_layers=4)
     return g
 
 
@@ -183,7 +184,7 @@ def test_dashboards_that_do_not_fit_or_do_not_exist_are_errors(tmp_path):
     from transcoders.paths import BUNDLED
 
     g = layered_graph(5, d_sae=2000)  # features past the 1024 of default-plt
-    g.meta["transcoders"] = "default-plt"
+    g.meta.update(transcoders="default-plt", n_layers=4)
     with pytest.raises(ExportError, match=r"cover 4 layers x 1024 features but the graph has L\d/F\d+") as e:
         export_json(g, tmp_path / "o")
     assert "\n" not in str(e.value) and not (tmp_path / "o").exists()
@@ -196,6 +197,68 @@ def test_dashboards_that_do_not_fit_or_do_not_exist_are_errors(tmp_path):
     g.meta["transcoders"] = str(bad)
     with pytest.warns(ExportWarning, match="not a readable HDF5 file"):
         assert export_json(g, tmp_path / "o2").dashboards is None
-    g.meta["transcoders"] = "default-clt"  # the wrong set's dashboards, passed by hand: said, not refused
-    with pytest.warns(ExportWarning, match="computed for transcoder set 'default-plt'"):
+    g.meta.update(transcoders="default-clt", n_layers=4)  # the wrong set's dashboards, passed by hand:
+    with pytest.warns(ExportWarning, match="computed for transcoder set 'default-plt'"):  # said, not refused
         export_json(g, tmp_path / "o3", dashboards=BUNDLED["default-plt"] / "dashboards.h5")
+    # dashboards of another width than the graph's set records (dashboard_lookup.fits): passed by
+    # hand, an error; found for the set the graph names, passed over with one warning line
+    g.meta.update(transcoders="default-plt", transcoder_d_sae=2000)
+    with pytest.raises(ExportError, match="has 1024 features per layer, the graph's transcoder set 2000"):
+        export_json(g, tmp_path / "o4", dashboards="default-plt")
+    with pytest.warns(ExportWarning, match="has 1024 features per layer") as record:
+        assert export_json(g, tmp_path / "o5").dashboards is None
+    assert len(record) == 1 and "\n" not in str(record[0].message)
+
+
+# ------------------------------------------------------------------------- attention features
+@pytest.mark.bundled("default", "default-plt", "default-attn-sae")
+def test_attention_feature_files_hold_the_attention_sets_dashboards(tmp_path):
+    from attrgraph.graph.neuronpedia_features import feature_index
+    from tests.attrgraph.ag_helpers import bundled_attention_graph
+    from transcoders import load_dashboards
+    from transcoders.paths import BUNDLED
+
+    g = bundled_attention_graph()  # built from Python: the sets are found by their fingerprints
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)  # both found: no warning
+        res = export_json(g, tmp_path, slug="a")
+    assert res.dashboards == BUNDLED["default-plt"] / "dashboards.h5"
+    assert res.attn_dashboards == BUNDLED["default-attn-sae"] / "dashboards.h5"
+    d = load_dashboards(res.attn_dashboards)
+    n = g.nodes
+    attn = (n.kind == "feature") & (n.site == "attn")
+    pairs = sorted({(int(l), int(f)) for l, f in zip(n.layer[attn], n.feature[attn])})
+    assert pairs and ((n.kind == "feature") & (n.site == "mlp")).any()
+    clerp = {x["node_id"]: x["clerp"] for x in json.loads(res.path.read_text())["nodes"]}
+    for l, f in pairs:
+        feat = json.loads(
+            (tmp_path / "features" / "transcoders" / f"{feature_index(l, f, True)}.json").read_text()
+        )
+        want = d.feature(l, f)
+        assert feat["transcoder_id"] == f"transcoders/attn/{l}"
+        assert feat["activation_frequency"] == pytest.approx(want["frequency"])
+        assert feat["top_logits"] == [t for t, _ in want["top_logits"]]
+        top = feat["examples_quantiles"][0]["examples"]
+        assert len(top) == len(want["top"]) > 0
+        for ex, w in zip(top, want["top"]):
+            assert ex["train_token_ind"] == w["center"]
+            np.testing.assert_allclose(ex["tokens_acts_list"], w["acts"], rtol=1e-3)
+        pos = int(n.position[np.flatnonzero(attn & (n.layer == l) & (n.feature == f))[0]])
+        assert clerp[f"A{l}_{f}_{pos}"] == (d.label(l, f) if d.label(l, f) != "dead" else f"A{l}/F{f}")
+    # the attention set not found: its files have no examples, and one warning line says so
+    meta = g.meta.copy()
+    g.meta["attn_transcoder_fingerprint"] = "0123456789abcdef"
+    with pytest.warns(ExportWarning, match="attention feature files have no examples") as record:
+        res = export_json(g, tmp_path / "b")
+    assert len(record) == 1 and res.attn_dashboards is None and res.dashboards is not None
+    l, f = pairs[0]
+    feat = json.loads(
+        (tmp_path / "b" / "features" / "transcoders" / f"{feature_index(l, f, True)}.json").read_text()
+    )
+    assert feat["examples_quantiles"] == [] and feat["top_logits"] == []
+    # given by hand instead: the attention set's, never the MLP set's
+    g.meta = meta
+    res = export_json(g, tmp_path / "c", attn_dashboards="default-attn-sae")
+    assert res.attn_dashboards == BUNDLED["default-attn-sae"] / "dashboards.h5"
+    with pytest.raises(ExportError, match="1024 features per layer, the graph's attention set 512"):
+        export_json(g, tmp_path / "d", dashboards="default-plt", attn_dashboards="default-plt")

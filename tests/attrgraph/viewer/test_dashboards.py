@@ -48,3 +48,25 @@ def test_feature_labels_and_dashboards_in_the_payload(ioi):
     assert {n["label"] for n in bare["nodes"] if n["kind"] == "feature"} == {
         f"L{n['layer']}/F{n['feature']}" for n in feats
     }
+
+
+@pytest.mark.bundled("default-attn-sae")
+def test_attention_features_found_by_fingerprint_or_noted(tmp_path):
+    from tests.attrgraph.ag_helpers import bundled_attention_graph
+    from transcoders.paths import BUNDLED
+
+    g = bundled_attention_graph()  # built from Python: no set names in meta, only fingerprints
+    data = graph_payload(g, "g", source=find_dashboards(g.meta))
+    attn = [n for n in data["nodes"] if n["kind"] == "feature" and n["site"] == "attn"]
+    assert attn and all(f"A{n['layer']}/{n['feature']}" in data["dashboards"] for n in attn)
+    g.meta["attn_transcoder_fingerprint"] = "0123456789abcdef"
+    data = graph_payload(g, "g", source=find_dashboards(g.meta))
+    assert not any(k.startswith("A") for k in data["dashboards"])
+    assert any(
+        s.startswith("no attention feature dashboards (") and "no bundled set has its fingerprint" in s
+        for s in data["notes"]
+    )
+    given = find_dashboards(g.meta, "default-attn-sae", "attn")
+    assert given.dashboards.path == BUNDLED["default-attn-sae"] / "dashboards.h5"
+    data = graph_payload(g, "g", source=find_dashboards(g.meta), attn_source=given)
+    assert all(f"A{n['layer']}/{n['feature']}" in data["dashboards"] for n in attn)
