@@ -182,10 +182,10 @@ def prune_graph_edges(
 
     keep = np.ones(pruned.n_nodes, bool)
     is_feature = pruned.nodes.kind == "feature"
+    targets = np.repeat(np.arange(pruned.n_nodes), np.diff(raw.indptr))  # raw: no zeros, no duplicates
     while True:
-        kept_adj = raw[keep][:, keep]
-        has_out = np.zeros(pruned.n_nodes, bool)
-        has_out[np.flatnonzero(keep)] = np.asarray((kept_adj != 0).sum(axis=0)).ravel() > 0
+        kept = keep[targets] & keep[raw.indices]
+        has_out = np.bincount(raw.indices[kept], minlength=pruned.n_nodes) > 0
         drop = keep & is_feature & had_out & ~has_out
         if not drop.any():
             break
