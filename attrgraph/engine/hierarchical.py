@@ -441,9 +441,8 @@ def attribute_hierarchical(
         ),
     )
 
-    graph.nodes.influence = logit_influence(
-        graph.adjacency, graph.logit_weights()
-    ).influence  # as prune_graph's
+    # prune_graph's own pass: pruning with this influence equals pruning without it, bit for bit
+    graph.nodes.influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
     return graph
 
 

@@ -555,7 +555,6 @@ def _graph_from_json(data: dict) -> Graph:
         )
     except GraphError as e:
         raise GraphFileError(f"the nodes do not form a graph: {e}") from None
-    graph.nodes.influence = logit_influence(graph.adjacency, graph.logit_weights()).influence.astype(
-        np.float32
-    )
+    influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
+    graph.nodes.influence = influence.astype(np.float32)
     return graph
