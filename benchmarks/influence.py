@@ -57,17 +57,23 @@ def peak_mb(fn, arg) -> tuple[float, object]:
     return peak / 2**20, out
 
 
-def interleaved(calls: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each call, the calls taking turns, `repeats` rounds (after one warm-up)."""
-    seconds = {name: [] for name in calls}
+def interleaved(calls: dict, repeats: int) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Seconds of each call, the calls taking turns, `repeats` rounds (after one warm-up): median
+    wall clock, median CPU time of this thread (what the call itself used, insensitive to other
+    processes taking turns on the cores, not to their sharing of caches and memory bandwidth),
+    and the fastest round's wall clock."""
+    wall = {name: [] for name in calls}
+    cpu = {name: [] for name in calls}
     for r in range(repeats + 1):
         for name, (prepare, fn) in calls.items():
             arg = prepare()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             fn(arg)
             if r:
-                seconds[name].append(time.perf_counter() - t)
-    return {name: float(np.median(v)) for name, v in seconds.items()}
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.thread_time() - c)
+    median = lambda d: {name: float(np.median(v)) for name, v in d.items()}  # noqa: E731
+    return median(wall), median(cpu), {name: float(min(v)) for name, v in wall.items()}
 
 
 def back_to_back(calls: dict, repeats: int) -> dict[str, float]:
@@ -141,14 +147,19 @@ def main(argv=None) -> int:
         "subgraph": (none, lambda _: graph.subgraph(keep)),
         "edge_step": (none, lambda _: prune_graph_edges(node_pruned, 0.98, node_threshold=0.8)),
     }
-    times = interleaved({**main_calls, **stage_calls}, args.repeats)
+    times, cpu_times, fastest = interleaved({**main_calls, **stage_calls}, args.repeats)
     load.append(os.getloadavg()[0])
     warm = back_to_back(main_calls, args.repeats)
     load.append(os.getloadavg()[0])
     rows = {}
     for name, (prepare, fn) in main_calls.items():
         mb, out = peak_mb(fn, prepare())
-        rows[name] = dict(seconds=times[name], peak_mb=round(mb, 2))
+        rows[name] = dict(
+            seconds=times[name],
+            cpu_seconds=cpu_times[name],
+            fastest_seconds=fastest[name],
+            peak_mb=round(mb, 2),
+        )
         if name == "influence":
             reference = out
         elif name.startswith("solve"):
@@ -157,6 +168,7 @@ def main(argv=None) -> int:
     load.append(os.getloadavg()[0])
     solve = min(rows["solve_as_called"]["seconds"], rows["solve_prepared"]["seconds"])
     stages = {name: dict(seconds=times[name], over_solve=times[name] / solve) for name in stage_calls}
+    cpu_solve = min(rows["solve_as_called"]["cpu_seconds"], rows["solve_prepared"]["cpu_seconds"])
     result = dict(
         prompt=PROMPT,
         nodes=graph.n_nodes,
@@ -170,6 +182,17 @@ def main(argv=None) -> int:
         solve_seconds=solve,
         influence_over_solve=rows["influence"]["seconds"] / solve,
         prune_over_solve=rows["prune_graph"]["seconds"] / solve,
+        fastest=dict(
+            influence_over_solve=fastest["influence"]
+            / min(fastest["solve_as_called"], fastest["solve_prepared"]),
+            prune_over_solve=fastest["prune_graph"]
+            / min(fastest["solve_as_called"], fastest["solve_prepared"]),
+        ),
+        cpu=dict(
+            solve_seconds=cpu_solve,
+            influence_over_solve=rows["influence"]["cpu_seconds"] / cpu_solve,
+            prune_over_solve=rows["prune_graph"]["cpu_seconds"] / cpu_solve,
+        ),
         back_to_back=dict(
             seconds=warm,
             influence_over_solve=warm["influence"] / min(warm["solve_as_called"], warm["solve_prepared"]),
@@ -218,17 +241,33 @@ def markdown(result: dict, args) -> str:
         f"allocations (tracemalloc) of one call. 1-minute load average during the run: "
         f"{min(load):.1f}-{max(load):.1f} on {os.cpu_count()} cores (shared with other jobs).",
         "",
-        "| step | time | x one solve | peak extra memory |",
-        "|---|---|---|---|",
+        "| step | time | x one solve | CPU time | x one solve | fastest round | x one solve | peak extra memory |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    cpu_solve = result["cpu"]["solve_seconds"]
+    fast_solve = min(rows["solve_as_called"]["fastest_seconds"], rows["solve_prepared"]["fastest_seconds"])
     for name, r in rows.items():
         lines.append(
-            f"| {LABELS[name]} | {r['seconds'] * 1e3:.1f} ms | {r['seconds'] / solve:.2f} | {r['peak_mb']:.1f} MB |"
+            f"| {LABELS[name]} | {r['seconds'] * 1e3:.1f} ms | {r['seconds'] / solve:.2f} | "
+            f"{r['cpu_seconds'] * 1e3:.1f} ms | {r['cpu_seconds'] / cpu_solve:.2f} | "
+            f"{r['fastest_seconds'] * 1e3:.1f} ms | {r['fastest_seconds'] / fast_solve:.2f} | {r['peak_mb']:.1f} MB |"
         )
     lines += [
         "",
         f"Influence costs {result['influence_over_solve']:.2f}x one triangular solve and the whole pruning "
-        f"{result['prune_over_solve']:.2f}x (the solve: the faster of the two calls). The solves agree "
+        f"{result['prune_over_solve']:.2f}x (the solve: the faster of the two calls); in CPU time of the "
+        f"calling thread {result['cpu']['influence_over_solve']:.2f}x and {result['cpu']['prune_over_solve']:.2f}x; "
+        f"in the fastest round of each {result['fastest']['influence_over_solve']:.2f}x and "
+        f"{result['fastest']['prune_over_solve']:.2f}x"
+        + (
+            f" ({before['label']}, same script, another process: wall {before['influence_over_solve']:.2f}x and "
+            f"{before['prune_over_solve']:.2f}x, CPU {before['cpu']['influence_over_solve']:.2f}x and "
+            f"{before['cpu']['prune_over_solve']:.2f}x, fastest {before['fastest']['influence_over_solve']:.2f}x "
+            f"and {before['fastest']['prune_over_solve']:.2f}x)"
+            if before
+            else ""
+        )
+        + ". The solves agree "
         f"with the streamed influence to {max(r['max_rel_diff'] for r in rows.values() if 'max_rel_diff' in r):.0e} "
         "of its largest value.",
         "",
