@@ -210,11 +210,12 @@ class Graph:
             raise GraphError(
                 f"adjacency has shape {self.adjacency.shape} but there are {n} nodes; it must be square, one row and column per node."
             )
-        rank = {k: i for i, k in enumerate(NODE_ORDER)}
-        unknown = set(np.unique(self.nodes.kind)) - set(rank)
-        if unknown:
-            raise GraphError(f"unknown node kinds {sorted(unknown)}; use only {NODE_ORDER}.")
-        order = np.array([rank[k] for k in self.nodes.kind], np.int64)
+        order = np.full(n, -1, np.int64)  # rank of each node's kind in NODE_ORDER
+        for i, k in enumerate(NODE_ORDER):
+            order[self.nodes.kind == k] = i
+        if np.any(order < 0):
+            unknown = sorted(set(self.nodes.kind[order < 0].tolist()))
+            raise GraphError(f"unknown node kinds {unknown}; use only {NODE_ORDER}.")
         if np.any(np.diff(order) < 0):
             raise GraphError(f"nodes are not grouped in NODE_ORDER {NODE_ORDER}; sort them by kind first.")
         has_site = (self.nodes.kind == "feature") | (self.nodes.kind == "error")

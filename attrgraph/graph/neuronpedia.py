@@ -17,8 +17,9 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    `ATTN_INDEX_OFFSET + cantor(layer, feature)` (so their feature files never collide with MLP
    features'); clerp default `A{layer}/F{feature}`, label key `("attn", layer, feature)`.
    `activation` is the Graph's. `influence` is circuit-tracer's cumulative share: nodes sorted by
-   logit influence (prune.compute_influence), descending; a node's value is the running sum up to
-   it over the total, so the frontend's slider at `t` keeps the nodes that make up `t`.
+   logit influence (streamed_influence.logit_influence, the numbers prune_graph prunes by),
+   descending; a node's value is the running sum up to it over the total, so the frontend's
+   slider at `t` keeps the nodes that make up `t`.
 2. Links: one per nonzero `adjacency[t, s]`: `{"source": id(s), "target": id(t), "weight":
    adjacency[t, s]}`, the signed direct effect of source on target (float32, shortest repr).
 3. `clerp` of a feature, the first there is of: `labels[(layer, feature)]` (passed in), the
@@ -45,7 +46,7 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    dashboards they carry what the graph knows, and one ExportWarning line per set says so.
 6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
    ids too), sorts them into `NODE_ORDER` (and the graph.py order of sites) and rebuilds the
-   adjacency from the links; influence is recomputed (compute_influence), since the file holds
+   adjacency from the links; influence is recomputed (logit_influence), since the file holds
    only cumulative shares.
 """
 
@@ -76,7 +77,8 @@ from attrgraph.graph.neuronpedia_features import (
     feature_files,
     feature_index,
 )
-from attrgraph.graph.prune import compute_influence, normalize_matrix, prune_graph
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import Supernode, node_key
 
 if TYPE_CHECKING:
@@ -121,7 +123,7 @@ def _uncantor(z: int) -> tuple[int, int]:
 
 def cumulative_influence(graph: Graph) -> np.ndarray:
     """[n_nodes] circuit-tracer's node `influence`: running share of the sorted logit influence (step 1)."""
-    influence = compute_influence(normalize_matrix(graph.adjacency), graph.logit_weights())
+    influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
     order = np.argsort(-influence, kind="stable")
     total = influence.sum()
     out = np.zeros(graph.n_nodes)
@@ -565,7 +567,6 @@ def _graph_from_json(data: dict) -> Graph:
         )
     except GraphError as e:
         raise GraphFileError(f"the nodes do not form a graph: {e}") from None
-    graph.nodes.influence = compute_influence(
-        normalize_matrix(graph.adjacency), graph.logit_weights()
-    ).astype(np.float32)
+    influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
+    graph.nodes.influence = influence.astype(np.float32)
     return graph

@@ -144,8 +144,14 @@ def prune_graph(
             "graph.nodes.influence) or None to compute it."
         )
     keep = select_nodes(graph.nodes.kind, influence, node_threshold)
-    pruned = graph.subgraph(keep, adjacency=graph.adjacency if keep.all() else None)  # read only
-    return prune_graph_edges(pruned, edge_threshold, progress, node_threshold)
+    idx = np.flatnonzero(keep)
+    adjacency = graph.adjacency if keep.all() else graph.adjacency[idx][:, idx]  # read only
+    # the node-pruned graph's nodes and logit weights (every logit node is kept), no Graph built
+    kept, adjacency, kept_influence = _prune_edges(
+        graph.nodes.kind[idx], graph.logit_weights()[idx], adjacency, edge_threshold, progress
+    )
+    keep[idx[~kept]] = False
+    return _pruned(graph, keep, adjacency, kept_influence, node_threshold, edge_threshold)
 
 
 def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
@@ -169,28 +175,55 @@ def prune_graph_edges(
     """Step 4 on the node-pruned graph `pruned` (step 3 already applied, `node_threshold` recorded
     in the result's meta); influence on its nodes is filled in."""
     _check_thresholds(node_threshold, edge_threshold)
-    raw = sp.csr_array(pruned.adjacency, copy=True)
+    keep, adjacency, kept_influence = _prune_edges(
+        pruned.nodes.kind, pruned.logit_weights(), pruned.adjacency, edge_threshold, progress
+    )
+    return _pruned(pruned, keep, adjacency, kept_influence, node_threshold, edge_threshold)
+
+
+def _prune_edges(
+    kind: np.ndarray,
+    w: Float[np.ndarray, " n_nodes"],
+    adjacency: sp.csr_array,
+    edge_threshold: float,
+    progress: bool,
+) -> tuple[np.ndarray, sp.csr_array, Float[np.ndarray, " n_kept"]]:
+    """Step 4 on the node-pruned graph's node kinds, logit weights and adjacency: the nodes kept
+    (mask), their adjacency and their influence (computed on the node-pruned graph)."""
+    n = len(kind)
+    raw = sp.csr_array(adjacency, copy=True)
     raw.sum_duplicates()  # sorts too; duplicates would break "entry for entry" below
     raw.eliminate_zeros()
     A = normalize_matrix(raw)  # same pattern as raw, entry for entry
-    w = pruned.logit_weights()
     node_influence = logit_influence(raw, w, progress=progress).influence
     edge_score = A.data * np.repeat(node_influence + w, np.diff(A.indptr))
-    had_out = np.bincount(raw.indices, minlength=pruned.n_nodes) > 0
+    had_out = np.bincount(raw.indices, minlength=n) > 0
     raw.data[edge_score < find_threshold(edge_score, edge_threshold)] = 0.0
     raw.eliminate_zeros()
 
-    keep = np.ones(pruned.n_nodes, bool)
-    is_feature = pruned.nodes.kind == "feature"
+    keep = np.ones(n, bool)
+    is_feature = kind == "feature"
+    targets = np.repeat(np.arange(n), np.diff(raw.indptr))  # raw: no zeros, no duplicates
     while True:
-        kept_adj = raw[keep][:, keep]
-        has_out = np.zeros(pruned.n_nodes, bool)
-        has_out[np.flatnonzero(keep)] = np.asarray((kept_adj != 0).sum(axis=0)).ravel() > 0
+        kept = keep[targets] & keep[raw.indices]
+        has_out = np.bincount(raw.indices[kept], minlength=n) > 0
         drop = keep & is_feature & had_out & ~has_out
         if not drop.any():
             break
         keep &= ~drop
-    out = pruned.subgraph(keep, adjacency=raw[keep][:, keep])
-    out.nodes.influence = node_influence[keep]
+    return keep, raw[keep][:, keep], node_influence[keep]
+
+
+def _pruned(
+    graph: Graph,
+    keep: np.ndarray,
+    adjacency: sp.csr_array,
+    influence: Float[np.ndarray, " n_kept"],
+    node_threshold: float,
+    edge_threshold: float,
+) -> Graph:
+    """`graph` on the nodes `keep` with their pruned `adjacency` and `influence`, thresholds in meta."""
+    out = graph.subgraph(keep, adjacency=adjacency)
+    out.nodes.influence = influence
     out.meta.update(pruned=True, node_threshold=float(node_threshold), edge_threshold=float(edge_threshold))
     return out

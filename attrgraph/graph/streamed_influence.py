@@ -19,12 +19,13 @@ and those copies would triple the peak memory of `attribute`.
    without a row have no inputs. Within a block the order of rows does not matter, so a caller
    may compute them as it goes and drop them (`InfluenceSolve`; pruned_build.py).
 Peak extra memory: a few arrays of the size of one chunk of edges (`chunk_edges`). With
-`progress=True` a tqdm bar counts the edges done. Cost: 1.16 10^6 edges in about 1.4 times one
-scipy triangular solve on the normalized matrix already built (benchmarks/influence.py).
+`progress=True` a tqdm bar counts the edges done. Cost: 1.16 10^6 edges in about one scipy
+triangular solve on the normalized matrix already built (benchmarks/influence.py).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -61,23 +62,43 @@ def row_blocks(adjacency: sp.csr_array) -> list[tuple[int, int]]:
     """Step 1 for any matrix: the greedy split into contiguous row ranges `[b0, b1)` whose rows read
     only columns `< b0` (a row starts a new block when it reads from the current one). Raises
     `GraphError` unless the matrix is strictly lower-triangular."""
-    A = sp.csr_array(adjacency)
+    A = adjacency if isinstance(adjacency, sp.csr_array) else sp.csr_array(adjacency)
     n = A.shape[0]
-    counts = np.diff(A.indptr)
-    nonempty = np.flatnonzero(counts > 0)
-    max_col = np.full(n, -1, np.int64)
-    if len(nonempty):
-        max_col[nonempty] = np.maximum.reduceat(A.indices, A.indptr[:-1][nonempty])
-    if A.shape != (n, n) or np.any(max_col >= np.arange(n)):
+    if A.shape != (n, n):
+        raise GraphError(f"matrix {A.shape} is not square; pass one row and one column per node.")
+    max_col = _max_columns(A)
+    if np.any(max_col >= np.arange(n)):
         raise GraphError(
             "the adjacency is not strictly lower-triangular in node order; order nodes as graph.NODE_ORDER documents."
         )
-    starts = [0]
-    for r, c in zip(nonempty.tolist(), max_col[nonempty].tolist()):
-        if c >= starts[-1]:
-            starts.append(r)
-    starts = sorted(set(starts))
+    # The next block starts at the first row after the current start `s` that reads a column >= s
+    # (an empty row reads none: -1). Searched in windows doubling from 64 rows: a pass over each
+    # block's rows without a Python step per row.
+    starts, s = [0], 0
+    while True:
+        lo, width, found = s + 1, 64, -1
+        while lo < n and found < 0:
+            hit = np.flatnonzero(max_col[lo : lo + width] >= s)
+            found = lo + int(hit[0]) if len(hit) else -1
+            lo, width = lo + width, 2 * width
+        if found < 0:
+            break
+        starts.append(found)
+        s = found
     return list(zip(starts, starts[1:] + [n])) if n else []
+
+
+def _max_columns(A: sp.csr_array) -> Int[np.ndarray, " n_rows"]:
+    """The largest column of each row, -1 for an empty row (the last index when sorted)."""
+    counts = np.diff(A.indptr)
+    nonempty = np.flatnonzero(counts > 0)
+    max_col = np.full(A.shape[0], -1, np.int64)
+    if len(nonempty):
+        if A.has_sorted_indices:  # cached by scipy once known (logit_influence's canonical check)
+            max_col[nonempty] = A.indices[A.indptr[1:][nonempty] - 1]
+        else:
+            max_col[nonempty] = np.maximum.reduceat(A.indices, A.indptr[:-1][nonempty])
+    return max_col
 
 
 def streamed_influence(
@@ -107,8 +128,8 @@ def logit_influence(
     strictly lower-triangular matrix in one streamed pass (`row_blocks`). Duplicate entries are
     summed before |.| as normalize_matrix does (a copy only when there are any); a canonical CSR
     matrix is read in place."""
-    A = sp.csr_array(adjacency)
-    if not A.has_canonical_format:
+    A = adjacency if isinstance(adjacency, sp.csr_array) else sp.csr_array(adjacency)
+    if not A.has_canonical_format:  # scipy caches the answer on `adjacency`
         A = A.copy()
         A.sum_duplicates()
     return streamed_influence(A, logit_weights, row_blocks(A), is_error, progress=progress)
@@ -129,12 +150,15 @@ def streamed_influence_rows(
     for nodes, rows in row_sets:
         solve.check(nodes, rows)
     n_edges = sum(int(rows.indptr[-1] - rows.indptr[0]) for _, rows in row_sets)
-    with tqdm(total=n_edges, desc="influence", unit="edge", unit_scale=True, disable=not progress) as bar:
+    bar = tqdm(total=n_edges, desc="influence", unit="edge", unit_scale=True) if progress else None
+    with bar or nullcontext():  # no bar to set up unless shown
         for b0, b1 in reversed(blocks):
             solve.start_block(b0, b1)
             for nodes, rows in row_sets:
-                r0, r1 = np.searchsorted(nodes, [b0, b1])
-                bar.update(solve.add_rows(nodes, rows, int(r0), int(r1), checked=True))
+                r0, r1 = np.searchsorted(nodes, [b0, b1]).tolist()
+                done = solve.add_rows(nodes, rows, r0, r1, checked=True)
+                if bar is not None:
+                    bar.update(done)
     return solve.result()
 
 
@@ -232,17 +256,20 @@ def _accumulate(targets, indptr, cols, values, b0, z, acc, error_share, is_error
         raise GraphError(
             "an edge comes from its own block or a later node; order nodes as graph.NODE_ORDER documents."
         )
-    a = np.abs(values, dtype=np.float64)
+    a = values.astype(np.float64)  # then |.| in place: the same numbers, one temporary less
+    np.abs(a, out=a)
     counts = np.diff(indptr)
     rowsum = np.zeros(len(targets))
     nonempty = counts > 0
     rowsum[nonempty] = np.add.reduceat(a, indptr[:-1][nonempty])
     inv = np.divide(1.0, rowsum, out=np.zeros_like(rowsum), where=rowsum > 0)
     if len(a) >= SPARSE_PRODUCTS_FROM:
-        chunk = sp.csr_array((a, cols, indptr.astype(cols.dtype, copy=False)), shape=(len(targets), len(acc)))
+        indptr = indptr.astype(cols.dtype, copy=False)
         if is_error is not None:
+            chunk = sp.csr_array((a, cols, indptr), shape=(len(targets), len(acc)))
             error_share[targets] = (chunk @ is_error) * inv
-        acc += chunk.T @ (z[targets] * inv)
+        # the chunk's transpose built as CSC on the same arrays (what `chunk.T` returns, set up once)
+        acc += sp.csc_array((a, cols, indptr), shape=(len(acc), len(targets))) @ (z[targets] * inv)
         return
     if is_error is not None:
         error_share[targets] = (

@@ -19,6 +19,7 @@ from attrgraph.engine.hierarchical import (
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.targets import logit_difference
 from attrgraph.errors import GraphError, TargetError
+from attrgraph.graph.prune import normalize_matrix, prune_graph
 from attrgraph.graph.store import load_graph, save_graph
 from attrgraph.graph.supernodes import NodeKey
 from tests.attrgraph.ag_helpers import graph_from_dense, tiny_attn_saes, tiny_model, tiny_transcoders
@@ -115,6 +116,21 @@ def test_theorem_3_1_without_detaching(setup):
     # the root is the model's demeaned logit of its most likely token
     last = rm.run(TOKENS, exclude_bos=True).logits[-1].double()
     assert root == pytest.approx(float(last.max() - last.mean()), rel=1e-9)
+
+
+def test_influence_is_the_dense_formula_and_prunes_as_computing_it(setup):
+    """The influence filled in on the nodes equals `((I - A)^-1 - I)^T w` (dense inverse) and is
+    prune_graph's own numbers: pruning with it gives bit for bit the graph pruning without it."""
+    model, rm, full = setup
+    g = attribute_hierarchical(model, rm, TOKENS, tau=0.0, exclude_bos=True)
+    A = normalize_matrix(g.adjacency).toarray()
+    dense = (np.linalg.inv(np.eye(g.n_nodes) - A) - np.eye(g.n_nodes)).T @ g.logit_weights()
+    np.testing.assert_allclose(g.nodes.influence, dense, rtol=1e-10, atol=1e-14)
+    a, b = prune_graph(g, 0.7, 0.9, influence=g.nodes.influence), prune_graph(g, 0.7, 0.9)
+    assert 0 < a.n_features < g.n_features
+    np.testing.assert_array_equal(a.nodes.feature, b.nodes.feature)
+    np.testing.assert_array_equal(a.adjacency.toarray(), b.adjacency.toarray())
+    np.testing.assert_array_equal(a.nodes.influence, b.nodes.influence)
 
 
 @pytest.mark.parametrize("quantile", [0.5, 0.9])

@@ -12,7 +12,7 @@ from attrgraph.errors import ExportError, GraphFileError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.neuronpedia import cumulative_influence, export_json, graph_to_json, load_json
 from attrgraph.graph.neuronpedia_features import cantor
-from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.prune import normalize_matrix, prune_graph
 from attrgraph.graph.supernodes import NodeKey, Supernode, supernode
 from tests.attrgraph.peer_frontend import CHECK, CT_EXPORT, run_peer
 
@@ -141,6 +141,19 @@ def test_influence_is_circuit_tracers_cumulative_share():
     np.testing.assert_allclose(cumulative_influence(g), [1 / 3, 2 / 3, 1.0, 1.0])
     shares = cumulative_influence(layered_graph(2))
     assert shares.min() > 0 and shares.max() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cumulative_influence_equals_the_dense_formula(seed):
+    """The shares come from the influence `((I - A)^-1 - I)^T w` (dense inverse here), nodes
+    sorted by it: each node's share is the sum of the influences at least its own over the total."""
+    from tests.attrgraph.ag_helpers import random_graph
+
+    g = random_graph(seed, n_feat=30 + 10 * seed)
+    A = normalize_matrix(g.adjacency).toarray()
+    dense = (np.linalg.inv(np.eye(g.n_nodes) - A) - np.eye(g.n_nodes)).T @ g.logit_weights()
+    want = np.array([dense[dense >= x].sum() for x in dense]) / dense.sum()
+    np.testing.assert_allclose(cumulative_influence(g), want, rtol=1e-10)
 
 
 # ------------------------------------------------------------------------- schema and layout

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 from attrgraph.errors import GraphError
 from attrgraph.graph.prune import compute_influence, find_threshold, normalize_matrix, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
+from tests.attrgraph.ag_helpers import random_graph
 
 # e0 -> f1 (3); f1 -> f2 (-2), e0 -> f2 (2); f2 -> logit (1), e0 -> logit (1)
 CHAIN_KINDS = ["embedding", "feature", "feature", "logit"]
@@ -212,3 +213,61 @@ def test_given_influence_prunes_as_computing_it(make_random_graph, capsys):
         prune_graph(g, influence=influence[:-1])
     with pytest.raises(GraphError, match="NaN"):
         prune_graph(g, influence=np.full(g.n_nodes, np.nan))
+
+
+def reference_prune(g, node_threshold, edge_threshold):
+    """Steps 3-4 of prune.py written plainly on dense arrays, one node and one edge at a time:
+    (kept node indices of `g`, pruned dense adjacency, influence on the kept nodes, number of
+    features the last step removed). Influence is logit_influence's, which the tests above hold
+    to the dense formula, so that everything here can be compared exactly."""
+    kind, w = g.nodes.kind, g.logit_weights()
+    influence = logit_influence(g.adjacency, w).influence
+    cutoff = find_threshold(influence[kind != "logit"], node_threshold)
+    nodes = [i for i in range(g.n_nodes) if kind[i] != "feature" or influence[i] >= cutoff]
+    D = g.dense()[np.ix_(nodes, nodes)]
+    kind, w = kind[nodes], w[nodes]
+    influence = logit_influence(sp.csr_array(D), w).influence
+    score = np.zeros(D.shape)
+    for t, s in zip(*np.nonzero(D)):
+        row = [abs(float(x)) for x in D[t] if x != 0]  # |.| in float64, summed in column order
+        score[t, s] = abs(float(D[t, s])) / sum(row) * (influence[t] + w[t])
+    had_out = (D != 0).any(axis=0)
+    edges = list(zip(*np.nonzero(D)))
+    cutoff = find_threshold(np.array([score[t, s] for t, s in edges]), edge_threshold)
+    for t, s in edges:
+        if score[t, s] < cutoff:
+            D[t, s] = 0.0
+    keep = np.ones(len(nodes), bool)
+    removed = 0
+    changed = True
+    while changed:  # one feature at a time: the same fixed point as removing them all at once
+        changed = False
+        for f in np.flatnonzero(keep & (kind == "feature") & had_out):
+            if not (D[keep, f] != 0).any():
+                keep[f], changed, removed = False, True, removed + 1
+    kept = np.flatnonzero(keep)
+    return np.asarray(nodes)[kept], D[np.ix_(kept, kept)], influence[kept], removed
+
+
+def test_pruning_equals_the_plain_reference_exactly():
+    """prune_graph (vectorized, streamed) against `reference_prune` on random graphs of several
+    sizes, densities and thresholds (fixed seeds): the same nodes, bit for bit the same adjacency
+    and influence; in some of the cases the last step removes features."""
+    removed = 0
+    for seed in range(12):
+        rng = np.random.default_rng(100 + seed)
+        g = random_graph(
+            seed,
+            n_feat=int(rng.integers(5, 70)),
+            density=float(rng.uniform(0.05, 0.8)),
+            n_logit=int(rng.integers(1, 4)),
+        )
+        for node_threshold, edge_threshold in ((0.8, 0.98), (0.6, 0.7), (1.0, 0.5), (0.5, 1.0), (0.9, 0.3)):
+            got = prune_graph(g, node_threshold, edge_threshold)
+            nodes, D, influence, n_removed = reference_prune(g, node_threshold, edge_threshold)
+            removed += n_removed
+            for f in ("kind", "layer", "position", "feature"):
+                np.testing.assert_array_equal(getattr(got.nodes, f), getattr(g.nodes, f)[nodes])
+            np.testing.assert_array_equal(got.adjacency.toarray(), D)
+            np.testing.assert_array_equal(got.nodes.influence, influence)
+    assert removed > 0

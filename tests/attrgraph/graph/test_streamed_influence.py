@@ -58,6 +58,53 @@ def test_row_blocks_known_answer():
     assert row_blocks(A) == [(0, 2), (2, 4), (4, 6), (6, 7)]
     with pytest.raises(GraphError, match="strictly lower-triangular"):
         row_blocks(sp.csr_array((np.ones(1), ([3], [3])), shape=(7, 7)))
+    # rows 0-9 empty; 10 reads 0 (new); 11-74 read 5 (join); 75, the first row of row_blocks' second
+    # search window after 10, reads 10 (new); 76-99 read 5 (join)
+    edges = [(10, 0)] + [(r, 5) for r in range(11, 75)] + [(75, 10)] + [(r, 5) for r in range(76, 100)]
+    rows, cols = zip(*edges)
+    A = sp.csr_array((np.ones(len(edges)), (rows, cols)), shape=(100, 100))
+    assert row_blocks(A) == [(0, 10), (10, 75), (75, 100)]
+
+
+def row_blocks_one_row_at_a_time(A):
+    """row_blocks' rule as a plain loop: a row starts a new block when it reads a column at or
+    after the current block's start."""
+    A = sp.csr_array(A)
+    starts = [0]
+    for r in range(A.shape[0]):
+        cols = A.indices[A.indptr[r] : A.indptr[r + 1]]
+        if len(cols) and cols.max() >= starts[-1]:
+            starts.append(r)
+    return list(zip(starts, starts[1:] + [A.shape[0]]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_row_blocks_equals_the_row_by_row_rule(seed):
+    """On random strictly lower-triangular matrices (blocks of 1 to ~300 rows, so that the search
+    windows of 64 rows and more are crossed; empty rows; indices sorted or not)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, [3, 20, 300][seed % 3], size=int(rng.integers(1, 12)))
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    n = int(starts[-1])
+    rows, cols = [], []
+    for b in range(1, len(sizes)):
+        for r in range(starts[b], starts[b + 1]):
+            k = int(rng.integers(0, 4))  # some rows stay empty
+            rows += [r] * k
+            cols += rng.integers(0, starts[b], size=k).tolist()
+    A = sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=(n, n))
+    want = row_blocks_one_row_at_a_time(A)
+    assert row_blocks(A) == want
+    assert len(want) > 1 or n < 3
+    shuffled = sp.csr_array(A, copy=True)  # the same rows with their indices reversed
+    for r in range(n):
+        p0, p1 = shuffled.indptr[r], shuffled.indptr[r + 1]
+        shuffled.indices[p0:p1] = shuffled.indices[p0:p1][::-1].copy()
+    shuffled = sp.csr_array((shuffled.data, shuffled.indices, shuffled.indptr), shape=(n, n))
+    assert row_blocks(shuffled) == want
+    assert not shuffled.has_sorted_indices or n < 20  # the reduceat branch of _max_columns
+    with pytest.raises(GraphError, match="not square"):
+        row_blocks(sp.csr_array((n, n + 1)))
 
 
 def test_rows_fed_block_by_block_in_any_grouping():
