@@ -344,7 +344,7 @@ def train(
         xn, yn = x / s_in, y / s_out
         if sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)
-            acts = tc.activation(pre)
+            acts = tdist.sharded_activation(tc, pre, d)
             out = tdist.reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
             if tc.W_skip is not None:
                 out = out + tc.skip(xn)
@@ -364,7 +364,9 @@ def train(
             loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
         if dead_after is not None:
             dead = (step - last_fired) > dead_after
-            loss = loss + topk_aux_loss(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k) / 32
+            aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
+            args = (d,) if sharded else ()
+            loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) / 32
         if not tdist.all_finite(loss.detach(), d):
             raise NonFiniteError(
                 f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "
