@@ -8,7 +8,9 @@ float32 training, `atol=1e-6, rtol=1e-5` on every weight (the ranks sum gradient
 reconstructions in another order than one process does; the observed gap, printed, is ~3e-8).
 """
 
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -221,37 +223,77 @@ def test_sharding_refuses_what_it_cannot_do_exactly():
     check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
 
 
-def test_torchrun_cli_matches_one_process(tmp_path):
-    """The README's command: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m transcoders.train ...`."""
-    import os
-    import subprocess
+CLI_ARGS = [
+    "--kind",
+    "plt",
+    "--d-sae",
+    "32",
+    "--n-tokens",
+    "1024",
+    "--batch-size",
+    "256",
+    "--block-tokens",
+    "1024",
+]
 
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(flags: list[str], out) -> subprocess.Popen:
+    """`python -m torch.distributed.run FLAGS -m transcoders.train CLI_ARGS --out OUT`, started."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags]
+    cmd += ["-m", "transcoders.train", *CLI_ARGS, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def saved_weights(out) -> dict:
     from safetensors.torch import load_file
 
+    return load_file(str(out / "transcoders" / "weights.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def one_process_cli(tmp_path_factory):
+    """The weights `python -m transcoders.train CLI_ARGS` saves in one process."""
     from transcoders.train import main
 
-    args = [
-        "--kind",
-        "plt",
-        "--d-sae",
-        "32",
-        "--n-tokens",
-        "1024",
-        "--batch-size",
-        "256",
-        "--block-tokens",
-        "1024",
-    ]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "transcoders.train", *args, "--out", str(tmp_path / "two")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert '"saved_to"' in done.stdout and done.stdout.count('"saved_to"') == 1  # rank 0 alone reports
-    assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    two = load_file(str(tmp_path / "two" / "transcoders" / "weights.safetensors"))
-    one = load_file(str(tmp_path / "one" / "transcoders" / "weights.safetensors"))
-    assert_same(two, one)
+    out = tmp_path_factory.mktemp("one")
+    assert main([*CLI_ARGS, "--out", str(out)]) == 0
+    return saved_weights(out)
+
+
+def test_torchrun_cli_matches_one_process(tmp_path, one_process_cli):
+    """The README's command: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m transcoders.train ...`."""
+    run = torchrun(["--standalone", "--nproc-per-node", "2"], tmp_path / "two")
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-3000:]
+    assert '"saved_to"' in stdout and stdout.count('"saved_to"') == 1  # rank 0 alone reports
+    assert_same(saved_weights(tmp_path / "two"), one_process_cli)
+
+
+def test_torchrun_two_nodes_match_one_process(tmp_path, one_process_cli):
+    """The README's multi-node command, with two "nodes" on this machine: `--nnodes 2 --node-rank 0|1
+    --nproc-per-node 1 --master-addr 127.0.0.1 --master-port PORT` (torchrun's static rendezvous)."""
+    port = str(free_port())
+    flags = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port]
+    out = tmp_path / "nodes"  # the nodes share a filesystem here; node 0 (global rank 0) writes
+    nodes = [torchrun([*flags, "--node-rank", str(r)], out) for r in range(2)]
+    try:
+        done = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, stderr) in zip(nodes, done, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    assert done[0][0].count('"saved_to"') == 1 and '"saved_to"' not in done[1][0]
+    assert_same(saved_weights(out), one_process_cli)
 
 
 def test_ranks_produce_and_read_their_own_shards(tmp_path):
