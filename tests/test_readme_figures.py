@@ -342,3 +342,25 @@ def test_peer_gpt2_small(readme):
         f"{ct['cpu_seconds']:.0f} s of CPU against {us['cpu_seconds']:.0f} s "
         f"({ct['cpu_seconds'] / us['cpu_seconds']:.1f}x)",
     )
+
+
+def test_activation_store_memory(readme):
+    """Peak RSS of the activation store (benchmarks/activation_store_memory.py): the short runs and the
+    10M-token end-to-end run (--stream), as the README's training section quotes them."""
+    rows = load(RESULTS / "activation_store_memory.json")
+    quoted(
+        readme,
+        " / ".join(f"{r['peak_rss_mb']:.0f}" for r in rows)
+        + " MB peak RSS for "
+        + " / ".join(f"{r['n_tokens'] // 1000}k" for r in rows)
+        + " tokens",
+    )
+    run = load(RESULTS / "activation_store_memory_10m.json")
+    final = run["final"]
+    assert final is not None and final["n_tokens"] == 10_000_000, "the 10M-token run did not finish"
+    assert [p["peak_rss_mb"] for p in run["points"]][-1] <= final["peak_rss_mb"]
+    quoted(
+        readme,
+        f"{final['peak_rss_mb']:.0f} MB peak RSS for 10M tokens end to end ({final['wall_s'] / 60:.0f} min",
+    )
+    quoted(readme, f"never held more than {final['max_disk_at_once_mb']:.0f} MB of them on disk")

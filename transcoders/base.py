@@ -122,12 +122,16 @@ class SparseCoder(nn.Module):
         and the running threshold is updated)."""
         if self.cfg.activation == "batchtopk" and self.training:
             acts, smallest = batch_topk(pre_acts, self.cfg.k)
-            with torch.no_grad():
-                first = bool((self.threshold == 0).all())
-                m = 1.0 if first else BATCHTOPK_MOMENTUM
-                self.threshold.mul_(1 - m).add_(m * smallest.to(self.threshold)[:, None])
+            self.update_batchtopk_threshold(smallest)
             return acts
         return apply_activation(pre_acts, self.cfg.activation, self.threshold, self.cfg.k, self.cfg.bandwidth)
+
+    @torch.no_grad()
+    def update_batchtopk_threshold(self, smallest: Float[Tensor, " n_layers"]) -> None:
+        """BatchTopK: the running mean of a training batch's smallest kept activation, per layer."""
+        first = bool((self.threshold == 0).all())
+        m = 1.0 if first else BATCHTOPK_MOMENTUM
+        self.threshold.mul_(1 - m).add_(m * smallest.to(self.threshold)[:, None])
 
     def decode(self, acts: Float[Tensor, "... n_layers d_sae"]) -> Float[Tensor, "... n_layers d_model"]:
         raise NotImplementedError

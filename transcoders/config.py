@@ -12,6 +12,38 @@ from dataclasses import asdict, dataclass, fields
 from transcoders.errors import ConfigError
 
 KINDS = ("sae", "plt", "clt")
+
+
+def check_device(device):
+    """`device` as a `torch.device` this machine can use; `ConfigError` (one sentence) when it cannot:
+    not a device name, or CUDA / MPS (or that CUDA index) absent here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"device {device!r} is not a torch device; pass cpu, cuda, cuda:N or mps."
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = " (this torch is a CPU-only build)" if torch.version.cuda is None else ""
+            raise ConfigError(
+                f"device {str(device)!r} was asked for, but CUDA is not available on this machine{build}; "
+                "pass --device cpu."
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {str(device)!r} was asked for, but this machine has {torch.cuda.device_count()} "
+                "CUDA device(s); pass a lower index."
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"device {str(device)!r} was asked for, but MPS is not available here; pass --device cpu."
+        )
+    return dev
+
+
 ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")
 
 

@@ -14,7 +14,13 @@
    with an all-reduce (`reduce_sum`, whose backward is the identity because every rank then
    computes the same loss); sparsity terms are sums over features, so each rank's term on its
    slice has exactly the global term's gradient for its parameters. Gradient clipping uses the
-   global norm. TopK / BatchTopK need a global top-k across shards and are refused.
+   global norm.
+   TopK / BatchTopK (and TopK's auxiliary loss) select over the full feature axis
+   (`global_top`): each rank takes its local top-k candidates, the candidates' values and
+   global indices are all-gathered (k per rank per token, or per layer for BatchTopK), every
+   rank picks the same global top-k from them (ties broken by the lower global index), and
+   keeps its own entries among them. The kept entries and their gradients are those of the
+   one-process activation.
 3. Checkpoints hold the full, unsharded state: `gather_state` all-gathers every sharded
    tensor along its feature axis (rank 0 writes it), and `shard_state` slices a full state for
    a rank, so a checkpoint written with N ranks resumes with any number of ranks.
@@ -77,16 +83,10 @@ def check(d: Dist, batch_size: int, d_sae: int, activation: str) -> None:
         raise ConfigError(
             f"batch_size {batch_size} does not split evenly over {d.world} ranks; pass a multiple of {d.world}."
         )
-    if d.mode == "features":
-        if d_sae % d.world:
-            raise ConfigError(
-                f"d_sae {d_sae} does not split evenly over {d.world} ranks; pass a multiple of {d.world}."
-            )
-        if activation in ("topk", "batchtopk"):
-            raise ConfigError(
-                f"--parallel features does not support {activation} (it needs a global top-k across shards); "
-                "use --parallel data, or --activation jumprelu or relu."
-            )
+    if d.mode == "features" and d_sae % d.world:
+        raise ConfigError(
+            f"d_sae {d_sae} does not split evenly over {d.world} ranks; pass a multiple of {d.world}."
+        )
 
 
 # ------------------------------------------------------------------ feature axes of named tensors
@@ -209,3 +209,87 @@ def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Ten
         if p.grad is not None:
             p.grad.mul_(coef.to(p.grad))
     return total
+
+
+# ------------------------------------------------------------------ global top-k over sharded features
+def global_top(values: Tensor, gidx: Tensor, k: int, d: Dist) -> tuple[Tensor, Tensor]:
+    """Which of this rank's entries are among the `k` largest of the whole (sharded) last axis.
+
+    `values` [..., m] are this rank's entries and `gidx` [..., m] (int64) their indices on the
+    unsharded axis. Returns `(mask, top)`: `mask` [..., m] marks this rank's entries in the global
+    top-k, `top` [..., k'] the global top-k values (k' = min(k, total), the same on every rank).
+    Equal values are ordered by their global index, lower first, on every rank and globally, so
+    ties give the same entries whatever the number of ranks; nothing here is differentiated.
+    """
+    values, gidx = values.detach(), gidx.detach()
+    lv, li = _top_then_index(values, gidx, min(k, values.shape[-1]))
+    lg = gidx.gather(-1, li)
+    gv, gg = [torch.empty_like(lv) for _ in range(d.world)], [torch.empty_like(lg) for _ in range(d.world)]
+    dist.all_gather(gv, lv.contiguous())
+    dist.all_gather(gg, lg.contiguous())
+    cv, cg = torch.cat(gv, -1), torch.cat(gg, -1)
+    order = cg.argsort(-1)  # by global index, then (stable) by value, largest first
+    cv, cg = cv.gather(-1, order), cg.gather(-1, order)
+    order = cv.argsort(dim=-1, descending=True, stable=True)[..., : min(k, cv.shape[-1])]
+    top, chosen = cv.gather(-1, order), cg.gather(-1, order).sort(-1).values
+    pos = torch.searchsorted(chosen, lg.contiguous()).clamp(max=chosen.shape[-1] - 1)
+    kept = chosen.gather(-1, pos) == lg
+    mask = torch.zeros(values.shape, dtype=torch.bool, device=values.device).scatter(-1, li, kept)
+    return mask, top
+
+
+def _top_then_index(values: Tensor, gidx: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`values.topk(k)`, with entries equal to the k-th value taken by lower `gidx` first."""
+    lv, li = values.topk(k, dim=-1)
+    if bool(
+        ((values >= lv[..., -1:]).sum(-1) == k).all()
+    ):  # no tie at the k-th value: topk's choice is the only one
+        return lv, li
+    order = gidx.argsort(dim=-1, stable=True)
+    li = order.gather(-1, values.gather(-1, order).argsort(dim=-1, descending=True, stable=True)[..., :k])
+    return values.gather(-1, li), li
+
+
+def _feature_index(shape, d: Dist, device) -> Tensor:
+    """Global feature index of every entry of a [..., S_local] slice (rank r holds [r*S_l, (r+1)*S_l))."""
+    s_local = shape[-1]
+    return (torch.arange(s_local, device=device) + d.rank * s_local).expand(shape)
+
+
+def sharded_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
+    """`tc.activation` for a rank holding a feature slice: TopK / BatchTopK (training) select globally."""
+    act, k = tc.cfg.activation, tc.cfg.k
+    if act == "topk":  # per token and layer, the k largest pre-activations of all features, ReLU'd
+        mask, _ = global_top(pre_acts, _feature_index(pre_acts.shape, d, pre_acts.device), k, d)
+        return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
+    if act == "batchtopk" and tc.training:  # per layer, the k * n_tokens largest of the batch
+        L, s_local = pre_acts.shape[-2:]
+        h = pre_acts.relu().reshape(-1, L, s_local)
+        n = h.shape[0]
+        token = torch.arange(n, device=h.device)[:, None, None] * (s_local * d.world)
+        gidx = (_feature_index(h.shape, d, h.device) + token).transpose(0, 1).reshape(L, -1)
+        mask, top = global_top(h.transpose(0, 1).reshape(L, -1), gidx, k * n, d)
+        with torch.no_grad():  # the smallest positive kept value, as activations.batch_topk gives it
+            smallest = top.masked_fill(top <= 0, float("inf")).min(-1).values
+            smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+        tc.update_batchtopk_threshold(smallest)
+        mask = mask.reshape(L, n, s_local).transpose(0, 1).reshape(pre_acts.shape)
+        return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
+    return tc.activation(pre_acts)
+
+
+def sharded_topk_aux_loss(
+    tc, pre_acts: Tensor, residual: Tensor, dead: Tensor, k_aux: int, d: Dist
+) -> Tensor:
+    """`losses.topk_aux_loss` with features sharded: the dead features' global top-`k_aux`."""
+    n_dead = dead.sum(-1).to(torch.int64)
+    dist.all_reduce(n_dead)
+    if not bool((n_dead > 0).any()):
+        return pre_acts.new_zeros(())
+    k = min(k_aux, int(n_dead.max()))
+    masked = torch.where(dead.bool(), pre_acts, torch.full_like(pre_acts, -torch.inf))
+    mask, _ = global_top(masked, _feature_index(masked.shape, d, masked.device), k, d)
+    aux_acts = torch.where(mask, masked.relu(), torch.zeros_like(masked))
+    aux_out = reduce_sum(tc.decode(aux_acts) - tc.b_dec)
+    residual = residual.detach()
+    return (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)

@@ -47,7 +47,7 @@ from transcoders.checkpoint import (
     state_tensors,
     write_checkpoint,
 )
-from transcoders.config import TranscoderConfig
+from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.formats.native import save_native
@@ -75,6 +75,7 @@ RESUME_FREE = (
     "cache_dir",
     "parallel",
     "splice_with",
+    "device",
 )  # options a resumed run may change
 
 
@@ -122,6 +123,8 @@ class TrainConfig:
     """If set, activation blocks are cached here as safetensors shards and streamed back (under torchrun --parallel data, each rank produces and reads its own part)."""
     parallel: str = "data"
     """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
+    device: str = "cpu"
+    """Where the model and the set run: cpu, cuda, cuda:N or mps (under torchrun, plain cuda means each rank's LOCAL_RANK GPU)."""
     splice_with: tuple[str, ...] = ()
     """Sets (bundled names or folders) spliced in together with the trained one for a second held-out CE loss recovered in the manifest (metrics "spliced_with"), e.g. default-plt for an attention SAE."""
 
@@ -134,6 +137,7 @@ class TrainConfig:
             )
         if self.parallel not in ("data", "features"):
             raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
+        check_device(self.device)  # one sentence when this machine lacks it
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
@@ -159,15 +163,24 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
 
 
 # ---------------------------------------------------------------------- model and corpus
-def load_any_model(name: str):
+def load_any_model(name: str, device: str = "cpu"):
     """The bundled model or a folder via attrgraph (optional import), else a TransformerLens name."""
     try:
         from attrgraph.bundled.loading import load_model
     except ImportError:
         from transformer_lens import HookedTransformer
 
-        return HookedTransformer.from_pretrained(name).eval()
-    return load_model(name)
+        return HookedTransformer.from_pretrained(name, device=device).eval()
+    return load_model(name, device=device)
+
+
+def model_device(cfg: TrainConfig) -> str:
+    """`cfg.device`, with plain "cuda" under torchrun meaning this rank's GPU (`LOCAL_RANK`)."""
+    import os
+
+    if cfg.device == "cuda" and "LOCAL_RANK" in os.environ:
+        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return cfg.device
 
 
 def corpus_items(corpus: str, seed: int):
@@ -244,7 +257,7 @@ def train(
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
-    model = model if model is not None else load_any_model(cfg.model)
+    model = model if model is not None else load_any_model(cfg.model, model_device(cfg))
     tcfg = transcoder_config(cfg, model)
     if sequences is None:
         sequences = sequence_source(model, cfg.corpus, cfg.seed)
@@ -344,7 +357,7 @@ def train(
         xn, yn = x / s_in, y / s_out
         if sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)
-            acts = tc.activation(pre)
+            acts = tdist.sharded_activation(tc, pre, d)
             out = tdist.reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
             if tc.W_skip is not None:
                 out = out + tc.skip(xn)
@@ -364,7 +377,9 @@ def train(
             loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
         if dead_after is not None:
             dead = (step - last_fired) > dead_after
-            loss = loss + topk_aux_loss(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k) / 32
+            aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
+            args = (d,) if sharded else ()
+            loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) / 32
         if not tdist.all_finite(loss.detach(), d):
             raise NonFiniteError(
                 f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "
@@ -495,7 +510,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
     launched = tdist.init_from_env()  # under torchrun: join the process group
     try:
-        model = load_any_model(cfg.model)
+        model = load_any_model(cfg.model, model_device(cfg))
         tc, info = train(cfg, model=model)
         if tdist.current(cfg.parallel).main:
             _save_and_report(model, tc, info, cfg, argv)

@@ -41,6 +41,10 @@ def load_model(
     """
     from transformer_lens import HookedTransformer
 
+    from transcoders.config import check_device
+
+    check_device(device)  # a device this machine lacks: one sentence, before anything loads
+
     key = str(name_or_path)
     folder = BUNDLED.get(key, Path(key))
     if folder.is_dir():

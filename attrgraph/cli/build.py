@@ -55,6 +55,11 @@ def add_build_options(
         "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
     )
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model and transcoders run: cpu (default), cuda, cuda:N, mps",
+    )
+    p.add_argument(
         "--attn-transcoders",
         default=None,
         metavar="NAME_OR_PATH",
@@ -88,10 +93,11 @@ def load_sets(options: dict):
     """The transcoder set of `--transcoders`, or `[it, the set of --attn-transcoders]`."""
     from transcoders.formats import load_transcoders
 
-    tc = load_transcoders(options["transcoders"])
+    device = options.get("device", "cpu")
+    tc = load_transcoders(options["transcoders"], device=device)
     if options.get("attn_transcoders") is None:
         return tc
-    return [tc, load_transcoders(options["attn_transcoders"])]
+    return [tc, load_transcoders(options["attn_transcoders"], device=device)]
 
 
 def graph_sources(options: dict) -> dict:
@@ -138,15 +144,17 @@ def run(args) -> int:
     from attrgraph.graph.prune import prune_graph
     from attrgraph.graph.store import save_graph
     from attrgraph.graph.summary import format_summary, summarize
+    from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
+    check_device(args.device)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     progress = not args.no_progress and not args.json  # tqdm bars on stderr
     t0 = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, device=args.device)
     tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
     tc = load_sets(vars(args))
     t1 = time.perf_counter()

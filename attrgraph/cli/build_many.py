@@ -43,6 +43,7 @@ ATTEMPTS = 3
 BUILD_OPTIONS = (
     "model",
     "transcoders",
+    "device",
     "attn_transcoders",
     "node_threshold",
     "edge_threshold",
@@ -179,7 +180,7 @@ class GraphWorker:
         self.options = options
         self.error = None
         try:
-            self.model = load_model(options["model"])
+            self.model = load_model(options["model"], device=options.get("device", "cpu"))
             self.tc = load_sets(options)
         except AttrgraphError as e:  # a wrong --model or --transcoders: the driver raises it
             self.error = e
@@ -199,6 +200,24 @@ class GraphWorker:
             out["error"] = f"{type(e).__name__}: {e}"
         out["seconds"] = time.perf_counter() - t0
         return out
+
+
+def _gpu_share(device: str, workers: int, ray) -> float:
+    """GPUs each actor asks Ray for: 0 off CUDA; else the cluster's GPUs shared over the workers (at most
+    one each). Ray hides the GPUs from an actor that asks for none."""
+    import torch
+
+    try:
+        if torch.device(device).type != "cuda":
+            return 0
+    except (RuntimeError, TypeError):
+        return 0  # the workers' load_model says what is wrong with the name
+    n = ray.cluster_resources().get("GPU", 0)
+    if n == 0:
+        raise OptionError(
+            f"--device {device}: the Ray cluster has no GPU; pass --device cpu or add GPU nodes."
+        )
+    return min(1.0, n / workers)
 
 
 def _check_reachable(address: str) -> None:
@@ -262,9 +281,12 @@ def build_many(
     from tqdm.auto import tqdm
 
     from attrgraph.graph.store import list_graphs, save_graph
+    from transcoders.config import check_device
 
     if workers < 1:
         raise OptionError(f"--workers is {workers}; pass at least 1.")
+    if address is None:  # a local cluster has this machine's devices (a remote one: its workers check)
+        check_device(options.get("device", "cpu"))
     t0 = time.perf_counter()
     items, failures = read_prompts(prompts)
     done = set(list_graphs(output)) if Path(output).exists() else set()
@@ -286,7 +308,10 @@ def build_many(
         import ray
 
         try:
-            actor_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=1)(GraphWorker)
+            gpus = _gpu_share(options.get("device", "cpu"), workers, ray)
+            actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=-1, max_task_retries=1)(
+                GraphWorker
+            )
             actors = [actor_cls.remote(options) for _ in range(min(workers, len(todo)))]
             error = ray.get(actors[0].ready.remote())  # a model that cannot load stops the run here
             if error is not None:

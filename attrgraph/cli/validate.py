@@ -26,6 +26,11 @@ def add_parser(sub) -> None:
         metavar="NAME_OR_PATH",
         help="attention SAEs (default: recorded in the graph by build --attn-transcoders, else none)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model and transcoders run: cpu (default), cuda, cuda:N, mps",
+    )
     p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
     for f in ("max_features", "n_perturbations", "batch_size", "seed"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
@@ -38,15 +43,18 @@ def run(args) -> int:
     from attrgraph.engine.replacement import ReplacementModel
     from attrgraph.graph.store import list_graphs, load_graph
     from transcoders import load_transcoders
+    from transcoders.config import check_device
 
+    check_device(args.device)  # before reading anything
     names = [args.name] if args.name else list_graphs(args.file)
     graphs = [load_graph(args.file, n) for n in names]
     model_name = args.model or graphs[0].meta.get("model", "default")
     tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
     attn_name = args.attn_transcoders or graphs[0].meta.get("attn_transcoders")
-    model, tc = load_model(model_name), load_transcoders(tc_name)
+    model = load_model(model_name, device=args.device)
+    tc = load_transcoders(tc_name, device=args.device)
     if attn_name:
-        tc = [tc, load_transcoders(attn_name)]
+        tc = [tc, load_transcoders(attn_name, device=args.device)]
     cfg = ValidateConfig(
         max_features=args.max_features,
         n_perturbations=args.n_perturbations,

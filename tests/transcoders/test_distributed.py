@@ -1,5 +1,6 @@
-"""Two CPU processes (gloo) train like one: data parallel and feature-sharded, PLT and CLT; a
-checkpoint written with 2 ranks resumes with 1 and with 2.
+"""Two CPU processes (gloo) train like one: data parallel and feature-sharded, PLT and CLT
+(feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own); a checkpoint
+written with 2 ranks resumes with 1 and with 2.
 
 One spawn of 2 processes runs every case in one process group (starting processes is the
 slow part); each case is compared with one process on the same global batches. Tolerance:
@@ -7,7 +8,9 @@ float32 training, `atol=1e-6, rtol=1e-5` on every weight (the ranks sum gradient
 reconstructions in another order than one process does; the observed gap, printed, is ~3e-8).
 """
 
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -25,6 +28,8 @@ CASES = {
     "plt-features": dict(kind="plt", activation="jumprelu", parallel="features", skip=True),
     "clt-features": dict(kind="clt", activation="jumprelu", parallel="features"),
     "clt-features-relu": dict(kind="clt", activation="relu", parallel="features", preact_coef=1e-3),
+    "plt-features-topk": dict(kind="plt", activation="topk", parallel="features", k=4, skip=True),
+    "clt-features-batchtopk": dict(kind="clt", activation="batchtopk", parallel="features", k=4),
 }
 STEPS = 6
 ATOL, RTOL = 1e-6, 1e-5
@@ -63,6 +68,7 @@ def _worker(rank: int, world: int, root: str) -> None:
         tc, _ = train(config(root / "two" / name, **kw), model=model, sequences=sequences(), progress=False)
         if rank == 0:
             torch.save(tc.state_dict(), root / f"{name}.pt")
+    _sharded_functions(rank, world, root)
     # resume: stop after 3 steps with 2 ranks (sharded), copy the checkpoint for a 1-rank resume,
     # then finish with 2 ranks (data parallel: a checkpoint does not depend on how it was written)
     cfg = config(root / "resume2", kind="clt", activation="jumprelu", parallel="features")
@@ -79,6 +85,47 @@ def _worker(rank: int, world: int, root: str) -> None:
     if rank == 0:
         torch.save(tc.state_dict(), root / "resume2.pt")
     dist.destroy_process_group()
+
+
+def function_inputs():
+    """A CLT set of 32 features per layer and inputs for the sharded TopK functions (ties in `tied`)."""
+    from tests.transcoders.tc_helpers import random_set
+
+    g = torch.Generator().manual_seed(5)
+    tcs = {a: random_set("clt", a, d_sae=32, seed=1) for a in ("topk", "batchtopk")}
+    pre = torch.randn(16, 2, 32, generator=g)
+    dead = torch.rand(2, 32, generator=g) < 0.4
+    residual = torch.randn(16, 2, 32, generator=g)
+    tied = torch.ones(3, 2, 32)  # every value equal: the lowest global indices win
+    return tcs, pre, dead, residual, tied
+
+
+def _sharded_functions(rank: int, world: int, root) -> None:
+    """Sharded TopK, BatchTopK (training) and TopK's auxiliary loss on fixed inputs, saved per rank."""
+    from transcoders import distributed as tdist
+
+    d = tdist.Dist(rank, world, "features")
+    tcs, pre, dead, residual, tied = function_inputs()
+    cut = slice(rank * 16, (rank + 1) * 16)
+    out = {}
+    for act, full in tcs.items():
+        tc = type(full)(tdist.local_config(full.cfg, d))
+        state = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, full.cfg.kind, d)
+        tc.load_state_dict({k[3:]: v for k, v in state.items()})
+        tc.train()
+        h = pre[..., cut].clone().requires_grad_(True)
+        acts = tdist.sharded_activation(tc, h, d)
+        (acts * torch.arange(16.0)).sum().backward()
+        out[f"{act}.acts"], out[f"{act}.grad"] = acts.detach(), h.grad
+        if act == "batchtopk":  # the running threshold after that one training batch
+            out["batchtopk.threshold"] = tc.threshold.clone()
+        out[f"{act}.tied"] = tdist.sharded_activation(tc, tied[..., cut], d)
+        if act == "topk":
+            h = pre[..., cut].clone().requires_grad_(True)
+            loss = tdist.sharded_topk_aux_loss(tc, h, residual, dead[:, cut], 5, d)
+            loss.backward()
+            out["aux.loss"], out["aux.grad"] = loss.detach(), h.grad
+    torch.save(out, root / f"functions{rank}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +154,43 @@ def test_two_ranks_train_like_one(two_ranks, tmp_path, name):
     assert_same(two, one.state_dict())
 
 
+def test_sharded_topk_functions_match_one_process(two_ranks):
+    """Per token / per batch global top-k over both ranks' features = the one-process activation."""
+    from transcoders.losses import topk_aux_loss
+
+    tcs, pre, dead, residual, tied = function_inputs()
+    ranks = [torch.load(two_ranks / f"functions{r}.pt") for r in range(2)]
+
+    def both(key):
+        return torch.cat([r[key] for r in ranks], -1)
+
+    for act, tc in tcs.items():
+        tc.train()
+        h = pre.clone().requires_grad_(True)
+        acts = tc.activation(h)
+        (acts * torch.arange(16.0).repeat(2)).sum().backward()
+        torch.testing.assert_close(both(f"{act}.acts"), acts.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(both(f"{act}.grad"), h.grad, rtol=0, atol=0)
+        assert (acts[..., :16] > 0).any() and (acts[..., 16:] > 0).any()  # kept entries on both ranks
+        # ties: the k lowest global indices are kept (all of them on rank 0 here)
+        kept = both(f"{act}.tied") > 0
+        k = tc.cfg.k
+        if act == "topk":
+            assert kept[..., :k].all() and not kept[..., k:].any()
+        else:
+            assert (
+                kept.sum() == 3 * 2 * k
+                and kept.reshape(-1, 2, 32).transpose(0, 1).reshape(2, -1)[:, : 3 * k].all()
+            )
+    torch.testing.assert_close(both("batchtopk.threshold"), tcs["batchtopk"].threshold)
+    h = pre.clone().requires_grad_(True)
+    loss = topk_aux_loss(tcs["topk"], h, residual, dead, 5)
+    loss.backward()
+    for r in ranks:
+        torch.testing.assert_close(r["aux.loss"], loss.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(both("aux.grad"), h.grad, atol=1e-6, rtol=1e-5)
+
+
 def test_checkpoint_from_two_ranks_resumes_with_one_and_two(two_ranks, tmp_path):
     kw = dict(kind="clt", activation="jumprelu")
     straight, _ = train(
@@ -130,8 +214,8 @@ def test_parallel_option_is_checked():
 def test_sharding_refuses_what_it_cannot_do_exactly():
     from transcoders.distributed import Dist, check
 
-    with pytest.raises(ConfigError, match="global top-k"):
-        check(Dist(0, 2, "features"), 128, 32, "topk")
+    check(Dist(0, 2, "features"), 128, 32, "topk")  # global top-k across the shards
+    check(Dist(0, 2, "features"), 128, 32, "batchtopk")
     with pytest.raises(ConfigError, match="d_sae 33"):
         check(Dist(0, 2, "features"), 128, 33, "relu")
     with pytest.raises(ConfigError, match="batch_size 127"):
@@ -139,37 +223,77 @@ def test_sharding_refuses_what_it_cannot_do_exactly():
     check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
 
 
-def test_torchrun_cli_matches_one_process(tmp_path):
-    """The README's command: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m transcoders.train ...`."""
-    import os
-    import subprocess
+CLI_ARGS = [
+    "--kind",
+    "plt",
+    "--d-sae",
+    "32",
+    "--n-tokens",
+    "1024",
+    "--batch-size",
+    "256",
+    "--block-tokens",
+    "1024",
+]
 
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(flags: list[str], out) -> subprocess.Popen:
+    """`python -m torch.distributed.run FLAGS -m transcoders.train CLI_ARGS --out OUT`, started."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *flags]
+    cmd += ["-m", "transcoders.train", *CLI_ARGS, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def saved_weights(out) -> dict:
     from safetensors.torch import load_file
 
+    return load_file(str(out / "transcoders" / "weights.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def one_process_cli(tmp_path_factory):
+    """The weights `python -m transcoders.train CLI_ARGS` saves in one process."""
     from transcoders.train import main
 
-    args = [
-        "--kind",
-        "plt",
-        "--d-sae",
-        "32",
-        "--n-tokens",
-        "1024",
-        "--batch-size",
-        "256",
-        "--block-tokens",
-        "1024",
-    ]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "transcoders.train", *args, "--out", str(tmp_path / "two")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert '"saved_to"' in done.stdout and done.stdout.count('"saved_to"') == 1  # rank 0 alone reports
-    assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    two = load_file(str(tmp_path / "two" / "transcoders" / "weights.safetensors"))
-    one = load_file(str(tmp_path / "one" / "transcoders" / "weights.safetensors"))
-    assert_same(two, one)
+    out = tmp_path_factory.mktemp("one")
+    assert main([*CLI_ARGS, "--out", str(out)]) == 0
+    return saved_weights(out)
+
+
+def test_torchrun_cli_matches_one_process(tmp_path, one_process_cli):
+    """The README's command: `python -m torch.distributed.run --standalone --nproc-per-node 2 -m transcoders.train ...`."""
+    run = torchrun(["--standalone", "--nproc-per-node", "2"], tmp_path / "two")
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-3000:]
+    assert '"saved_to"' in stdout and stdout.count('"saved_to"') == 1  # rank 0 alone reports
+    assert_same(saved_weights(tmp_path / "two"), one_process_cli)
+
+
+def test_torchrun_two_nodes_match_one_process(tmp_path, one_process_cli):
+    """The README's multi-node command, with two "nodes" on this machine: `--nnodes 2 --node-rank 0|1
+    --nproc-per-node 1 --master-addr 127.0.0.1 --master-port PORT` (torchrun's static rendezvous)."""
+    port = str(free_port())
+    flags = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port]
+    out = tmp_path / "nodes"  # the nodes share a filesystem here; node 0 (global rank 0) writes
+    nodes = [torchrun([*flags, "--node-rank", str(r)], out) for r in range(2)]
+    try:
+        done = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, stderr) in zip(nodes, done, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    assert done[0][0].count('"saved_to"') == 1 and '"saved_to"' not in done[1][0]
+    assert_same(saved_weights(out), one_process_cli)
 
 
 def test_ranks_produce_and_read_their_own_shards(tmp_path):

@@ -184,3 +184,15 @@ def test_bundled_marker_fails_before_fixtures_load(pytester, monkeypatch, tmp_pa
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*bundled data missing at *gone/manifest.json; *do not skip*"])
     result.stdout.no_fnmatch_line("*the fixture ran*")
+
+
+def test_a_device_this_machine_lacks_is_one_sentence_before_loading():
+    """`load_model(..., device=...)` checks the device first (the CLI's `--device` goes through it)."""
+    from attrgraph import AttrgraphError
+
+    with pytest.raises(AttrgraphError, match="'gpu' is not a torch device; pass cpu, cuda, cuda:N or mps"):
+        load_model("no-such-model-folder/", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(AttrgraphError, match="CUDA is not available on this machine"):
+            load_model("default", device="cuda")
+    assert load_model("default", device="cpu").cfg.device == "cpu"

@@ -245,3 +245,52 @@ def test_a_full_graph_file_is_not_left_half_written(model_dir, tmp_path, capsys)
     with h5py.File(g) as f:
         assert list(f["graphs"]) == ["graph"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+NO_CUDA = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(),
+    reason="this machine has CUDA, so --device cuda is no mistake here",
+)
+
+
+@pytest.mark.parametrize(
+    "device, expected",
+    [
+        pytest.param(
+            "cuda", "device 'cuda' was asked for, but CUDA is not available on this machine", marks=NO_CUDA
+        ),
+        ("gpu", "device 'gpu' is not a torch device; pass cpu, cuda, cuda:N or mps."),
+    ],
+)
+@pytest.mark.parametrize("command", ["build", "build-many", "validate", "train-transcoders"])
+def test_a_device_this_machine_lacks(
+    model_dir, make_random_graph, tmp_path, capsys, command, device, expected
+):
+    """`--device cuda` without CUDA (or a name torch does not know): one line, exit 2, nothing written,
+    before anything loads."""
+    graph = tmp_path / "g.h5"
+    args = {
+        "build": ["build", "hello", "-o", graph, *model_args(model_dir)],
+        "build-many": ["build-many", tmp_path / "p.jsonl", "-o", graph, *model_args(model_dir)],
+        "validate": ["validate", graph, *model_args(model_dir)],
+        "train-transcoders": ["train-transcoders", "--model", model_dir, "--out", tmp_path / "run"],
+    }[command]
+    if command == "build-many":
+        (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    if command == "validate":
+        save_graph(make_random_graph(0), graph)
+    before = sorted(tmp_path.iterdir())
+    rc, _, err = run(capsys, *args, "--device", device)
+    assert rc == 2
+    assert expected in error_line(err, command)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_train_module_device_this_machine_lacks(capsys):
+    """`python -m transcoders.train --device gpu`: the config's refusal, exit 2, no traceback."""
+    from transcoders.train import main as train_main
+
+    with pytest.raises(SystemExit) as e:
+        train_main(["--device", "gpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: device 'gpu' is not a torch device" in err and "Traceback" not in err
