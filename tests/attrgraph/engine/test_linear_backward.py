@@ -121,3 +121,42 @@ def test_linear_rows_equal_autograd_rows_with_attention_features(arch, kind, ski
     c = sources.error_column(0, "attn")
     assert np.abs(ref[:, c : c + n_pos - sources.n_excluded]).max() > 0
     np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, monkeypatch):
+    """Runs shorter than MIN_ROWS are merged into batches of several positions: the rows do not
+    change, and neither does the flop count (only what each row needs is counted)."""
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model("llama")
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    alone = {}
+    one = linear_rows(rm, state, sources, inj, batch_size=1, stats=alone).toarray()
+    monkeypatch.setattr(lb, "MIN_ROWS", 10**6)  # every run is short: one batch per start
+    mixed = {}
+    merged = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=mixed).toarray()
+    assert mixed["batches"] <= rm.cfg.n_layers + 1 < alone["batches"]
+    np.testing.assert_allclose(merged, one, rtol=0, atol=1e-12 * np.abs(one).max())
+    assert mixed["flops"] == pytest.approx(alone["flops"], rel=1e-12)
+
+
+def test_padded_decoder_columns_never_reach_other_columns():
+    """Each position's decoders are padded to PAD_COLUMNS columns, whose products spill into the
+    next positions' columns before those are written; with every group padded the most, the
+    rows still equal the autograd rows."""
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model, "clt", True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    widths = {k for (_, _, c0, c1) in sources.groups for k in [c1 - c0]}
+    assert max(widths) < lb.PAD_COLUMNS  # every group spills
+    fast = linear_rows(rm, state, sources, inj, batch_size=5).toarray()
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
