@@ -31,7 +31,8 @@ general autograd graph, apply it layer by layer with matrix products:
    would pass `WORK_BYTES`. Gradients are position-major, `[P, B, d_model]`: each position's rows
    are one contiguous `[B, d_model]` matrix for step 5. A feature target's first attention sees
    one query position: `u_h = W_V[h] W_O[h] g` once, spread over the keys by the pattern row
-   `A[h, p, :]` (d_head times fewer products than the general step).
+   `A[h, p, :]` (d_head times fewer products than the general step). From `2 TRIANGLE_ROWS`
+   positions the pattern product skips the blocks above the causal diagonal.
 5. Source contraction as in attribute.py step 5: embedding and error columns are `v_out . grad`
    (one pass per layer, `dot_positions`), feature columns are products `[B, n_out d_model] @
    [n_out d_model, k]` with the active features' scaled decoder rows, one per (layer, position),
@@ -46,10 +47,11 @@ general autograd graph, apply it layer by layer with matrix products:
 6. Threads (threads.py): the products of a batch are small (~0.3 GFLOP at d_model 256), and with
    OpenMP's default spin-waiting, two threads beside another busy process made a 6-layer graph
    5-30x slower than one thread. A batch therefore runs on one thread unless its largest product
-   passes `threads.PARALLEL_FLOPS` or `OMP_WAIT_POLICY=PASSIVE` is set (then on the caller's
-   thread count); when it runs on one thread on the CPU, the caller's threads run that many
+   passes `threads.PARALLEL_FLOPS` (then on the caller's thread count; on a GPU the threads are
+   `threads.threads_for`'s); when it runs on one thread, the caller's threads run that many
    batches at once (`_BatchRows` shares only read-only state; no thread waits on another inside
-   an operation), and their blocks are appended in order. The caller's setting is restored after.
+   an operation, so this holds with `OMP_WAIT_POLICY=PASSIVE` too, as the CLI sets it), and their
+   blocks are appended in order. The caller's setting is restored after.
 7. Attention features (replacement.py step 6): with an attention set the attention output is cut
    like the MLP output. The walk then passes resid_mid[j] to resid_pre[j] unchanged and yields the
    gradient at resid_mid[j] as the attention write-site gradient of layer j (contracted with the
@@ -80,7 +82,7 @@ from tqdm.auto import tqdm
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.precision import compute_dtype, numpy_dtype
-from attrgraph.engine.threads import threads_for, torch_threads
+from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
 from transcoders import sites
 
 if TYPE_CHECKING:
@@ -94,6 +96,10 @@ features whole; 1-8 MiB differ by less than the noise of a shared machine)."""
 MIN_ROWS = 16
 PAD_COLUMNS = 16
 """Decoder matrices are padded to a multiple of this many columns (`_LayerDecoders`)."""
+TRIANGLE_ROWS = 32
+"""From 2 x this many positions, attention's pattern product is done in blocks of this many key rows,
+each with the queries at or after its first key only (the pattern is causal): 15-30% faster at
+64-128 positions (float32, one thread), slower below."""
 _READS = (sites.MLP_INPUT, RESID_MID)
 
 
@@ -222,7 +228,14 @@ class LinearBackward:
         # one [P, P] @ [P, B dh] product per head (A^T is stored as [H, k, q]); each name is
         # dropped as soon as it is used, so that at most two [P, B, d] temporaries are alive
         gz = gz.view(P, B, H, dh).permute(2, 0, 1, 3).reshape(H, P, B * dh)
-        gv = torch.bmm(self.pattern[l][:, :P, :P], gz)
+        A = self.pattern[l]
+        if P < 2 * TRIANGLE_ROWS:
+            gv = torch.bmm(A[:, :P, :P], gz)
+        else:  # A^T is upper triangular: key rows k0.. read only queries k0.. (5/8 of the product at P 128)
+            gv = torch.empty_like(gz)
+            for k0 in range(0, P, TRIANGLE_ROWS):
+                k1 = min(k0 + TRIANGLE_ROWS, P)
+                torch.bmm(A[:, k0:k1, k0:P], gz[:, k0:], out=gv[:, k0:k1])
         del gz
         gv = gv.view(H, P, B, dh).permute(1, 2, 0, 3).reshape(P * B, H * dh)
         # ln1's 1/s is already in the pattern's rows
@@ -301,7 +314,9 @@ class LinearBackward:
     def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
         """Multiply-adds x 2 of the products that a batch with rows at `positions` needs (step 4):
         per row only its positions `<= p` (what the engine computes beyond, for a batch that mixes
-        positions, is not counted). `kind`: "logits", "mlp" or "attn" (the batch's start)."""
+        positions, is not counted; the pattern product is counted as a dense `[p+1, p+1]` one, though
+        the blocked product of long prompts skips some of its zeros). `kind`: "logits", "mlp" or
+        "attn" (the batch's start)."""
         d, n = self.W_U_T.shape[1], positions.astype(np.float64) + 1
         R, R2, B = n.sum(), (n**2).sum(), len(n)
 
@@ -540,10 +555,11 @@ def linear_rows(
     batches = _batches(key, order, max(1, batch_size), row_bytes)
     # step 6: one thread per batch unless its largest product pays for parallel waits; then the
     # caller's threads run that many batches at once (on the CPU)
-    caller = torch.get_num_threads()
-    shapes = [(len(b), key[b[-1]][1] + 1) for b in batches]
-    threads = threads_for(largest_product(lb, rows.layers, shapes))
-    on_cpu = lb.device.type == "cpu"
+    caller, on_cpu = torch.get_num_threads(), lb.device.type == "cpu"
+    largest = largest_product(lb, rows.layers, [(len(b), key[b[-1]][1] + 1) for b in batches])
+    # batches side by side need no thread to wait on another, whatever the wait policy: they are
+    # preferred to parallel products wherever the products are small
+    threads = 1 if on_cpu and largest < PARALLEL_FLOPS else threads_for(largest)
     workers = caller if on_cpu and threads == 1 and caller > 1 and len(batches) > 1 else 1
     written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(lb.dtype))
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
