@@ -123,23 +123,27 @@ def test_linear_rows_equal_autograd_rows_with_attention_features(arch, kind, ski
     np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("kind", ["plt", "clt"])
-def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, monkeypatch):
+@pytest.mark.parametrize("kind,attn", [("plt", False), ("clt", False), ("plt", True)])
+def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, attn, monkeypatch):
     """Runs shorter than MIN_ROWS are merged into batches of several positions: the rows do not
-    change, and neither does the flop count (only what each row needs is counted)."""
+    change, and neither does the flop count (only what each row needs is counted); with an
+    attention set too (attention feature targets, attention write sites)."""
     import attrgraph.engine.linear_backward as lb
 
     model = tiny_model("llama")
-    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    tc = tiny_transcoders(model, kind, True)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
     state = rm.run(TOKENS)
     sources = build_sources(rm, state)
     inj = injections_for(rm, state)
+    if attn:
+        inj = feature_injections(rm, sources.features, sources.attn) + inj[-3:]
     alone = {}
     one = linear_rows(rm, state, sources, inj, batch_size=1, stats=alone).toarray()
     monkeypatch.setattr(lb, "MIN_ROWS", 10**6)  # every run is short: one batch per start
     mixed = {}
     merged = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=mixed).toarray()
-    assert mixed["batches"] <= rm.cfg.n_layers + 1 < alone["batches"]
+    assert mixed["batches"] <= (2 if attn else 1) * rm.cfg.n_layers + 1 < alone["batches"]
     np.testing.assert_allclose(merged, one, rtol=0, atol=1e-12 * np.abs(one).max())
     assert mixed["flops"] == pytest.approx(alone["flops"], rel=1e-12)
 
