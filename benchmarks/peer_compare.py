@@ -645,9 +645,10 @@ def write_profile_md(runs: dict, path: Path) -> None:
         "(plain; phases timed in CPU seconds by wrapping the functions named in PHASES / ENGINE_PHASES, the engine's "
         "parts on the thread that runs them; the rows engine under torch.profiler on one thread). Rate = the engine's GFLOP over all of `attribute`'s wall time, against a "
         "float32 2048^3 matmul in the same process and threads. The machine is shared: the 1-min load "
-        "average is given (2 cores). `before`: the tree of commit 8518070 (`git archive`) run by this "
-        "script (`PYTHONPATH=TREE`); its engine counted 177.2 GFLOP (padding and merged positions "
-        "included), the current one counts the 167.8 GFLOP each row needs.",
+        "average is given (2 cores). A column labelled `main` is another tree (`git archive`) run by this "
+        "script (`PYTHONPATH=TREE`); an engine before the useful-flop count (main before branch perf2) "
+        "counted the products it ran, padding and merged positions included (177.2 GFLOP at 6/256/4096, "
+        "against the 167.8 GFLOP each row needs).",
         "",
         "| | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
