@@ -13,9 +13,13 @@
    check that the columns we have no node for (errors at the excluded BOS) are zero in theirs.
 4. Also time our graph on the bundled model (no circuit-tracer equivalent there).
 5. Speed against the hardware: each of our worker processes, after its attribution, measures the
-   float32 matmul rate (2048^3 products, best of 3, same threads); `attribute` reports the FLOPs of its linear
-   backward (linear_backward.py), so the table gives achieved GFLOP/s and its share of that rate.
+   float32 matmul rate (2048^3 products, best of 3, same threads); `attribute` reports the FLOPs its linear
+   backward needs (linear_backward.py step 5), so the table gives achieved GFLOP/s and its share of that
+   rate, per wall-clock second and per CPU second of the process.
 6. Print a table and write `benchmarks/results/peer_compare.{md,json}`.
+7. `--profile LABEL` (with `--peer-dir 6/256/4096=DIR`) instead times where our side's time goes on
+   the case (`profile_worker`: phases in CPU seconds, torch.profiler's ops) and adds a column to
+   `benchmarks/results/peer_compare_profile.{md,json}`.
 `--peer-dir LABEL=DIR` reuses a harness output folder (its meta.json holds circuit-tracer's time,
 peak RSS and thread count) instead of running circuit-tracer again for that timing case.
 
@@ -144,7 +148,7 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
 
 # The phases of `attribute` timed by `profile_worker` (label: functions wrapped, as module path,
 # attribute); a function of the rows engine is timed only while the engine runs, and what the
-# engine's wall time has beyond its timed parts is its Python (per batch and group) and glue.
+# engine's CPU time has beyond its timed parts is its Python (per batch and group) and glue.
 PHASES = {
     "forward (replacement model run)": [("attrgraph.engine.replacement", "ReplacementModel.run")],
     "sources and injections": [
@@ -158,8 +162,9 @@ ENGINE_PHASES = {
     "start (injection, first norm)": [(ENGINE, "LinearBackward.start")],
     "attention (W_O, pattern, W_V)": [(ENGINE, "LinearBackward.attention_back")],
     "first attention of a feature target": [(ENGINE, "LinearBackward.attention_back_at")],
-    "feature contraction (row gather, bmm, slot gather)": [(ENGINE, "_LayerDecoders.contract")],
-    "error and embedding columns (einsum)": [("torch", "einsum")],
+    "feature contraction": [(ENGINE, "_LayerDecoders.contract")],
+    # (before the one-pass columns of linear_backward.dot_positions, einsum's matrix-vector products)
+    "error and embedding columns": [(ENGINE, "dot_positions"), ("torch", "einsum")],
     "CSR assembly (nonzeros, buffers)": [
         ("attrgraph.engine.csr_rows", "CsrRowWriter.append"),
         ("attrgraph.engine.csr_rows", "CsrRowWriter.to_csr"),
@@ -167,8 +172,8 @@ ENGINE_PHASES = {
 }
 
 
-def _wrap_phases(phases: dict, seconds: dict, inside: list | None = None) -> list:
-    """Wrap each function of `phases` so that its wall time adds up in `seconds[label]` (only while
+def _wrap_phases(phases: dict, seconds: dict, inside: list | None = None, clock=time.process_time) -> list:
+    """Wrap each function of `phases` so that its `clock` time adds up in `seconds[label]` (only while
     `inside[0]` is true when `inside` is given); returns what to restore."""
     import importlib
 
@@ -179,17 +184,19 @@ def _wrap_phases(phases: dict, seconds: dict, inside: list | None = None) -> lis
             owner = importlib.import_module(module)
             *path, attr = name.split(".")
             for part in path:
-                owner = getattr(owner, part)
+                owner = getattr(owner, part, None)
+            if owner is None or not hasattr(owner, attr):  # another version of the engine
+                continue
             fn = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
 
             def timed(*a, _fn=fn, _label=label, **k):
                 if inside is not None and not inside[0]:
                     return _fn(*a, **k)
-                t0 = time.perf_counter()
+                t0 = clock()
                 try:
                     return _fn(*a, **k)
                 finally:
-                    seconds[_label] += time.perf_counter() - t0
+                    seconds[_label] += clock() - t0
 
             setattr(owner, attr, timed)
             restore.append((owner, attr, fn))
@@ -199,7 +206,8 @@ def _wrap_phases(phases: dict, seconds: dict, inside: list | None = None) -> lis
 def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
     """`--profile`: where our time goes on one case, in three runs of `attribute` in one process:
     plain (time, GFLOP, then the matmul rate), phases timed by wrapping functions (PHASES,
-    ENGINE_PHASES), and the rows engine under torch.profiler (ops issued per batch, self time by op;
+    ENGINE_PHASES; CPU seconds of this process, which a shared machine's descheduling does not
+    inflate), and the rows engine under torch.profiler on one thread (ops issued per batch, self time by op;
     the engine's wall time beyond the ops' self time is Python, dispatch and the profiler's own cost)."""
     import torch
 
@@ -221,14 +229,18 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
             model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size
         )
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, r0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     g = run()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     gflop = g.meta.get("backward_gflop", 0.0)
     out = dict(
         threads=threads,
         seconds=round(seconds, 3),
         cpu_seconds=round(cpu, 3),
+        # kernel time: mostly first touches of fresh pages (the adjacency's buffers, large temporaries)
+        system_cpu_seconds=round(r1.ru_stime - r0.ru_stime, 3),
+        page_faults=r1.ru_minflt - r0.ru_minflt,
         backward_gflop=gflop,
         gflops=round(gflop / seconds, 2),
         matmul_gflops=round(matmul_gflops(), 2),
@@ -237,25 +249,28 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
         edges=g.n_edges,
     )
     del g
-    # phases: every wrapped function's wall time, the engine's own parts only while it runs
+    # phases: every wrapped function's CPU time, the engine's own parts only while it runs
     phase_s: dict = {}
+    engine_stats: dict = {}
     inside = [False]
     rows_fn = engine_module.linear_rows
 
     def rows_timed(*a, **k):
         inside[0] = True
-        t = time.perf_counter()
+        t = time.process_time()
         try:
             return rows_fn(*a, **k)
         finally:
-            phase_s["rows engine (linear_rows)"] = time.perf_counter() - t
+            phase_s["rows engine (linear_rows)"] = time.process_time() - t
             inside[0] = False
+            engine_stats.update(k.get("stats") or {})
 
-    restore = _wrap_phases(PHASES, phase_s) + _wrap_phases(ENGINE_PHASES, phase_s, inside)
+    # the engine's parts may run in its worker threads: each timed on the thread that runs it
+    restore = _wrap_phases(PHASES, phase_s) + _wrap_phases(ENGINE_PHASES, phase_s, inside, time.thread_time)
     engine_module.linear_rows = attribute_module.linear_rows = rows_timed
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     run()
-    total = time.perf_counter() - t0
+    total = time.process_time() - t0
     engine_module.linear_rows = attribute_module.linear_rows = rows_fn
     for owner, attr, fn in restore:
         setattr(owner, attr, fn)
@@ -266,6 +281,9 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
     top["rows engine (linear_rows)"] = rows_s
     top["rest of attribute (targets, graph and node table)"] = total - sum(top.values())
     out["phases"] = dict(
+        engine_threads=engine_stats.get("threads"),
+        engine_workers=engine_stats.get("workers", 1),
+        batches=engine_stats.get("batches"),
         seconds=round(total, 3),
         attribute={k: round(v, 4) for k, v in top.items()},
         engine={k: round(v, 4) for k, v in parts.items()},
@@ -283,7 +301,9 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
         return result
 
     engine_module.linear_rows = attribute_module.linear_rows = rows_stats
+    torch.set_num_threads(1)  # one worker thread: the profiler sees the ops of the calling thread
     run()
+    torch.set_num_threads(threads)
     engine_module.linear_rows = attribute_module.linear_rows = rows_fn
     prof, wall = keep[0]
     issued: dict = {}
@@ -487,10 +507,15 @@ def median_run(runs: list[dict]) -> dict:
     run is a fresh process; both figures vary by a few percent from run to run); all samples kept."""
     out = dict(runs[0])
     if len(runs) > 1:
-        for key in ("seconds", "peak_rss_mb", "cpu_seconds", "load_average"):
+        for key in ("seconds", "peak_rss_mb", "load_average"):
             if all(key in r for r in runs):
                 if key != "load_average":
                     out[key] = float(np.median([r[key] for r in runs]))
+                out[f"{key}_runs"] = [r[key] for r in runs]
+        # rates: the median of each run's own figure (engine and matmul of one process side by side)
+        for key in ("gflops", "matmul_gflops", "gflops_cpu", "matmul_gflops_cpu", "cpu_seconds"):
+            if all(key in r for r in runs):
+                out[key] = float(np.median([r[key] for r in runs]))
                 out[f"{key}_runs"] = [r[key] for r in runs]
     return out
 
@@ -666,10 +691,13 @@ def write_profile_md(runs: dict, path: Path) -> None:
         "",
         "`python benchmarks/peer_compare.py --profile LABEL --peer-dir 6/256/4096=DIR --threads T` "
         "(DIR: the peer harness' case folder). One fresh process per column: `attribute(...)` three times "
-        "(plain; phases timed by wrapping the functions named in PHASES / ENGINE_PHASES; the rows engine "
-        "under torch.profiler). Rate = the engine's GFLOP over all of `attribute`'s wall time, against a "
+        "(plain; phases timed in CPU seconds by wrapping the functions named in PHASES / ENGINE_PHASES, the engine's "
+        "parts on the thread that runs them; the rows engine under torch.profiler on one thread). Rate = the engine's GFLOP over all of `attribute`'s wall time, against a "
         "float32 2048^3 matmul in the same process and threads. The machine is shared: the 1-min load "
-        "average is given (2 cores).",
+        "average is given (2 cores). A column labelled `main` is another tree (`git archive`) run by this "
+        "script (`PYTHONPATH=TREE`); an engine before the useful-flop count (main before branch perf2) "
+        "counted the products it ran, padding and merged positions included (177.2 GFLOP at 6/256/4096, "
+        "against the 167.8 GFLOP each row needs).",
         "",
         "| | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
@@ -682,6 +710,10 @@ def write_profile_md(runs: dict, path: Path) -> None:
     row("1-min load average (start, end)", lambda r: ", ".join(f"{x:.1f}" for x in r["load_average_1min"]))
     row("attribute wall (CPU) s", lambda r: f"{r['seconds']:.2f} ({r['cpu_seconds']:.2f})")
     row(
+        "of the CPU s: kernel s (page faults)",
+        lambda r: f"{r['system_cpu_seconds']:.2f} ({r['page_faults']})" if "page_faults" in r else "-",
+    )
+    row(
         "GFLOP, GFLOP/s (matmul, share)",
         lambda r: (
             f"{r['backward_gflop']:.1f}, {r['gflops']:.1f} ({r['matmul_gflops']:.1f}, "
@@ -693,9 +725,15 @@ def write_profile_md(runs: dict, path: Path) -> None:
         lambda r: (
             f"{r['gflops_cpu']:.1f} ({r['matmul_gflops_cpu']:.1f}, "
             f"{r['gflops_cpu'] / r['matmul_gflops_cpu']:.0%})"
+            if "gflops_cpu" in r
+            else "-"
         ),
     )
-    row("timed run: attribute s", lambda r: f"{r['phases']['seconds']:.2f}")
+    row("timed run: attribute CPU s", lambda r: f"{r['phases']['seconds']:.2f}")
+    row(
+        "timed run: engine threads per batch x batches at once",
+        lambda r: f"{r['phases'].get('engine_threads', '-')} x {r['phases'].get('engine_workers', '-')}",
+    )
     for key in dict.fromkeys(k for n in names for k in runs[n]["phases"]["attribute"]):
         row(f"- {key}", lambda r, k=key: _share(r["phases"]["attribute"].get(k), r["phases"]["seconds"]))
     for key in dict.fromkeys(k for n in names for k in runs[n]["phases"]["engine"]):
@@ -754,11 +792,16 @@ def write_results(rows, bundled, args) -> None:
         f"torch threads {args.threads}, batch size {args.batch_size}, timing cases: median of "
         f"{args.repeats} fresh processes for attrgraph and {args.peer_repeats or args.repeats} for "
         f"circuit-tracer, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|.",
+        f"{', '.join(f'{x:.1f}' for x in meta['load_average'])}; adjacency match = max |diff| <= {TOL} x max |A_ct|. "
+        "GFLOP/s: the products each row of ours needs (linear_backward.py step 5) over the whole "
+        "`attribute` call, against a float32 2048^3 matmul timed in the same process right after "
+        "(medians over the runs); per CPU second: the same over the process's CPU time, which "
+        "a shared machine's descheduling does not inflate.",
         "",
         "| case | kind | threads | nodes (ct / ours) | features | match | max rel diff | ct time | ours time | speed-up "
-        "| ct peak RSS | ours peak RSS | RSS ours/ct | ours GFLOP/s (matmul GFLOP/s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ct peak RSS | ours peak RSS | RSS ours/ct | ours GFLOP/s (matmul GFLOP/s, share) "
+        "| per CPU second (matmul, share) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ct, us = r["ct"], r["ours"]
@@ -766,6 +809,12 @@ def write_results(rows, bundled, args) -> None:
             f"{us['gflops']:.1f} ({us['matmul_gflops']:.1f}, {us['gflops'] / us['matmul_gflops']:.0%})"
             if us.get("gflops")
             else "-"
+        )
+        rate += (
+            f" | {us['gflops_cpu']:.1f} ({us['matmul_gflops_cpu']:.1f}, "
+            f"{us['gflops_cpu'] / us['matmul_gflops_cpu']:.0%})"
+            if us.get("gflops_cpu")
+            else " | -"
         )
         lines.append(
             f"| {r['case']} | {r['kind']} | {ct.get('threads', args.threads)} | {ct['nodes']} / {us['nodes']} | {us['features']} | "

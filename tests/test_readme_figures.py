@@ -135,6 +135,19 @@ def test_peer_tables(readme):
     quoted(readme, ", ".join(f"{r['ct']['seconds'] / r['ours']['seconds']:.1f}x" for r in timing[:2]))
 
 
+def test_peer_flop_rates(readme):
+    """The engine's rate against a matmul in the same process, at the largest size, on one thread."""
+    for name, threads in (("peer_compare", "one thread"),):
+        us = next(r for r in load(RESULTS / f"{name}.json")["rows"] if r["case"] == "6/256/4096")["ours"]
+        quoted(
+            readme,
+            f"{threads}: {us['gflops']:.0f} GFLOP/s against {us['matmul_gflops']:.0f} "
+            f"({us['gflops'] / us['matmul_gflops']:.0%}) per wall-clock second, "
+            f"{us['gflops_cpu']:.0f} against {us['matmul_gflops_cpu']:.0f} "
+            f"({us['gflops_cpu'] / us['matmul_gflops_cpu']:.0%}) per CPU second",
+        )
+
+
 def test_hierarchical_shares(readme):
     signed = load(RESULTS / "hierarchical_vs_standard.json")["meta"]
     absolute = load(RESULTS / "hierarchical_vs_standard_abs.json")["meta"]

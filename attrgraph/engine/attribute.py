@@ -49,6 +49,7 @@ from attrgraph.engine.sources import (
     to_tokens,
 )
 from attrgraph.engine.targets import Target, check_targets, select_logit_targets
+from attrgraph.engine.threads import threads_for, torch_threads
 from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.scores import scores_from_shares
@@ -157,15 +158,20 @@ def standard_setup(
     exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
     if targets is not None:
         check_targets(targets, model, len(tokens))
-    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
+    # the forward pass and the sources are small products on a short prompt: on one thread unless
+    # the widest one pays for parallel waits (threads.py; the rows engine decides for itself)
+    cfg = model.cfg
+    widest = 2.0 * len(tokens) * cfg.d_model * max(cfg.d_mlp or 0, cfg.d_vocab, rm.tc.cfg.d_sae)
+    with torch_threads(threads_for(widest)):
+        state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
+        sources = build_sources(rm, state)
+        injections = feature_injections(rm, sources.features, sources.attn)
     n_pos, L = len(tokens), model.cfg.n_layers
     if targets is None:
         targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
     weights = np.array([t.weight for t in targets], np.float64)
     weights = np.where(np.isnan(weights), 1.0 / len(targets), weights)
 
-    sources = build_sources(rm, state)
-    injections = feature_injections(rm, sources.features, sources.attn)
     positions = [t.position % n_pos for t in targets]
     injections += [
         Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
@@ -217,7 +223,7 @@ def attribute(
     embedding into the embedding node ("token+position", default) or leaves it in the bias ("token").
     Influence on the logits (prune.compute_influence) is filled in on the returned graph.
     `batch_size` is the most targets per backward (the linear engine also closes a batch when its
-    working tensors would pass 1 MiB, linear_backward.py step 4). `backend` picks the rows engine:
+    working tensors would pass 4 MiB, linear_backward.py step 4). `backend` picks the rows engine:
     "autograd" (autograd_rows.py), "linear" (linear_backward.py) or "auto" (linear wherever it
     applies, else autograd; the default); both give equal rows.
     `method="hierarchical"` runs `attribute_hierarchical` from `targets[0]` (default: the top

@@ -7,7 +7,8 @@ on growth (the old and the new buffer at once). Instead:
 
 1. Each batch's nonzeros are appended to two buffers (values, column indices) held in anonymous
    memory maps, grown by `mremap` (`mmap.resize`): pages move, nothing is copied, and only the
-   pages written are resident.
+   pages written are resident. A block without zeros (the linear engine's usual block) is copied
+   as it is, its columns written once per row; otherwise the nonzeros are selected first.
 2. Column indices are int32 while they fit (the usual case), else int64.
 3. Rows may arrive in any order (a batch is a list of row numbers); when they arrive in order,
    the buffers are already the CSR arrays, else one permuting copy is made at the end.
@@ -52,12 +53,25 @@ class _MappedArray:
             self.map = bigger
 
     def write(self, start: int, values: np.ndarray) -> None:
-        need = start + len(values)
+        """Entries `start...` are `values` (a block [B, n] is written row after row; a row [n] given
+        with `rows=B` is written B times)."""
+        n = values.size
+        need = start + n
         if need > len(self):
             self._resize(max(need, len(self) * 3 // 2))
-        view = np.frombuffer(self.map, self.dtype, count=len(values), offset=start * self.dtype.itemsize)
-        view[:] = values
+        view = np.frombuffer(self.map, self.dtype, count=n, offset=start * self.dtype.itemsize)
+        view.reshape(values.shape)[...] = values
         del view  # a map with a live view cannot be resized
+
+    def write_rows(self, start: int, row: np.ndarray, rows: int) -> None:
+        """Entries `start...` are `rows` copies of `row`, without materializing them."""
+        need = start + rows * len(row)
+        if need > len(self):
+            self._resize(max(need, len(self) * 3 // 2))
+        count = rows * len(row)
+        view = np.frombuffer(self.map, self.dtype, count=count, offset=start * self.dtype.itemsize)
+        view.reshape(rows, len(row))[...] = row
+        del view
 
     def array(self, n: int) -> np.ndarray:
         """The first n entries, as an array on the map (the map is released with the array)."""
@@ -101,13 +115,23 @@ class CsrRowWriter:
         ascending (default: all columns)."""
         if columns is None:
             columns = np.arange(block.shape[1])
-        mask = block != 0
-        counts = mask.sum(1)
+        B, n = block.shape
+        dense = np.count_nonzero(block) == block.size  # the usual block: every entry reachable and nonzero
+        if dense:
+            counts = np.full(B, n, np.int64)
+        else:
+            mask = block != 0
+            counts = mask.sum(1)
         end = self.nnz + int(counts.sum())
         if self.indices.dtype == np.int32 and end > _INT32_MAX:
             self.indices = self.indices.astype(np.int64, self.nnz)
-        self.data.write(self.nnz, block[mask])
-        self.indices.write(self.nnz, np.broadcast_to(columns.astype(self.indices.dtype), block.shape)[mask])
+        columns = columns.astype(self.indices.dtype, copy=False)
+        if dense:
+            self.data.write(self.nnz, block)
+            self.indices.write_rows(self.nnz, columns, B)
+        else:
+            self.data.write(self.nnz, block[mask])
+            self.indices.write(self.nnz, np.broadcast_to(columns, block.shape)[mask])
         self.nnz = end
         self.row_order.append(np.asarray(rows, np.int64))
         self.row_counts.append(counts.astype(np.int64))

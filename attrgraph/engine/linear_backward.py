@@ -19,35 +19,45 @@ general autograd graph, apply it layer by layer with matrix products:
    the write site gets `gw[j] = g` (or `ln2_post^T g` when the transcoder writes before ln2_post);
    the skip adds `ln2^T (gw[j] @ W_skip[j]^T)` (the MLP itself is cut);
    attention with the frozen pattern `A[h]` adds `ln1^T (sum_h A[h]^T (g' @ W_O[h]^T) @ W_V[h]^T)`,
-   g' = `ln1_post^T g`; the result is the gradient at `resid_post[j-1]`; after layer 0 it is the
-   gradient at the embedding (token and positional embeddings enter the residual stream additively).
-4. Only what a target can reach is computed: everything is causal, so a batch of targets sorted
-   by position is cut to positions `<= max position` of the batch; batches never mix start layers,
-   so a feature of layer l only walks layers < l (plus the attention of l). That first attention
-   sees one query position per target: `u_h = W_V[h] W_O[h] g` once, spread over the keys by the
-   pattern row `A[h, p, :]` (d_head times fewer products than the general step). A batch is
-   also closed when its [B, P, d_model] working tensor would pass `WORK_BYTES` (keeping at least
-   `MIN_ROWS` targets): small batches are cut to tighter positions, so this saves both memory
-   and flops (at 6/256/4096: -15% flops, -20% time, -0.2 GB peak against batches of 512).
-5. Source contraction as in attribute.py step 5: embedding and error columns are `v_out . grad`,
-   feature columns are products `[B, n_out d_model] @ [n_out d_model, k]` with the active
-   features' scaled decoder rows, one matrix product per (layer, position) group. Each layer is
-   contracted as soon as the walk has passed it, and write-site gradients that no lower layer reads
-   are dropped then: a per-layer transcoder's batch keeps a few [B, P, d_model] tensors alive, not
-   one per layer (a cross-layer transcoder's features read every layer above them).
-
-6. Threads (threads.py): the products of a batch are small (~0.1 GFLOP at 1 MiB working tensors),
-   and with OpenMP's default spin-waiting, two threads beside another busy process made a
-   6-layer graph 5-30x slower than one thread (threads.py). The batches therefore run on one thread unless
-   their largest product passes `threads.PARALLEL_FLOPS` or `OMP_WAIT_POLICY=PASSIVE` is set
-   (then the caller's thread count); the caller's setting is restored after.
-
+   g' = `ln1_post^T g` (the residual g is added by the W_V product, `addmm`); the result is the
+   gradient at `resid_post[j-1]`; after layer 0 it is the gradient at the embedding (token and
+   positional embeddings enter the residual stream additively).
+4. Only what a target can reach is computed: everything is causal, so a target at position p
+   needs positions `<= p` only, and a feature of layer l only layers < l (plus the attention of
+   l). Batches are the targets of one start (logits, the MLP features of one layer, or the
+   attention features of one layer) and one position, so that each is cut to exactly its
+   positions (runs shorter than `MIN_ROWS` targets are merged with the next positions, and the
+   merged rows carry zeros beyond their position). A run is split evenly where its working tensor
+   would pass `WORK_BYTES`. Gradients are position-major, `[P, B, d_model]`: each position's rows
+   are one contiguous `[B, d_model]` matrix for step 5. A feature target's first attention sees
+   one query position: `u_h = W_V[h] W_O[h] g` once, spread over the keys by the pattern row
+   `A[h, p, :]` (d_head times fewer products than the general step). From `2 TRIANGLE_ROWS`
+   positions the pattern product skips the blocks above the causal diagonal.
+5. Source contraction as in attribute.py step 5: embedding and error columns are `v_out . grad`
+   (one pass per layer, `dot_positions`), feature columns are products `[B, n_out d_model] @
+   [n_out d_model, k]` with the active features' scaled decoder rows, one per (layer, position),
+   written straight into the batch's block of rows (columns padded to `PAD_COLUMNS`,
+   `_LayerDecoders`). Each layer is contracted as soon as the walk has passed it, and write-site
+   gradients that no lower layer reads are dropped then: a per-layer transcoder's batch keeps a
+   few [P, B, d_model] tensors alive, not one per layer (a cross-layer transcoder's features read
+   every layer above them). The block has the batch's reachable columns only (`_block_columns`),
+   so it is usually free of zeros and is copied to the CSR buffers whole (csr_rows.py).
+   `stats["flops"]` counts the products each row needs at its own position
+   (`LinearBackward.flops`), not the padding nor the zeros of merged rows.
+6. Threads (threads.py): the products of a batch are small (~0.3 GFLOP at d_model 256), and with
+   OpenMP's default spin-waiting, two threads beside another busy process made a 6-layer graph
+   5-30x slower than one thread. A batch therefore runs on one thread unless its largest product
+   passes `threads.PARALLEL_FLOPS` (then on the caller's thread count; on a GPU the threads are
+   `threads.threads_for`'s); when it runs on one thread, the caller's threads run that many
+   batches at once (`_BatchRows` shares only read-only state; no thread waits on another inside
+   an operation, so this holds with `OMP_WAIT_POLICY=PASSIVE` too, as the CLI sets it), and their
+   blocks are appended in order. The caller's setting is restored after.
 7. Attention features (replacement.py step 6): with an attention set the attention output is cut
    like the MLP output. The walk then passes resid_mid[j] to resid_pre[j] unchanged and yields the
    gradient at resid_mid[j] as the attention write-site gradient of layer j (contracted with the
    attention errors and features of layer j); an attention feature target of layer l injects its
    encoder vector at the attention output, whose frozen attention (`attention_back_at`, ln1_post
-   included) gives the gradient at resid_pre[l], and walks on from layer l - 1.
+   included, no residual) gives the gradient at resid_pre[l], and walks on from layer l - 1.
 
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
 (`unsupported_reason` says why not); `attribute(..., backend="auto")` falls back to autograd.
@@ -55,34 +65,47 @@ Only models and targets whose frozen backward is covered by steps 1-3 take this 
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.precision import compute_dtype, numpy_dtype
-from attrgraph.engine.threads import threads_for, torch_threads
+from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
 from transcoders import sites
 
 if TYPE_CHECKING:
     from attrgraph.engine.replacement import ReplacementModel
 
 RESID_MID = "blocks.{layer}.hook_resid_mid"
-WORK_BYTES = 1 << 20
-"""Largest [B, P, d_model] working tensor of one batch (step 4): bigger batches are split, down to
-`MIN_ROWS` targets. Small batches cost no speed here: they are cut to tighter positions."""
+WORK_BYTES = 1 << 22
+"""Largest [P, B, d_model] working tensor of one batch (step 4): longer runs of one start and one
+position are split evenly, down to `MIN_ROWS` targets (at 6/256/4096, 4 MiB keeps each run of 64
+features whole; 1-8 MiB differ by less than the noise of a shared machine)."""
 MIN_ROWS = 16
+PAD_COLUMNS = 16
+"""Decoder matrices are padded to a multiple of this many columns (`_LayerDecoders`)."""
+TRIANGLE_ROWS = 32
+"""From 2 x this many positions, attention's pattern product is done in blocks of this many key rows,
+each with the queries at or after its first key only (the pattern is causal): 15-30% faster at
+64-128 positions (float32, one thread), slower below."""
 _READS = (sites.MLP_INPUT, RESID_MID)
 
 
 class _Norm:
-    """A norm with its scale frozen at the recorded values: `back(g)` is `J^T g` (step 2)."""
+    """A norm with its scale frozen at the recorded values: `back(g)` is `J^T g` (step 2). Gradients are
+    position-major, `[P, B, d_model]` (step 4); `back_at` takes one position per row."""
 
     def __init__(self, module, scale: Tensor | None, dtype):
         name = type(module).__name__ if module is not None else "Identity"
@@ -98,11 +121,17 @@ class _Norm:
             self.inv, self.w = inv, None if w is None else w.detach().to(dtype)
             self.factor = inv * self.w if w is not None else inv  # [n_pos, d_model] or [n_pos, 1]
 
-    def back(self, g: Tensor) -> Tensor:
+    def _center(self, g: Tensor) -> Tensor:
+        return g - g.mean(-1, keepdim=True) if self.center else g
+
+    def back(self, g: Float[Tensor, "P B d_model"]) -> Float[Tensor, "P B d_model"]:
         if self.identity:
             return g
-        g = g * self.factor[: g.shape[-2]]
-        return g - g.mean(-1, keepdim=True) if self.center else g
+        return self._center(g * self.factor[: g.shape[0]].unsqueeze(1))
+
+    def back_at(self, g: Float[Tensor, "B d_model"], positions: Tensor) -> Float[Tensor, "B d_model"]:
+        """`back` of a gradient that row b has only at `positions[b]`, given at those positions."""
+        return g if self.identity else self._center(g * self.factor[positions])
 
     def fold(self, W: Tensor) -> Tensor:
         """`W` [n, d_model] with the norm's weight and centering folded into its columns, so that
@@ -114,7 +143,7 @@ class _Norm:
 
     def scale_(self, g: Tensor) -> Tensor:
         """The per-position factor 1/s of a folded product, applied in place (g is a fresh product)."""
-        return g if self.identity else g.mul_(self.inv[: g.shape[-2]])
+        return g if self.identity else g.mul_(self.inv[: g.shape[0]].unsqueeze(1))
 
 
 def unsupported_reason(rm: ReplacementModel, injections) -> str | None:
@@ -147,7 +176,8 @@ def unsupported_reason(rm: ReplacementModel, injections) -> str | None:
 
 
 class LinearBackward:
-    """The frozen model's transposed Jacobian, precomputed per layer (steps 1-3)."""
+    """The frozen model's transposed Jacobian, precomputed per layer (steps 1-3), applied to
+    position-major gradients `[P, B, d_model]` (step 4)."""
 
     def __init__(self, rm, state):
         model, fr, L = rm.model, state.frozen, rm.cfg.n_layers
@@ -186,146 +216,311 @@ class LinearBackward:
         self.W_U_T = model.W_U.detach().to(dt).T.contiguous()  # [d_vocab, d_model]
         self.read_mid = rm.tc.cfg.input_hook == sites.MLP_INPUT
         self.attn_cut = rm.attn is not None  # step 7
-        self.flops = 0
 
-    def read_back(self, l: int, g: Tensor) -> Tensor:
-        """Gradient at resid_mid[l] from a gradient at the transcoder's read site x[l]."""
-        return self.ln2[l].back(g) if self.read_mid else g
-
-    def attention_back(self, l: int, g: Tensor) -> Tensor:
-        """Gradient at resid_pre[l] added by the frozen attention of layer l (g at resid_mid[l])."""
-        B, P, d = g.shape
+    def attention_back(self, l: int, g: Float[Tensor, "P B d_model"]) -> Float[Tensor, "P B d_model"]:
+        """Gradient at resid_pre[l] from g at resid_mid[l]: g (the residual) plus what the frozen
+        attention of layer l adds (the residual is added by the last product, not by another pass)."""
+        P, B, d = g.shape
         H = self.pattern[l].shape[0]
-        g = self.ln1_post[l].back(g)
-        gz = g @ self.W_O[l].T  # [B, P, H*dh]
+        residual, g = g, self.ln1_post[l].back(g)
+        gz = g.reshape(P * B, d) @ self.W_O[l].T  # [P B, H dh]
         dh = gz.shape[-1] // H
-        # one [P, P] @ [P, B*dh] product per head (A^T is stored as [H, k, q]); each name is
-        # dropped as soon as it is used, so that at most two [B, P, d] temporaries are alive
-        gz = gz.view(B, P, H, dh).permute(2, 1, 0, 3).reshape(H, P, B * dh)
-        gv = torch.bmm(self.pattern[l][:, :P, :P], gz)
+        # one [P, P] @ [P, B dh] product per head (A^T is stored as [H, k, q]); each name is
+        # dropped as soon as it is used, so that at most two [P, B, d] temporaries are alive
+        gz = gz.view(P, B, H, dh).permute(2, 0, 1, 3).reshape(H, P, B * dh)
+        A = self.pattern[l]
+        if P < 2 * TRIANGLE_ROWS:
+            gv = torch.bmm(A[:, :P, :P], gz)
+        else:  # A^T is upper triangular: key rows k0.. read only queries k0.. (5/8 of the product at P 128)
+            gv = torch.empty_like(gz)
+            for k0 in range(0, P, TRIANGLE_ROWS):
+                k1 = min(k0 + TRIANGLE_ROWS, P)
+                torch.bmm(A[:, k0:k1, k0:P], gz[:, k0:], out=gv[:, k0:k1])
         del gz
-        gv = gv.view(H, P, B, dh).permute(2, 1, 0, 3).reshape(B, P, H * dh)
-        gx = gv @ self.W_V[l]  # ln1's 1/s is already in the pattern's rows
-        del gv
-        self.flops += 4 * B * P * d * H * dh + 2 * B * H * P * P * dh
-        return gx
+        gv = gv.view(H, P, B, dh).permute(1, 2, 0, 3).reshape(P * B, H * dh)
+        # ln1's 1/s is already in the pattern's rows
+        return torch.addmm(residual.reshape(P * B, d), gv, self.W_V[l]).view(P, B, d)
 
-    def attention_back_at(self, l: int, g: Tensor, positions: Tensor) -> Tensor:
-        """`attention_back` when row b of g is nonzero only at `positions[b]` (a feature target's
-        first attention, step 4)."""
-        B, P, d = g.shape
+    def attention_back_at(
+        self, l: int, g: Float[Tensor, "B d_model"], positions: Tensor, P: int, residual: bool = True
+    ) -> Float[Tensor, "P B d_model"]:
+        """Gradient at resid_pre[l] from a gradient at resid_mid[l] that row b has only at
+        `positions[b]`, given at those positions (a feature target's first attention, step 4):
+        attention's part plus, when `residual`, g itself (an attention feature's start, step 7,
+        injects at the attention output: no residual)."""
+        B, d = g.shape
         H = self.pattern[l].shape[0]
-        rows = torch.arange(B, device=g.device)
-        g1 = self.ln1_post[l].back(g)[rows, positions]
-        gz = (g1 @ self.W_O[l].T).view(B, H, -1)  # [B, H, dh]
-        dh = gz.shape[-1]
+        gz = self.ln1_post[l].back_at(g, positions) @ self.W_O[l].T  # [B, H dh]
+        dh = gz.shape[-1] // H
         # per head, the value-side vector u_h = W_V[h] gz_h, then spread over keys by A[h, p_b, k]
-        u = torch.bmm(gz.transpose(0, 1), self.W_V[l].view(H, dh, d)).transpose(0, 1)  # [B, H, d]
-        # A[h, p_b, k] as [B, k, H], contiguous: a strided batch of tiny products is very slow multi-threaded
-        a = self.pattern[l][:, :P, positions].permute(2, 1, 0).contiguous()
-        gx = torch.bmm(a, u)  # ln1's 1/s is already in the pattern's rows
-        self.flops += 2 * B * d * H * dh * 2 + 2 * B * P * H * d
+        u = torch.bmm(gz.view(B, H, dh).transpose(0, 1), self.W_V[l].view(H, dh, d))  # [H, B, d]
+        if bool((positions == positions[0]).all()):  # one query position: one [P, H] @ [H, B d] product
+            a = self.pattern[l][:, :P, int(positions[0])]  # [H, P]; ln1's 1/s is in its rows
+            gx = (a.T @ u.view(H, B * d)).view(P, B, d)
+        else:
+            a = self.pattern[l][:, :P, positions].permute(2, 1, 0)  # [B, P, H]
+            gx = torch.bmm(a, u.transpose(0, 1)).transpose(0, 1).contiguous()
+        if residual:
+            gx[positions, torch.arange(B, device=gx.device)] += g
         return gx
 
-    def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor | None = None):
-        """Step 3: from g at resid_post[start] (or resid_mid[start] when `at_mid`) down to the embedding.
-        `positions[b]`: the only nonzero position of row b when `at_mid` (a feature target).
+    def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor, P: int):
+        """Step 3: from g at resid_post[start] (`[P, B, d]`), or, when `at_mid`, from g at resid_mid[start]
+        that row b has only at `positions[b]` (`[B, d]`, a feature target), down to the embedding.
         Yields `("mlp", l, write-site gradient of layer l)` from the top layer down (with an attention
         set also `("attn", l, attention write-site gradient)` after it, step 7), then `("embed", -1,
-        embedding gradient)`; a caller that drops what it no longer needs keeps a few [B, P, d_model]
+        embedding gradient)`; a caller that drops what it no longer needs keeps a few [P, B, d_model]
         tensors alive instead of one per layer."""
         for l in range(start, -1, -1):
             # each step's result is a fresh tensor: add g into it rather than allocate a third one
             # (g itself may be held by the caller as a write-site gradient)
             if l == start and at_mid:
-                if self.attn_cut:
+                if self.attn_cut:  # step 7: the gradient at resid_mid[l] is the attention write site's
+                    dense = torch.zeros(P, *g.shape, dtype=g.dtype, device=g.device)
+                    dense[positions, torch.arange(g.shape[0], device=g.device)] = g
+                    g = dense
                     yield "attn", l, g
                     continue
-                g = self.attention_back_at(l, g, positions).add_(g)
+                g = self.attention_back_at(l, g, positions, P)
                 continue
             w = self.ln2_post[l].back(g)
             yield "mlp", l, w
             if self.W_skip[l] is not None:
                 skip = w @ self.W_skip[l]
                 g = (self.ln2[l].scale_(skip) if self.read_mid else skip).add_(g)
-                self.flops += 2 * w.numel() * w.shape[-1]
             del w
             if self.attn_cut:
                 yield "attn", l, g
                 continue
-            g = self.attention_back(l, g).add_(g)
+            g = self.attention_back(l, g)
         yield "embed", -1, g
 
     def start(self, injections, P: int) -> tuple[Tensor, int, bool]:
-        """Step 1 for a batch with one start (all logits, or all reads of one layer)."""
-        B, d = len(injections), self.W_U_T.shape[1]
-        dev = self.device
-        g = torch.zeros(B, P, d, dtype=self.dtype, device=dev)
-        j0 = injections[0]
-        rows = torch.arange(B, device=dev)
+        """Step 1 for a batch with one start (all logits, or all reads of one layer and site):
+        (gradient, layer the walk starts at, whether that gradient is at resid_mid of that layer,
+        given per row at its position only)."""
+        B, d, dev = len(injections), self.W_U_T.shape[1], self.device
         positions = torch.tensor([j.position for j in injections], device=dev)
         v = torch.stack([j.vector.to(device=dev) for j in injections]).to(self.dtype)
+        j0 = injections[0]
         if j0.logits:
-            u = v @ self.W_U_T
-            self.flops += 2 * u.numel() * v.shape[-1]
-            g[rows, positions] = u
-            return self.ln_final.back(g), self.L - 1, False
-        g[rows, positions] = v
+            g = torch.zeros(P, B, d, dtype=self.dtype, device=dev)
+            g[positions, torch.arange(B, device=dev)] = self.ln_final.back_at(v @ self.W_U_T, positions)
+            return g, self.L - 1, False
         if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
-            return self.attention_back_at(j0.layer, g, positions), j0.layer - 1, False
-        return self.read_back(j0.layer, g), j0.layer, True
+            return self.attention_back_at(j0.layer, v, positions, P, residual=False), j0.layer - 1, False
+        return (self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v), j0.layer, True
+
+    def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
+        """Multiply-adds x 2 of the products that a batch with rows at `positions` needs (step 4):
+        per row only its positions `<= p` (what the engine computes beyond, for a batch that mixes
+        positions, is not counted; the pattern product is counted as a dense `[p+1, p+1]` one, though
+        the blocked product of long prompts skips some of its zeros). `kind`: "logits", "mlp" or
+        "attn" (the batch's start)."""
+        d, n = self.W_U_T.shape[1], positions.astype(np.float64) + 1
+        R, R2, B = n.sum(), (n**2).sum(), len(n)
+
+        def first_attention(l):
+            return 4.0 * B * d * self.W_O[l].shape[0] + 2.0 * self.pattern[l].shape[0] * d * R
+
+        out = 2.0 * B * self.W_U_T.shape[0] * d if kind == "logits" else 0.0
+        if kind == "attn":
+            out += first_attention(start + 1)
+        for l in range(start, -1, -1):
+            if l == start and at_mid:
+                out += 0.0 if self.attn_cut else first_attention(l)
+                continue
+            if self.W_skip[l] is not None:
+                out += 2.0 * R * d * d
+            if not self.attn_cut:
+                Hdh = self.W_O[l].shape[0]
+                out += 4.0 * R * d * Hdh + 2.0 * R2 * Hdh
+        return out
 
 
 class _LayerDecoders:
-    """The scaled decoder rows of one source layer, padded per position for one batched product (step 5)."""
+    """The scaled decoder rows of one source layer (MLP or, with `attn`, attention features), one
+    `[n_out d_model, k]` matrix per position (step 5).
 
-    def __init__(self, sources, layer: int, dtype, device=None, attn: bool = False):
+    Each matrix is stored with its k columns padded by zeros to a multiple of `PAD_COLUMNS`: a product
+    with an odd k runs at two thirds of the rate of a padded one (float32, d_model 256, k 63 or 79 vs
+    64 or 80). The padded columns of position p spill into the block columns of the next positions,
+    which are written after it and overwrite them; only the last position is written unpadded."""
+
+    def __init__(self, sources, layer: int, dtype, n_pos: int, device=None, attn: bool = False):
         groups, decoders = (
             (sources.attn_groups, sources.attn_decoders) if attn else (sources.groups, sources.decoders)
         )
         mine = [(p, c0, c1, dec) for (l, p, c0, c1), dec in zip(groups, decoders) if l == layer]
-        self.layer, self.n = layer, len(mine)
+        self.layer = layer
         self.reads = range(0)
         """Layers whose write-site gradients this layer's contraction reads."""
+        self.cum = np.zeros(n_pos + 1, np.int64)
+        """`cum[P]`: this layer's features at positions < P (their columns are contiguous)."""
+        self.positions, self.dec, self.k, self.first_col, self.d = [], [], [], 0, 0
         if not mine:
             return
-        k_max = max(c1 - c0 for _, c0, c1, _ in mine)
         n_out, d = mine[0][3].shape[1:]
-        self.reads = range(layer, layer + n_out)
-        # index arrays: on the host for searchsorted and the CSR columns, on the device for gathers
-        self.positions_np = np.array([p for p, *_ in mine])
-        self.positions = torch.from_numpy(self.positions_np).to(device)
-        self.dec = torch.zeros(self.n, n_out * d, k_max, dtype=dtype, device=device)
-        cols, slots = [], []
-        for g, (_, c0, c1, dec) in enumerate(mine):
-            self.dec[g, :, : c1 - c0] = dec.reshape(c1 - c0, -1).T.to(dtype)
-            cols.append(np.arange(c0, c1))
-            slots.append(g * k_max + np.arange(c1 - c0))
-        self.slots_np = np.concatenate(slots)
-        self.cols_np, self.slots, self.k_max, self.d = (
-            np.concatenate(cols),
-            torch.from_numpy(self.slots_np).to(device),
-            k_max,
-            d,
-        )
+        self.reads, self.d = range(layer, layer + n_out), d
+        self.first_col = mine[0][1]
+        for p, c0, c1, dec in mine:
+            k = c1 - c0
+            padded = torch.zeros(n_out * d, -(-k // PAD_COLUMNS) * PAD_COLUMNS, dtype=dtype, device=device)
+            padded[:, :k] = dec.reshape(k, -1).T.to(dtype)
+            self.positions.append(p)
+            self.dec.append(padded)  # [n_out d, k padded]
+            self.k.append(k)
+            self.cum[p + 1] = k
+        self.cum = np.cumsum(self.cum)
 
-    def contract(self, gw: list, P: int) -> tuple[Tensor, np.ndarray, int] | None:
-        """This layer's feature columns for a batch cut to P positions: (values [B, n], their global
-        column indices (ascending), flops); None when the batch cannot reach them."""
-        if not self.n or gw[self.layer] is None:
-            return None
-        n_g = int(np.searchsorted(self.positions_np, P))
-        if n_g == 0:
-            return None
-        pos = self.positions[:n_g]
-        reach = [
-            x[:, pos] for x in gw[self.layer : self.layer + self.dec.shape[1] // self.d] if x is not None
-        ]
-        G = (reach[0] if len(reach) == 1 else torch.cat(reach, -1)).transpose(0, 1)  # [n_g, B, m d]
-        out = torch.bmm(G, self.dec[:n_g, : G.shape[-1]])  # [n_g, B, k_max]
-        n_v = int(np.searchsorted(self.slots_np, n_g * self.k_max))
-        values = out.transpose(0, 1).reshape(out.shape[1], -1)[:, self.slots[:n_v]]
-        return values, self.cols_np[:n_v], 2 * out.numel() * G.shape[-1]
+    def contract(self, gw: list, P: int, out: Tensor) -> None:
+        """This layer's feature columns for a batch cut to P positions, written into `out` [B, cum[P]]
+        (one `[B, n_out d] @ [n_out d, k]` product per position, in ascending order)."""
+        n_g = bisect.bisect_left(self.positions, P)
+        if not n_g:
+            return
+        reach = [x for x in gw[self.layer : self.layer + len(self.reads)] if x is not None]
+        G = (reach[0] if len(reach) == 1 else torch.cat(reach, -1)).unbind(0)  # P x [B, m d]
+        m, end = G[0].shape[-1], int(self.cum[P])
+        for p, D, k in zip(self.positions[:n_g], self.dec, self.k):
+            c = int(self.cum[p])
+            w = D.shape[1] if c + D.shape[1] <= end else k
+            torch.mm(G[p], D[:m, :w], out=out[:, c : c + w])
+
+
+def dot_positions(x: Float[Tensor, "P B d_model"], v: Float[Tensor, "P d_model"]) -> Float[Tensor, "B P"]:
+    """`x[p, b] . v[p]`: the columns of one-vector sources (embeddings, errors; step 5). A product
+    per position would be a matrix-vector product each, several times slower than this one pass."""
+    return (x * v.unsqueeze(1)).sum(-1).T
+
+
+def _batches(key: list, order: list, batch_size: int, row_bytes: int) -> list[list[int]]:
+    """Step 4: rows in `order` (sorted by key = (start, position)) cut into batches. A run of one
+    start and one position becomes its own batches, split evenly where its [P, B, d_model] working
+    tensor would pass `WORK_BYTES` (or B `batch_size`); runs shorter than `MIN_ROWS` are merged with
+    the next runs of the same start (such a batch mixes positions)."""
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and key[runs[-1][0]] == key[i]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    batches, small = [], []
+    for run in runs:
+        start, pos = key[run[0]]
+        cap = max(1, min(batch_size, max(MIN_ROWS, WORK_BYTES // ((pos + 1) * row_bytes))))
+        if small and (key[small[0]][0] != start or len(small) + len(run) > cap or len(run) >= MIN_ROWS):
+            batches.append(small)
+            small = []
+        if len(run) < MIN_ROWS and len(run) <= cap:
+            small += run
+            continue
+        n = -(-len(run) // cap)
+        batches += [part.tolist() for part in np.array_split(np.asarray(run), n)]
+    if small:
+        batches.append(small)
+    return batches
+
+
+class _BatchRows:
+    """One batch's block of rows (steps 1-5, 7): what every batch shares is read-only, so that batches
+    can run in several threads at once (step 6)."""
+
+    def __init__(self, lb: LinearBackward, sources, n_pos: int):
+        L, dt, dev = lb.L, lb.dtype, lb.device
+        self.lb, self.sources, self.n_pos, self.n_exc = lb, sources, n_pos, sources.n_excluded
+        self.embed, self.errors = sources.embed.to(dt), sources.errors.to(dt)
+        self.layers = [_LayerDecoders(sources, l, dt, n_pos, dev) for l in range(L)]
+        # the lowest layer whose contraction reads the write-site gradient of layer j (j itself: errors)
+        self.last_read = [min([j] + [x.layer for x in self.layers if j in x.reads]) for j in range(L)]
+        self.cum = np.stack([x.cum for x in self.layers])  # [L, n_pos + 1]
+        self.attn = lb.attn_cut  # step 7
+        if self.attn:
+            self.attn_errors = sources.attn_errors.to(dt)
+            self.attn_layers = [_LayerDecoders(sources, l, dt, n_pos, dev, attn=True) for l in range(L)]
+            self.attn_cum = np.stack([x.cum for x in self.attn_layers])
+        self.columns: dict = {}
+
+    def block_columns(self, top: int, top_attn: int, P: int) -> tuple[np.ndarray, dict]:
+        """Global columns of a batch's block (ascending): embeddings at positions < P, errors and
+        features of the MLP layers <= top and the attention layers <= top_attn that it reaches
+        (step 5), with the block offset of each part (keys "embed", ("err", l), ("feat", l),
+        ("attn_err", l), ("attn_feat", l)). Cached per (top, top_attn, P)."""
+        got = self.columns.get((top, top_attn, P))
+        if got is not None:
+            return got
+        src, Pe = self.sources, max(0, P - self.n_exc)
+        parts = [("embed", 0, P)]
+        for l in range(top + 1):
+            parts += [
+                (("err", l), src.error_column(l), Pe),
+                (("feat", l), self.layers[l].first_col, self.cum[l, P]),
+            ]
+        for l in range(top_attn + 1):
+            parts += [
+                (("attn_err", l), src.error_column(l, "attn"), Pe),
+                (("attn_feat", l), self.attn_layers[l].first_col, self.attn_cum[l, P]),
+            ]
+        parts = sorted((p for p in parts if p[2] > 0), key=lambda p: p[1])
+        columns = np.concatenate([np.arange(c, c + n) for _, c, n in parts])
+        offsets, at = {}, 0
+        for name, _, n in parts:
+            offsets[name] = (at, at + int(n))
+            at += int(n)
+        self.columns[(top, top_attn, P)] = got = (columns, offsets)
+        return got
+
+    def __call__(self, inj: list) -> tuple[np.ndarray, np.ndarray, float]:
+        """(values [B, n], their global columns (ascending), useful flops) for the targets `inj`."""
+        lb, layers, n_exc, L = self.lb, self.layers, self.n_exc, self.lb.L
+        pos = np.array([j.position for j in inj])
+        P, B = int(pos.max()) + 1, len(inj)
+        kind = "logits" if inj[0].logits else inj[0].site
+        g, start, at_mid = lb.start(inj, P)
+        top = start - 1 if at_mid else start  # the highest MLP layer whose sources the rows reach
+        top_attn = start if self.attn else -1  # the highest attention layer (step 7)
+        columns, offsets = self.block_columns(top, top_attn, P)
+        block = torch.empty(B, len(columns), dtype=lb.dtype, device=lb.device)  # every entry is written below
+        walk = lb.walk(g, start, at_mid, torch.from_numpy(pos).to(lb.device), P)
+        del g
+        # contract each layer as soon as the walk has passed it, dropping write-site gradients
+        # that no lower layer reads (all but one for per-layer transcoders)
+        gw: list[Tensor | None] = [None] * L
+        reads = np.zeros(L)  # per layer, the d_model-wide gradients its contraction read
+        for site, l, x in walk:
+            if l < 0:
+                block[:, :P] = dot_positions(x, self.embed[:P])
+                break
+            if site == "attn":  # step 7: the attention errors and features of layer l
+                if ("attn_err", l) in offsets:
+                    e0, e1 = offsets[("attn_err", l)]
+                    block[:, e0:e1] = dot_positions(x[n_exc:], self.attn_errors[l, n_exc:P])
+                if ("attn_feat", l) in offsets:
+                    f0, f1 = offsets[("attn_feat", l)]
+                    self.attn_layers[l].contract([None] * l + [x], P, block[:, f0:f1])
+                del x
+                continue
+            gw[l] = x
+            if ("err", l) in offsets:
+                e0, e1 = offsets[("err", l)]
+                block[:, e0:e1] = dot_positions(x[n_exc:], self.errors[l, n_exc:P])
+            if ("feat", l) in offsets:
+                f0, f1 = offsets[("feat", l)]
+                layers[l].contract(gw, P, block[:, f0:f1])
+                reads[l] = sum(gw[r] is not None for r in layers[l].reads)
+            for j in range(l, L):
+                if self.last_read[j] >= l:
+                    gw[j] = None
+            del x
+        del walk, gw
+        # useful flops: row b reaches the sources at positions <= p_b
+        d, n = self.embed.shape[1], pos + 1
+        n_err = np.maximum(n - n_exc, 0).sum()
+        flops = lb.flops(start, at_mid, pos, kind) + 2.0 * d * (n.sum() + (top + 1) * n_err)
+        flops += 2.0 * d * float(reads[: top + 1] @ self.cum[: top + 1, n].sum(1))
+        if self.attn:
+            flops += 2.0 * d * ((top_attn + 1) * n_err + float(self.attn_cum[: top_attn + 1, n].sum()))
+        return block.cpu().numpy(), columns, flops
 
 
 def linear_rows(
@@ -339,7 +534,9 @@ def linear_rows(
 ) -> sp.csr_array:
     """Rows of the attribution graph for `injections` (same contract as `autograd_rows.backward_rows`).
 
-    `stats`, when given, receives `flops` (multiply-adds x 2 of the backward and the contraction)."""
+    `stats`, when given, receives `flops` (multiply-adds x 2 of the products each row needs: the
+    backward and the contraction; `LinearBackward.flops`), `threads` (torch threads per batch) and
+    `workers` (batches at once)."""
     reason = unsupported_reason(rm, injections)
     if reason is not None:
         raise NotImplementedError(
@@ -347,128 +544,68 @@ def linear_rows(
         )
     n_pos, L = state.tokens.shape[0], state.acts.shape[0]
     lb = LinearBackward(rm, state)
-    dt = lb.dtype
-    n_exc = sources.n_excluded
-    err_cols = [n_pos + l * (n_pos - n_exc) for l in range(L)]
-    embed, errors = sources.embed.to(dt), sources.errors.to(dt)
-    layers = [_LayerDecoders(sources, l, dt, lb.device) for l in range(L)]
-    attn_layers = [_LayerDecoders(sources, l, dt, lb.device, attn=True) for l in range(L)]  # step 7
-    attn_errors = None if sources.attn_errors is None else sources.attn_errors.to(dt)
-    # the lowest layer whose contraction reads the write-site gradient of layer j (j itself: errors)
-    last_read = [min([j] + [d.layer for d in layers if j in d.reads]) for j in range(L)]
-    # step 4: group by start (logits = L) and sort by position, keeping the original row index
+    rows = _BatchRows(lb, sources, n_pos)
+    # step 4: group by start (logits = L, attention features of l = l - 0.5) and sort by position,
+    # keeping the original row index
     key = [
         (L if j.logits else j.layer - 0.5 if j.site == "attn" else j.layer, j.position) for j in injections
     ]
     order = sorted(range(len(injections)), key=lambda i: key[i])
-    B = max(1, batch_size)
-    row_bytes = embed.shape[1] * embed.element_size()  # one target, one position, [d_model]
-    batches, cur = [], []
-    for i in order:
-        full = len(cur) == B or (
-            len(cur) >= MIN_ROWS and (len(cur) + 1) * (key[i][1] + 1) * row_bytes > WORK_BYTES
-        )
-        if cur and (full or key[cur[0]][0] != key[i][0]):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    # step 6: one thread unless the largest product of a batch pays for parallel waits
-    threads = threads_for(largest_product(lb, layers, [(len(b), key[b[-1]][1] + 1) for b in batches]))
-    n_cols = sources.n_columns
-    written = CsrRowWriter(len(injections), n_cols, numpy_dtype(dt))
+    row_bytes = rows.embed.shape[1] * rows.embed.element_size()  # one target, one position, [d_model]
+    batches = _batches(key, order, max(1, batch_size), row_bytes)
+    # step 6: one thread per batch unless its largest product pays for parallel waits; then the
+    # caller's threads run that many batches at once (on the CPU)
+    caller, on_cpu = torch.get_num_threads(), lb.device.type == "cpu"
+    largest = largest_product(lb, rows.layers, [(len(b), key[b[-1]][1] + 1) for b in batches])
+    # batches side by side need no thread to wait on another, whatever the wait policy: they are
+    # preferred to parallel products wherever the products are small
+    threads = 1 if on_cpu and largest < PARALLEL_FLOPS else threads_for(largest)
+    workers = caller if on_cpu and threads == 1 and caller > 1 and len(batches) > 1 else 1
+    written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(lb.dtype))
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
-    t_backward = t_sparse = 0.0  # walk with contractions; CSR blocks
+    t_sparse = flops = 0.0
+    t0 = time.perf_counter()
+
+    def run(idx):
+        with torch.no_grad():
+            return rows([injections[i] for i in idx])
+
     with torch.no_grad(), torch_threads(threads):
         threads = torch.get_num_threads()  # what the batches run on (reported in stats)
-        for idx in batches:
-            t0 = time.perf_counter()
-            inj = [injections[i] for i in idx]
-            P = max(j.position for j in inj) + 1
-            g, start, at_mid = lb.start(inj, P)
-            walk = lb.walk(g, start, at_mid, torch.tensor([j.position for j in inj], device=lb.device))
-            del g
-            # contract each layer as soon as the walk has passed it, dropping write-site gradients
-            # that no lower layer reads (all but one for per-layer transcoders)
-            gw: list[Tensor | None] = [None] * L
-            pieces = []  # (first column, values [B, n], global columns, ascending)
-            for site, l, x in walk:
-                if l < 0:
-                    pieces.append((0, torch.einsum("bpd,pd->bp", x, embed[:P]), np.arange(P)))
-                    break
-                if site == "attn":  # step 7
-                    pieces += attention_pieces(lb, sources, attn_layers[l], attn_errors, l, x, P)
-                    continue
-                gw[l] = x
-                if P > n_exc:
-                    pieces.append(
-                        (
-                            err_cols[l],
-                            torch.einsum("bpd,pd->bp", x[:, n_exc:], errors[l, n_exc:P]),
-                            np.arange(err_cols[l], err_cols[l] + P - n_exc),
-                        )
-                    )
-                got = layers[l].contract(gw, P)
-                if got is not None:
-                    pieces.append((int(got[1][0]), got[0], got[1]))
-                    lb.flops += got[2]
-                for j in range(l, L):
-                    if last_read[j] >= l:
-                        gw[j] = None
-                del x
-            del walk, gw
-            t1 = time.perf_counter()
-            pieces.sort(key=lambda piece: piece[0])
-            values = torch.cat([v for _, v, _ in pieces], 1).cpu().numpy()  # the batch's one copy to the host
-            cols = np.concatenate([c for _, _, c in pieces])
-            del pieces
-            lb.flops += 2 * len(inj) * P * embed.shape[1] * (1 + L)
-            written.append(np.asarray(idx), values, cols)
-            del values
-            bar.update(len(inj))
-            t_backward, t_sparse = t_backward + t1 - t0, t_sparse + time.perf_counter() - t1
+        with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+            # results are appended in batch order (rows in order need no permuting copy at the end),
+            # with at most two batches per worker computed ahead
+            pending: deque = deque()
+            for i, idx in enumerate(batches):
+                pending.append((idx, pool.submit(run, idx) if pool else None))
+                while pending and (len(pending) > 2 * workers or i == len(batches) - 1):
+                    idx, job = pending.popleft()
+                    values, columns, f = job.result() if job else run(idx)
+                    t1 = time.perf_counter()
+                    written.append(np.asarray(idx), values, columns)
+                    t_sparse += time.perf_counter() - t1
+                    flops += f
+                    del values
+                    bar.update(len(idx))
     bar.close()
     if stats is not None:
-        stats["flops"] = stats.get("flops", 0) + lb.flops
-        stats["seconds_backward"] = stats.get("seconds_backward", 0.0) + t_backward
+        stats["flops"] = stats.get("flops", 0) + flops
+        stats["seconds_backward"] = stats.get("seconds_backward", 0.0) + time.perf_counter() - t0 - t_sparse
         stats["seconds_sparse"] = stats.get("seconds_sparse", 0.0) + t_sparse
         stats["batches"] = stats.get("batches", 0) + len(batches)
         stats["threads"] = threads
+        stats["workers"] = workers
     return written.to_csr()
-
-
-def attention_pieces(
-    lb: LinearBackward, sources, decoders: _LayerDecoders, errors: Tensor, l: int, x: Tensor, P: int
-) -> list:
-    """Step 7: the attention error and feature columns of layer l from the gradient `x` at its
-    attention write site, as `(first column, values [B, n], global columns)` pieces (flops counted
-    in `lb`)."""
-    n_exc, pieces = sources.n_excluded, []
-    if P > n_exc:
-        c = sources.error_column(l, "attn")
-        values = torch.einsum("bpd,pd->bp", x[:, n_exc:], errors[l, n_exc:P])
-        pieces.append((c, values, np.arange(c, c + P - n_exc)))
-    ga = [None] * (l + 1)
-    ga[l] = x
-    got = decoders.contract(ga, P)
-    if got is not None:
-        pieces.append((int(got[1][0]), got[0], got[1]))
-        lb.flops += got[2]
-    return pieces
 
 
 def largest_product(lb: LinearBackward, layers: list[_LayerDecoders], shapes: list[tuple[int, int]]) -> float:
     """Flops (multiply-adds x 2) of the largest matrix product of batches of `shapes` (targets,
-    positions): attention's `[B P, d] @ [d, H dh]`, the skip's `[B P, d] @ [d, d]` or one layer's
-    contraction, at most `[B P, n_out d] @ [n_out d, k_max]`."""
+    positions): attention's `[P B, d] @ [d, H dh]`, the skip's `[P B, d] @ [d, d]` or one position's
+    contraction, at most `[B, n_out d] @ [n_out d, k]`."""
     d = lb.W_U_T.shape[1]
-    per_row = max(
-        [d * W.shape[0] for W in lb.W_O]
-        + [d * d for W in lb.W_skip if W is not None]
-        + [x.dec.shape[1] * x.k_max for x in layers if x.n]
-    )
-    return 2.0 * max((B * P for B, P in shapes), default=0) * per_row
+    per_row = max([d * W.shape[0] for W in lb.W_O] + [d * d for W in lb.W_skip if W is not None])
+    per_target = max([D.shape[0] * k for x in layers for D, k in zip(x.dec, x.k)], default=0)
+    return 2.0 * max((max(B * P * per_row, B * per_target) for B, P in shapes), default=0)
 
 
 BACKENDS = ("auto", "linear", "autograd")

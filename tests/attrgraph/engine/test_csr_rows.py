@@ -77,3 +77,23 @@ def test_growth_without_mremap_copies_into_a_larger_map(monkeypatch):
     dense = rng.standard_normal((100, 300)).astype(np.float32)
     dense[rng.random(dense.shape) < 0.5] = 0
     np.testing.assert_array_equal(write(dense, np.arange(100), 16, capacity=4).toarray(), dense)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_blocks_without_zeros_are_copied_whole(shuffle):
+    """A block with no zero (the linear engine's usual block) takes the copy path: values and
+    columns as given, one row after another."""
+    rng = np.random.default_rng(2)
+    n_rows, n_cols = 12, 40
+    want = np.zeros((n_rows, n_cols), np.float32)
+    out = CsrRowWriter(n_rows, n_cols, capacity=4)
+    order = rng.permutation(n_rows) if shuffle else np.arange(n_rows)
+    for i in range(0, n_rows, 5):
+        rows = order[i : i + 5]
+        columns = np.sort(rng.choice(n_cols, size=7, replace=False))
+        block = rng.uniform(1, 2, (len(rows), 7)).astype(np.float32)
+        want[np.ix_(rows, columns)] = block
+        out.append(rows, block, columns)
+    got = out.to_csr()
+    np.testing.assert_array_equal(got.toarray(), want)
+    assert got.nnz == np.count_nonzero(want) and got.has_sorted_indices

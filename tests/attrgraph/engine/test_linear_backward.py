@@ -121,3 +121,63 @@ def test_linear_rows_equal_autograd_rows_with_attention_features(arch, kind, ski
     c = sources.error_column(0, "attn")
     assert np.abs(ref[:, c : c + n_pos - sources.n_excluded]).max() > 0
     np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind,attn", [("plt", False), ("clt", False), ("plt", True)])
+def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, attn, monkeypatch):
+    """Runs shorter than MIN_ROWS are merged into batches of several positions: the rows do not
+    change, and neither does the flop count (only what each row needs is counted); with an
+    attention set too (attention feature targets, attention write sites)."""
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model("llama")
+    tc = tiny_transcoders(model, kind, True)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    if attn:
+        inj = feature_injections(rm, sources.features, sources.attn) + inj[-3:]
+    alone = {}
+    one = linear_rows(rm, state, sources, inj, batch_size=1, stats=alone).toarray()
+    monkeypatch.setattr(lb, "MIN_ROWS", 10**6)  # every run is short: one batch per start
+    mixed = {}
+    merged = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=mixed).toarray()
+    assert mixed["batches"] <= (2 if attn else 1) * rm.cfg.n_layers + 1 < alone["batches"]
+    np.testing.assert_allclose(merged, one, rtol=0, atol=1e-12 * np.abs(one).max())
+    assert mixed["flops"] == pytest.approx(alone["flops"], rel=1e-12)
+
+
+def test_padded_decoder_columns_never_reach_other_columns():
+    """Each position's decoders are padded to PAD_COLUMNS columns, whose products spill into the
+    next positions' columns before those are written; with every group padded the most, the
+    rows still equal the autograd rows."""
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model, "clt", True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    widths = {k for (_, _, c0, c1) in sources.groups for k in [c1 - c0]}
+    assert max(widths) < lb.PAD_COLUMNS  # every group spills
+    fast = linear_rows(rm, state, sources, inj, batch_size=5).toarray()
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma2"])
+def test_blocked_causal_pattern_product_gives_the_same_rows(arch, monkeypatch):
+    """Long prompts take the pattern product in blocks of key rows, each skipping the queries before
+    it: with blocks of 2 rows on a 10-token prompt, the rows still equal the autograd rows."""
+    import attrgraph.engine.linear_backward as lb
+
+    model = tiny_model(arch)
+    rm = ReplacementModel(model, tiny_transcoders(model, "plt", True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    monkeypatch.setattr(lb, "TRIANGLE_ROWS", 2)
+    fast = linear_rows(rm, state, sources, inj, batch_size=5).toarray()
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())

@@ -1,5 +1,6 @@
-"""Thread counts chosen for the work: one thread for small products unless waiting threads sleep,
-the caller's setting restored after."""
+"""Thread counts chosen for the work: one thread for small products unless waiting threads sleep
+(then the linear engine runs as many batches at once as the caller has threads), the caller's
+setting restored after."""
 
 import numpy as np
 import pytest
@@ -49,10 +50,23 @@ def test_linear_rows_choose_one_thread_for_a_small_model(two_threads, monkeypatc
     inj = injections_for(rm, state)
     stats = {}
     one = linear_rows(rm, state, sources, inj, batch_size=7, stats=stats).toarray()
-    assert stats["threads"] == 1 and stats["batches"] >= len(inj) // 7
+    # each batch on one thread, the caller's two threads running two batches at once
+    assert stats["threads"] == 1 and stats["workers"] == 2 and stats["batches"] >= len(inj) // 7
     assert torch.get_num_threads() == 2
+    # sleeping waits change nothing: batches side by side still wait on nothing
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     stats = {}
+    passive = linear_rows(rm, state, sources, inj, batch_size=7, stats=stats).toarray()
+    assert stats["threads"] == 1 and stats["workers"] == 2
+    np.testing.assert_array_equal(passive, one)
+    # products large enough to pay for parallel waits run on the caller's threads, one batch at a time
+    monkeypatch.setattr("attrgraph.engine.linear_backward.PARALLEL_FLOPS", 0.0)
+    stats = {}
     two = linear_rows(rm, state, sources, inj, batch_size=7, stats=stats).toarray()
-    assert stats["threads"] == 2
+    assert stats["threads"] == 2 and stats["workers"] == 1
     np.testing.assert_allclose(two, one, rtol=0, atol=1e-12 * np.abs(one).max())
+    torch.set_num_threads(1)
+    stats = {}
+    alone = linear_rows(rm, state, sources, inj, batch_size=7, stats=stats).toarray()
+    assert stats["workers"] == 1
+    np.testing.assert_allclose(alone, one, rtol=0, atol=1e-12 * np.abs(one).max())
