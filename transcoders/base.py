@@ -20,6 +20,7 @@ activation; in eval mode (what `load_transcoders` returns) it applies the thresh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -142,9 +143,15 @@ class SparseCoder(nn.Module):
             return torch.zeros_like(x)
         return torch.einsum("...ld,lde->...le", x, self.W_skip)
 
-    def forward(self, x: Float[Tensor, "... n_layers d_model"]) -> TranscoderOutput:
+    def forward(
+        self,
+        x: Float[Tensor, "... n_layers d_model"],
+        activation: Callable[[Tensor], Tensor] | None = None,
+    ) -> TranscoderOutput:
+        """Encode, nonlinearity, decode, skip; `activation(pre_acts)` replaces `self.activation` if
+        given (data-parallel training passes BatchTopK's rule over the global batch)."""
         pre_acts = self.encode(x)
-        acts = self.activation(pre_acts)
+        acts = (activation or self.activation)(pre_acts)
         out = self.decode(acts)
         if self.W_skip is not None:
             out = out + self.skip(x)

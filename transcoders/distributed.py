@@ -6,7 +6,9 @@
 1. Data parallel (`--parallel data`): every rank holds the whole set wrapped in
    `DistributedDataParallel`; rank r trains on rows `[r*B/N, (r+1)*B/N)` of each global batch
    of B tokens, and DDP averages the gradients, so a step equals one process's step on the
-   whole batch (the losses are token means).
+   whole batch (the losses are token means). BatchTopK's budget (k per token on average) is
+   shared by the whole global batch: `data_activation` selects over all ranks' rows with
+   `global_top` (step 2's selection, along the batch instead of the features).
 2. Feature-sharded (`--parallel features`, EleutherAI sparsify's `distribute_modules`):
    every rank sees the whole batch and holds features `[r*S/N, (r+1)*S/N)` of every layer
    (columns of `W_enc`, `b_enc`, `threshold`, rows of `W_dec`); `b_dec` and `W_skip` are
@@ -263,19 +265,51 @@ def sharded_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
         mask, _ = global_top(pre_acts, _feature_index(pre_acts.shape, d, pre_acts.device), k, d)
         return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
     if act == "batchtopk" and tc.training:  # per layer, the k * n_tokens largest of the batch
-        L, s_local = pre_acts.shape[-2:]
-        h = pre_acts.relu().reshape(-1, L, s_local)
-        n = h.shape[0]
-        token = torch.arange(n, device=h.device)[:, None, None] * (s_local * d.world)
-        gidx = (_feature_index(h.shape, d, h.device) + token).transpose(0, 1).reshape(L, -1)
-        mask, top = global_top(h.transpose(0, 1).reshape(L, -1), gidx, k * n, d)
-        with torch.no_grad():  # the smallest positive kept value, as activations.batch_topk gives it
-            smallest = top.masked_fill(top <= 0, float("inf")).min(-1).values
-            smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
-        tc.update_batchtopk_threshold(smallest)
-        mask = mask.reshape(L, n, s_local).transpose(0, 1).reshape(pre_acts.shape)
-        return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
+        s_local = pre_acts.shape[-1]
+        return _global_batch_topk(tc, pre_acts, d, d.rank * s_local, s_local * d.world, 0, 1)
     return tc.activation(pre_acts)
+
+
+def data_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
+    """`tc.activation` for a rank holding rows `[r*n, (r+1)*n)` of the global batch (data parallel).
+
+    BatchTopK in training keeps, per layer, the `k * n * world` largest entries of the global
+    batch, as one process does on the whole batch: each rank offers its local top `k * n * world`
+    (no rank can hold more of the global top), `global_top` picks the global ones over all ranks'
+    candidates (ties to the lower global index: global token, then feature), and each rank keeps
+    its own; the running threshold takes the global smallest kept value, the same on every rank.
+    Every other activation is per token and needs nothing.
+    """
+    if tc.cfg.activation == "batchtopk" and tc.training:
+        n = pre_acts.reshape(-1, *pre_acts.shape[-2:]).shape[0]
+        return _global_batch_topk(tc, pre_acts, d, 0, pre_acts.shape[-1], d.rank * n, d.world)
+    return tc.activation(pre_acts)
+
+
+def _global_batch_topk(
+    tc, pre_acts: Tensor, d: Dist, feature0: int, n_features: int, token0: int, token_ranks: int
+) -> Tensor:
+    """BatchTopK (training) over the ranks: per layer, the `k * n_tokens` largest ReLU'd entries.
+
+    This rank's `pre_acts` [..., L, s] are tokens `token0 + t` and features `feature0 + f` of a
+    batch `token_ranks` times its own token count (1 when the features are sharded, the world when
+    the batch is) and `n_features` features; global index `token * n_features + feature`, the
+    flat order of `activations.batch_topk`. Updates `tc`'s running threshold with the smallest
+    positive kept value (0 if none), as `activations.batch_topk` gives it.
+    """
+    L, s = pre_acts.shape[-2:]
+    h = pre_acts.relu().reshape(-1, L, s)
+    n = h.shape[0]
+    token = (torch.arange(n, device=h.device) + token0)[:, None, None] * n_features
+    feature = torch.arange(s, device=h.device) + feature0
+    gidx = (feature.expand(h.shape) + token).transpose(0, 1).reshape(L, -1)
+    mask, top = global_top(h.transpose(0, 1).reshape(L, -1), gidx, tc.cfg.k * n * token_ranks, d)
+    with torch.no_grad():
+        smallest = top.masked_fill(top <= 0, float("inf")).min(-1).values
+        smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+    tc.update_batchtopk_threshold(smallest)
+    mask = mask.reshape(L, n, s).transpose(0, 1).reshape(pre_acts.shape)
+    return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
 
 
 def sharded_topk_aux_loss(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import shlex
 import sys
@@ -362,6 +363,8 @@ def train(
             if tc.W_skip is not None:
                 out = out + tc.skip(xn)
             res = TranscoderOutput(pre, acts, out)
+        elif d.mode == "data":  # BatchTopK: the budget of the global batch (distributed.py step 1)
+            res = forward(xn, activation=functools.partial(tdist.data_activation, tc, d=d))
         else:
             res = forward(xn)
         mse = mse_loss(res.out, yn)
