@@ -21,6 +21,7 @@ from transcoders.train import TrainConfig, train
 CASES = {
     "plt-data": dict(kind="plt", activation="jumprelu", parallel="data"),
     "plt-data-cached": dict(kind="plt", activation="relu", parallel="data", cache_dir="CACHE"),
+    "plt-data-topk": dict(kind="plt", activation="topk", parallel="data", k=4),  # the sparse TopK step
     "clt-data": dict(kind="clt", activation="jumprelu", parallel="data", skip=True),
     "plt-features": dict(kind="plt", activation="jumprelu", parallel="features", skip=True),
     "clt-features": dict(kind="clt", activation="jumprelu", parallel="features"),
