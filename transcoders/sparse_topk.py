@@ -5,19 +5,18 @@ losses.py `topk_aux_loss`) multiplies and differentiates full [batch, n_layers, 
 through the decoder twice (main and AuxK) and through the encoder's backward. This step computes
 the same loss and the same gradients (up to float rounding) from the selected features alone:
 
-1. Encode densely, without autograd (one batched product over layers): `h = x @ W_enc + b_enc`.
+1. Encode densely, without autograd (one batched product over layers, bias fused):
+   `h = x @ W_enc + b_enc`.
 2. Select, without autograd: the top k of `h` per token and layer (TopK's `a = ReLU` of them),
    and for AuxK the top `k_aux` of `h` among the dead features, searched over the dead columns
    only (a [batch, n_layers, n_dead] gather instead of a second top-k over all d_sae).
-3. `gather_preacts`: the selected `h` again, now differentiable. Its backward adds
-   `grad * x` into the selected columns of `W_enc` (and `grad` into `b_enc`): `rows_grad`, one
-   sparse (CSR) times dense product, never a dense [batch, d_sae] one.
-4. `decode_sparse`: `sum_j a_j W_dec[l, i_j] + b_dec[l]` by `embedding_bag` with per-sample
-   weights; backward: the acts' gradient by embedding_bag, `W_dec`'s by `rows_grad` (both touch
-   the selected decoder rows only).
-5. Losses as in losses.py: `mse_loss(out, y)` and AuxK's
-   `||aux_out - r||^2 / ||r||^2` with `r = y - out` detached, `aux_out` the decode of step 2's dead
-   selection without `b_dec`; entries of a layer with fewer dead features than selected add 0.
+3. `sparse_code`: the selected `a = ReLU(h)` again, differentiable, and both decodes at once,
+   `sum_j a_j W_dec[l, i_j]` for the main and the AuxK selection (one `embedding_bag` with
+   per-sample weights, 2 * batch * n_layers bags). Its backward never forms a [batch, d_sae]
+   matrix: the acts' gradient by embedding_bag, then `W_dec`'s and `W_enc`'s gradients as two
+   sparse (CSR, rows = features, one shared sort) times dense products, `b_enc`'s by index_add.
+4. Losses as in losses.py: `mse_loss(out + b_dec, y)` and AuxK's `||aux_out - r||^2 / ||r||^2`
+   with `r = y - out` detached; entries of a layer with fewer dead features than selected add 0.
 
 `TopKStep` is an `nn.Module` (so DistributedDataParallel can wrap it) around the set it trains.
 """
@@ -46,99 +45,90 @@ def flat_rows(idx: Int[Tensor, "batch n_layers m"], d_sae: int) -> Int[Tensor, "
     return idx + torch.arange(idx.shape[1], device=idx.device)[:, None] * d_sae
 
 
-def rows_grad(
-    rows: Int[Tensor, "bags m"],
-    weights: Float[Tensor, "bags m"],
-    grad_out: Float[Tensor, "bags D"],
-    n_rows: int,
-) -> Float[Tensor, "n_rows D"]:
-    """`G[r] = sum_{b, j: rows[b, j] = r} weights[b, j] * grad_out[b]`: the weight gradient of
-    `embedding_bag(rows, W, per_sample_weights=weights, mode="sum")` given `grad_out`, as one
-    sparse [n_rows, bags] (CSR, entries sorted by row) times dense [bags, D] product."""
-    flat = rows.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # entry e = b * m + j sits in bag e // m
-    crow = torch.zeros(n_rows + 1, dtype=torch.long, device=rows.device)
-    crow[1:] = torch.bincount(flat, minlength=n_rows).cumsum(0)
-    bags = torch.div(order, rows.shape[1], rounding_mode="floor")
-    values = weights.reshape(-1).index_select(0, order)
+def _csr(crow: Tensor, cols: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
         warnings.simplefilter("ignore", UserWarning)
-        G = torch.sparse_csr_tensor(crow, bags, values, (n_rows, rows.shape[0]), check_invariants=False)
-    return G @ grad_out
+        return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
 
 
-class _GatherPreacts(torch.autograd.Function):
-    """Step 3: `h.gather(-1, idx)` of a precomputed `h`, differentiable in x, W_enc, b_enc."""
-
-    @staticmethod
-    def forward(ctx, x, W_enc, b_enc, h, idx):
-        ctx.save_for_backward(x, W_enc, idx)
-        return h.gather(-1, idx)
+class _SparseCode(torch.autograd.Function):
+    """Step 3; rows/bags/offsets describe the selected entries (main first, then AuxK)."""
 
     @staticmethod
-    def backward(ctx, grad):
-        x, W_enc, idx = ctx.saved_tensors
-        B, L, m = idx.shape
-        D, S = W_enc.shape[1:]
-        rows = flat_rows(idx, S).reshape(B * L, m)
-        weights = grad.reshape(B * L, m).contiguous()
-        gx = gW = gb = None
-        if ctx.needs_input_grad[0]:  # sum_j grad_j * W_enc[l][:, i_j]
-            W_rows = W_enc.transpose(1, 2).reshape(L * S, D)
-            gx = F.embedding_bag(rows, W_rows, per_sample_weights=weights, mode="sum").view(B, L, D)
+    def forward(ctx, x, W_enc, b_enc, W_dec, h_sel, rows, bags, offsets, valid):
+        a = torch.where(valid, h_sel.relu(), 0.0)
+        L, S, D = W_dec.shape
+        dec = F.embedding_bag(rows, W_dec.reshape(L * S, D), offsets, mode="sum", per_sample_weights=a)
+        ctx.save_for_backward(x, W_enc, W_dec, rows, bags, offsets, a)
+        return a, dec
+
+    @staticmethod
+    def backward(ctx, g_a, g_dec):
+        x, W_enc, W_dec, rows, bags, offsets, a = ctx.saved_tensors
+        L, S, D = W_dec.shape
+        n_tok = x.shape[0] * L  # (token, layer) pairs; bags past them are AuxK's
+        with torch.enable_grad():  # d dec[bag(e)] / d a[e] = W_dec[rows[e]]
+            a_ = a.detach().requires_grad_(True)
+            dec = F.embedding_bag(
+                rows, W_dec.detach().reshape(L * S, D), offsets, mode="sum", per_sample_weights=a_
+            )
+            (ga,) = torch.autograd.grad(dec, a_, g_dec)
+        if g_a is not None:
+            ga = ga + g_a
+        g_h = ga * (a > 0)  # ReLU (and invalid AuxK entries, whose a is 0)
+        order = torch.argsort(rows, stable=True)
+        crow = torch.zeros(L * S + 1, dtype=torch.long, device=rows.device)
+        crow[1:] = torch.bincount(rows, minlength=L * S).cumsum(0)
+        bags_sorted = bags.index_select(0, order)
+        gx = gW_enc = gb_enc = gW_dec = None
+        if ctx.needs_input_grad[3]:
+            G = _csr(crow, bags_sorted, a.index_select(0, order), (L * S, g_dec.shape[0]))
+            gW_dec = (G @ g_dec).view(L, S, D)
+        tok = torch.remainder(bags_sorted, n_tok)  # an AuxK bag reads the same x as its main bag
         if ctx.needs_input_grad[1]:
-            G = rows_grad(rows, weights, x.reshape(B * L, D).to(grad.dtype), L * S)
-            gW = G.view(L, S, D).transpose(1, 2).contiguous()
+            G = _csr(crow, tok, g_h.index_select(0, order), (L * S, n_tok))
+            gW_enc = (G @ x.reshape(n_tok, D).to(g_h.dtype)).view(L, S, D).transpose(1, 2).contiguous()
         if ctx.needs_input_grad[2]:
-            gb = torch.zeros(L * S, dtype=grad.dtype, device=grad.device)
-            gb = gb.index_add_(0, rows.reshape(-1), weights.reshape(-1)).view(L, S)
-        return gx, gW, gb, None, None
+            gb_enc = (
+                torch.zeros(L * S, dtype=g_h.dtype, device=g_h.device).index_add_(0, rows, g_h).view(L, S)
+            )
+        if ctx.needs_input_grad[0]:
+            W_rows = W_enc.transpose(1, 2).reshape(L * S, D)
+            per_bag = F.embedding_bag(rows, W_rows, offsets, mode="sum", per_sample_weights=g_h)
+            gx = per_bag.view(-1, n_tok, D).sum(0).view_as(x)
+        return gx, gW_enc, gb_enc, gW_dec, None, None, None, None, None
 
 
-def gather_preacts(
+def sparse_code(
     x: Float[Tensor, "batch n_layers d_model"],
     W_enc: Float[Tensor, "n_layers d_model d_sae"],
     b_enc: Float[Tensor, "n_layers d_sae"],
-    h: Float[Tensor, "batch n_layers d_sae"],
-    idx: Int[Tensor, "batch n_layers m"],
-) -> Float[Tensor, "batch n_layers m"]:
-    """Step 3: `h[b, l, idx[b, l, j]]` where `h = x @ W_enc + b_enc` (given, not recomputed)."""
-    return _GatherPreacts.apply(x, W_enc, b_enc, h.detach(), idx)
-
-
-class _DecodeSparse(torch.autograd.Function):
-    """Step 4 without `b_dec`; backward: the acts' gradient by embedding_bag, W_dec's by `rows_grad`."""
-
-    @staticmethod
-    def forward(ctx, rows, acts, W_rows):
-        ctx.save_for_backward(rows, acts, W_rows)
-        return F.embedding_bag(rows, W_rows, per_sample_weights=acts, mode="sum")
-
-    @staticmethod
-    def backward(ctx, grad):
-        rows, acts, W_rows = ctx.saved_tensors
-        ga = gW = None
-        if ctx.needs_input_grad[1]:
-            with torch.enable_grad():
-                a = acts.detach().requires_grad_(True)
-                out = F.embedding_bag(rows, W_rows.detach(), per_sample_weights=a, mode="sum")
-                (ga,) = torch.autograd.grad(out, a, grad)
-        if ctx.needs_input_grad[2]:
-            gW = rows_grad(rows, acts, grad, W_rows.shape[0])
-        return None, ga, gW
-
-
-def decode_sparse(
-    idx: Int[Tensor, "batch n_layers m"],
-    acts: Float[Tensor, "batch n_layers m"],
     W_dec: Float[Tensor, "n_layers d_sae d_model"],
-) -> Float[Tensor, "batch n_layers d_model"]:
-    """Step 4 without `b_dec`: `sum_j acts[b, l, j] * W_dec[l, idx[b, l, j]]`."""
-    B, L, m = idx.shape
-    S, D = W_dec.shape[1:]
-    rows = flat_rows(idx, S).reshape(B * L, m)
-    out = _DecodeSparse.apply(rows, acts.reshape(B * L, m).contiguous(), W_dec.reshape(L * S, D))
-    return out.view(B, L, D)
+    h: Float[Tensor, "batch n_layers d_sae"],
+    idx: Int[Tensor, "batch n_layers k"],
+    aux: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Float[Tensor, "batch n_layers k"], Float[Tensor, "batch n_layers d_model"], Tensor | None]:
+    """Step 3: `a = ReLU(h)` at `idx`, `sum_j a_j W_dec[l, idx_j]` (no `b_dec`), and with
+    `aux = (indices, valid)` the same decode of the AuxK selection (invalid entries add 0).
+    `h = x @ W_enc + b_enc` is given (not recomputed); gradients reach x, W_enc, b_enc, W_dec."""
+    B, L, k = idx.shape
+    S = W_dec.shape[1]
+    n_tok = B * L
+    parts = [idx] if aux is None else [idx, aux[0]]
+    rows = torch.cat([flat_rows(i, S).reshape(-1) for i in parts])
+    h_sel = torch.cat([h.gather(-1, i).reshape(-1) for i in parts])
+    valid = torch.ones(n_tok * k, dtype=torch.bool, device=h.device)
+    offsets = torch.arange(0, n_tok * k, k, device=h.device)
+    if aux is not None:
+        m = aux[0].shape[-1]
+        valid = torch.cat([valid, aux[1].expand(B, L, m).reshape(-1)])
+        offsets = torch.cat([offsets, n_tok * k + torch.arange(0, n_tok * m, m, device=h.device)])
+    counts = torch.diff(offsets, append=offsets.new_tensor([rows.numel()]))
+    bags = torch.arange(offsets.numel(), device=h.device).repeat_interleave(counts)
+    a, dec = _SparseCode.apply(x, W_enc, b_enc, W_dec, h_sel.detach(), rows, bags, offsets, valid)
+    acts = a[: n_tok * k].view(B, L, k)
+    out = dec[:n_tok].view(B, L, -1)
+    return acts, out, (dec[n_tok:].view(B, L, -1) if aux is not None else None)
 
 
 def dead_topk(
@@ -155,12 +145,10 @@ def dead_topk(
     L, S = dead.shape
     cols = torch.sort((~dead).to(torch.uint8), dim=-1, stable=True).indices[:, :M]  # dead ones first
     ok = torch.arange(M, device=h.device) < counts[:, None]  # [L, M]
-    sub = h.gather(-1, cols.expand(h.shape[0], L, M))
-    sub = sub.masked_fill(~ok, -torch.inf)
-    k = min(k_aux, M)
-    if k == M:  # every dead column is selected: no search needed
+    if k_aux >= M:  # every dead column is selected: no search needed
         return cols.expand(h.shape[0], L, M), ok.expand(h.shape[0], L, M)
-    values, j = sub.topk(k, dim=-1)
+    sub = h.gather(-1, cols.expand(h.shape[0], L, M)).masked_fill(~ok, -torch.inf)
+    values, j = sub.topk(k_aux, dim=-1, sorted=False)
     return cols.expand(h.shape[0], L, M).gather(-1, j), values > -torch.inf
 
 
@@ -206,21 +194,16 @@ class TopKStep(nn.Module):
         dead: Tensor | None = None,
     ) -> TopKOutput:
         tc = self.tc
-        with torch.no_grad():
-            h = tc.encode(x)
-            idx = h.topk(tc.cfg.k, dim=-1).indices
+        with torch.no_grad():  # steps 1-2; h as [batch, n_layers, d_sae] (a view of [n_layers, batch, d_sae])
+            h = torch.baddbmm(tc.b_enc[:, None, :], x.transpose(0, 1), tc.W_enc).transpose(0, 1)
+            idx = h.topk(tc.cfg.k, dim=-1, sorted=False).indices
             aux = dead_topk(h, dead, self.k_aux) if dead is not None else None
-        both = idx if aux is None else torch.cat([idx, aux[0]], dim=-1)
-        pre = gather_preacts(x, tc.W_enc, tc.b_enc, h, both).relu()
-        k = idx.shape[-1]
-        acts = pre[..., :k]
-        out = decode_sparse(idx, acts, tc.W_dec) + tc.b_dec
+        acts, dec, aux_out = sparse_code(x, tc.W_enc, tc.b_enc, tc.W_dec, h, idx, aux)
+        out = dec + tc.b_dec
         if tc.W_skip is not None:
             out = out + tc.skip(x)
-        if aux is None:
+        if aux_out is None:
             return TopKOutput(out, idx, acts, out.new_zeros(()))
-        aux_acts = torch.where(aux[1], pre[..., k:], 0.0)
-        aux_out = decode_sparse(aux[0], aux_acts, tc.W_dec)
         residual = (y - out).detach()
         aux_loss = (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
         return TopKOutput(out, idx, acts, aux_loss)

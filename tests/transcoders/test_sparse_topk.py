@@ -6,7 +6,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set
 from transcoders.losses import mse_loss, topk_aux_loss
-from transcoders.sparse_topk import TopKStep, dead_topk, decode_sparse, gather_preacts, supports
+from transcoders.sparse_topk import TopKStep, dead_topk, sparse_code, supports
 
 K, K_AUX = 8, 16  # random_set keeps k = 8
 
@@ -83,35 +83,48 @@ def test_sparse_step_equals_dense(kind, skip, dead_counts):
     assert got.l0() == pytest.approx(float((res.acts > 0).float().sum(-1).mean()))
 
 
-def test_gather_preacts_gradients_match_the_dense_product():
+def test_sparse_code_equals_the_dense_products_and_its_gradients_check():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(7, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    W = torch.randn(3, 5, 11, generator=g, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(3, 11, generator=g, dtype=torch.float64, requires_grad=True)
-    idx = torch.randint(0, 11, (7, 3, 4), generator=g)  # repeats included: their gradients add
-    idx[0, 0] = torch.tensor([2, 2, 2, 5])
-    h = torch.einsum("bld,lds->bls", x, W) + b
-    torch.testing.assert_close(gather_preacts(x, W, b, h, idx), h.gather(-1, idx))
+    B, L, D, S, k, m = 7, 3, 5, 11, 4, 3
+    x = torch.randn(B, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+    W_enc = torch.randn(L, D, S, generator=g, dtype=torch.float64, requires_grad=True)
+    b_enc = torch.randn(L, S, generator=g, dtype=torch.float64, requires_grad=True)
+    W_dec = torch.randn(L, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+    h = torch.einsum("bld,lds->bls", x, W_enc) + b_enc
+    idx = h.detach().topk(k, dim=-1).indices
+    aux_idx = torch.randint(0, S, (B, L, m), generator=g)  # repeats and overlaps with idx add up
+    aux_idx[0, 0] = torch.tensor([2, 2, int(idx[0, 0, 0])])
+    valid = torch.ones(1, L, m, dtype=torch.bool)
+    valid[0, 1, 2] = False  # layer 1 has fewer dead features than selected
 
-    def gathered(x, W, b):  # h passes in detached: the gradient comes from gather_preacts alone
-        return gather_preacts(x, W, b, torch.einsum("bld,lds->bls", x, W) + b, idx)
+    def dense(x, W_enc, b_enc, W_dec):
+        h = torch.einsum("bld,lds->bls", x, W_enc) + b_enc
+        a = torch.zeros_like(h).scatter(-1, idx, h.gather(-1, idx).relu())
+        a_aux = torch.zeros_like(h).scatter_add(
+            -1, aux_idx, torch.where(valid, h.gather(-1, aux_idx).relu(), 0.0)
+        )
+        return (
+            a.gather(-1, idx),
+            torch.einsum("bls,lsd->bld", a, W_dec),
+            torch.einsum("bls,lsd->bld", a_aux, W_dec),
+        )
 
-    assert torch.autograd.gradcheck(gathered, (x, W, b))
-    w = torch.randn(7, 3, 4, generator=g, dtype=torch.float64)
-    want = torch.autograd.grad((h.gather(-1, idx) * w).sum(), (x, W, b))
-    got = torch.autograd.grad((gather_preacts(x, W, b, h, idx) * w).sum(), (x, W, b))
+    def sparse(x, W_enc, b_enc, W_dec):  # h passes in detached: gradients come from sparse_code alone
+        h = torch.einsum("bld,lds->bls", x, W_enc) + b_enc
+        return sparse_code(x, W_enc, b_enc, W_dec, h, idx, (aux_idx, valid))
+
+    args = (x, W_enc, b_enc, W_dec)
+    for got, want in zip(sparse(*args), dense(*args), strict=True):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(sparse, args)
+    w = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in dense(*args)]
+    want = torch.autograd.grad(sum((t * v).sum() for t, v in zip(dense(*args), w)), args)
+    got = torch.autograd.grad(sum((t * v).sum() for t, v in zip(sparse(*args), w)), args)
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e)
-
-
-def test_decode_sparse_equals_the_dense_product():
-    g = torch.Generator().manual_seed(0)
-    W = torch.randn(3, 11, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    idx = torch.randint(0, 11, (7, 3, 4), generator=g)
-    a = torch.randn(7, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    dense = torch.zeros(7, 3, 11, dtype=torch.float64).scatter_add(-1, idx, a)
-    torch.testing.assert_close(decode_sparse(idx, a, W), torch.einsum("bls,lsd->bld", dense, W))
-    assert torch.autograd.gradcheck(lambda a, W: decode_sparse(idx, a, W), (a, W))
+    acts, out, aux_out = sparse_code(x, W_enc, b_enc, W_dec, h, idx)  # without AuxK
+    assert aux_out is None
+    torch.testing.assert_close(out, dense(*args)[1])
 
 
 def test_dead_topk_searches_dead_columns_only():
