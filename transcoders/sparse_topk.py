@@ -7,7 +7,8 @@ the same loss and the same gradients (up to float rounding) from the selected fe
 
 1. Encode densely, without autograd (one batched product over layers, bias fused):
    `h = x @ W_enc + b_enc`.
-2. Select, without autograd: the top k of `h` per token and layer (TopK's `a = ReLU` of them),
+2. Select, without autograd: the top k of `h` per token and layer (TopK's `a = ReLU` of them;
+   `topk_indices`: a top-k over group maxima, then one over the best groups' entries),
    and for AuxK the top `k_aux` of `h` among the dead features, searched over the dead columns
    only (a [batch, n_layers, n_dead] gather instead of a second top-k over all d_sae).
 3. `sparse_code`: the selected `a = ReLU(h)` again, differentiable, and both decodes at once,
@@ -131,6 +132,22 @@ def sparse_code(
     return acts, out, (dec[n_tok:].view(B, L, -1) if aux is not None else None)
 
 
+def topk_indices(h: Float[Tensor, "... d_sae"], k: int, group: int = 4) -> Int[Tensor, "... k"]:
+    """Step 2's TopK selection, the set `h.topk(k).indices` (unsorted), found in two small top-k's:
+    the k groups of `group` adjacent features with the largest maxima hold the k largest entries
+    (each of those is at least the k-th largest group maximum), so a top-k over those k * group
+    candidates replaces one over all d_sae. Ties may pick other indices of equal value."""
+    S = h.shape[-1]
+    n_groups = S // group
+    if S % group or n_groups <= 2 * k:
+        return h.topk(k, dim=-1, sorted=False).indices
+    flat = h.reshape(-1, S)
+    groups = flat.view(-1, n_groups, group).amax(-1).topk(k, dim=-1, sorted=False).indices
+    cols = (groups[..., None] * group + torch.arange(group, device=h.device)).reshape(-1, k * group)
+    best = flat.gather(-1, cols).topk(k, dim=-1, sorted=False).indices
+    return cols.gather(-1, best).view(*h.shape[:-1], k)
+
+
 def dead_topk(
     h: Float[Tensor, "batch n_layers d_sae"], dead: Tensor, k_aux: int
 ) -> tuple[Int[Tensor, "batch n_layers m"], Tensor] | None:
@@ -195,8 +212,9 @@ class TopKStep(nn.Module):
     ) -> TopKOutput:
         tc = self.tc
         with torch.no_grad():  # steps 1-2; h as [batch, n_layers, d_sae] (a view of [n_layers, batch, d_sae])
-            h = torch.baddbmm(tc.b_enc[:, None, :], x.transpose(0, 1), tc.W_enc).transpose(0, 1)
-            idx = h.topk(tc.cfg.k, dim=-1, sorted=False).indices
+            h = torch.baddbmm(tc.b_enc[:, None, :], x.transpose(0, 1), tc.W_enc)
+            idx = topk_indices(h, tc.cfg.k).transpose(0, 1)
+            h = h.transpose(0, 1)
             aux = dead_topk(h, dead, self.k_aux) if dead is not None else None
         acts, dec, aux_out = sparse_code(x, tc.W_enc, tc.b_enc, tc.W_dec, h, idx, aux)
         out = dec + tc.b_dec

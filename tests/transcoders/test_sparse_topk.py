@@ -6,7 +6,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set
 from transcoders.losses import mse_loss, topk_aux_loss
-from transcoders.sparse_topk import TopKStep, dead_topk, sparse_code, supports
+from transcoders.sparse_topk import TopKStep, dead_topk, sparse_code, supports, topk_indices
 
 K, K_AUX = 8, 16  # random_set keeps k = 8
 
@@ -141,3 +141,16 @@ def test_supports_only_per_layer_topk():
     assert (
         not supports("clt", "topk") and not supports("plt", "batchtopk") and not supports("plt", "jumprelu")
     )
+
+
+@pytest.mark.parametrize("shape, k", [((64, 3, 1024), 32), ((50, 2, 48), 8), ((10, 200), 7), ((10, 30), 8)])
+def test_topk_indices_is_the_top_k_set(shape, k):
+    h = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    h[0, ..., :] = h[0, ..., :1]  # one row of ties: any k of equal value
+    got = topk_indices(h, k)
+    want = h.topk(k, dim=-1).indices
+    assert got.shape == want.shape
+    torch.testing.assert_close(
+        h.gather(-1, got).sort(-1).values, h.gather(-1, want).sort(-1).values, atol=0, rtol=0
+    )
+    assert torch.equal(got[1:].sort(-1).values, want[1:].sort(-1).values)
