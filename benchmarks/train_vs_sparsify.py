@@ -19,8 +19,10 @@ same held-out activations:
 4. Score, in fresh processes (each library's own forward, one formula): per layer on the held-out
    tokens, FVU = sum ||y - y_hat||^2 / sum ||y - mean(y)||^2, L0, and the dead fraction (features
    that never fire on them). Tokens per second = training tokens / the trainer's wall time (our
-   manifest's `wall_time_s`, sparsify's `Trainer.fit`); peak RSS = ru_maxrss of each child
-   (ours includes the command's own final evaluation).
+   manifest's `wall_time_s`, sparsify's `Trainer.fit`): the same work on both sides, reading the
+   dumped shards batch by batch and training on them; making the activations (step 1) is outside
+   both. Peak RSS = ru_maxrss of each child (ours includes the command's own final evaluation).
+   Where a step's time goes: benchmarks/train_profile.py.
 
 Each trainer runs `--repeats` times, alternating; the table gives medians. Both run with
 `--threads` torch threads (OMP_NUM_THREADS). Not part of the test suite: eai-sparsify is no
@@ -271,10 +273,22 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="folder for shards and trained sets (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--out", default=str(RESULTS / "train_vs_sparsify"))
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md from its .json")
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_run", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else None
+    if args.rewrite:
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
+        meta = saved["meta"]
+        args.batch_size, args.d_sae, args.k, args.threads = (
+            meta[k] for k in ("batch_size", "d_sae", "k", "threads")
+        )
+        info = dict(
+            n_layers=len(saved["summary"]["ours"]["fvu"]), steps=meta["n_tokens"] // meta["batch_size"]
+        )
+        write_results(saved["runs"], info, meta["eai_sparsify_version"], args, meta)
+        return 0
     if args._worker == "dump":
         print(json.dumps(dump(work, args.n_tokens, args.batch_size, BLOCK_TOKENS, args.seed)))
         return 0
@@ -356,7 +370,7 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def write_results(runs: dict, info: dict, version: str, args) -> None:
+def write_results(runs: dict, info: dict, version: str, args, saved_meta: dict | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {}
@@ -388,6 +402,8 @@ def write_results(runs: dict, info: dict, version: str, args) -> None:
         date=time.strftime("%Y-%m-%d %H:%M"),
         load_average=os.getloadavg(),
     )
+    if saved_meta is not None:  # --rewrite: the figures and circumstances of the run that made them
+        meta = saved_meta
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, summary=summary, runs=runs), indent=1))
     o, s = summary["ours"], summary["sparsify"]
     lines = [
@@ -400,6 +416,8 @@ def write_results(runs: dict, info: dict, version: str, args) -> None:
         f"load average at the end {', '.join(f'{x:.1f}' for x in meta['load_average'])}.",
         f"eai-sparsify {version}: {meta['sparsify_optimizer']}, lr {meta['sparsify_lr']:.3g} (its default "
         f"for {args.d_sae} latents). Ours: {meta['ours_optimizer']}.",
+        "Tokens/s count the same work on both sides: reading the dumped activation shards and training "
+        "on them (making the activations is outside both). Where a step's time goes: train_profile.md.",
         "",
         "| trainer | held-out FVU (mean) | FVU per layer | dead fraction (mean) | tokens/s | peak RSS |",
         "|---|---|---|---|---|---|",

@@ -193,6 +193,7 @@ class ActivationStore:
         """Batches start, start+1, ... (endless; the caller stops); with ranks, this rank's rows of each."""
         b, i = divmod(start, self.batches_per_block)
         if self.cache_dir is not None:  # steps 4-5: stream rows from the memory-mapped shards
+            self._last = None  # a block read whole (e.g. for the scales) is not needed any more
             n = self.batch_size // self.world
             while True:
                 with safe_open(str(self._ensure(b)), framework="pt") as f:

@@ -10,7 +10,9 @@ activation_store.py). One run:
    activation of each residual stream layer and each MLP output").
 3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
    (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
-   over all of training; optional pre-activation loss; gradient clipping at norm 1.
+   over all of training; optional pre-activation loss; gradient clipping at norm 1. A TopK PLT or
+   SAE (without the pre-activation loss, not feature-sharded) takes the sparse step of
+   sparse_topk.py: the same loss and gradients from the k active features per token.
 4. A NaN or inf in the loss or the weights stops the run with `NonFiniteError` before the bad
    step reaches a checkpoint; the last good checkpoint stays in `<out>/checkpoint`.
 5. Checkpoints (weights, Adam state, step, scales) every `checkpoint_every` steps; rerunning the
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
+from transcoders import sparse_topk
 from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import (
     apply_state,
@@ -314,6 +317,7 @@ def train(
             "in": x0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
             "out": y0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
         }
+        del x0, y0  # with cache_dir the batches stream from the shards: the block need not stay
         step, last_fired = 0, torch.zeros(tcfg.n_layers, tc.cfg.d_sae, device=device)
     if d.active:
         dist_barrier()  # every rank has read the checkpoint before rank 0 may replace it
@@ -322,11 +326,15 @@ def train(
     }  # the store's blocks and checkpoints are on the host
     last_fired = last_fired.to(device)
     s_in, s_out = scales["in"][:, None], scales["out"][:, None]
-    forward = tc
+    # TopK PLT / SAE: the sparse step (sparse_topk.py), the same loss from the k active features
+    fast = sparse_topk.supports(tcfg.kind, tcfg.activation) and not sharded and not cfg.preact_coef
+    forward = sparse_topk.TopKStep(tc, 2 * tcfg.k) if fast else tc
     if d.mode == "data":
         from torch.nn.parallel import DistributedDataParallel
 
-        forward = DistributedDataParallel(tc, device_ids=[device.index] if device.type == "cuda" else None)
+        forward = DistributedDataParallel(
+            forward, device_ids=[device.index] if device.type == "cuda" else None
+        )
     replicated = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is None]
     local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
 
@@ -356,7 +364,10 @@ def train(
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
         x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
         xn, yn = x / s_in, y / s_out
-        if sharded:  # local features, summed partial reconstructions (distributed.py step 2)
+        if fast:
+            dead = (step - last_fired) > dead_after
+            res = forward(xn, yn, dead)
+        elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)
             acts = tdist.sharded_activation(tc, pre, d)
             out = tdist.reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
@@ -369,7 +380,9 @@ def train(
             res = forward(xn)
         mse = mse_loss(res.out, yn)
         lam = sparsity_schedule(step, total, cfg.sparsity_coef)
-        if tcfg.activation == "jumprelu":
+        if fast:
+            sparsity = mse.new_zeros(())
+        elif tcfg.activation == "jumprelu":
             sparsity = tanh_sparsity(res.acts, tc.decoder_norms(), cfg.sparsity_c)
         elif tcfg.activation == "relu":
             sparsity = l1_sparsity(res.acts, tc.decoder_norms())
@@ -378,7 +391,9 @@ def train(
         loss = mse + lam * sparsity
         if cfg.preact_coef:
             loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
-        if dead_after is not None:
+        if fast:
+            loss = loss + res.aux_loss / 32
+        elif dead_after is not None:
             dead = (step - last_fired) > dead_after
             aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
             args = (d,) if sharded else ()
@@ -405,12 +420,12 @@ def train(
                     f"a weight became NaN or inf at step {step}; training stopped and the last good checkpoint "
                     f"is kept in {ckpt} (lower --lr)."
                 )
-            fired = (res.acts > 0).any(0)
+            fired = res.fired(tc.d_sae) if fast else (res.acts > 0).any(0)
             last_fired[tdist.any_over_ranks(fired, d) if d.mode == "data" else fired] = step
         step += 1
         if step % 20 == 0 or step == total:
             with torch.no_grad():
-                l0 = (res.acts > 0).float().sum(-1).mean().item()
+                l0 = res.l0() if fast else (res.acts > 0).float().sum(-1).mean().item()
                 dead_frac = (
                     ((step - last_fired) > 2000).float().mean().item() if step > 2000 else float("nan")
                 )

@@ -25,6 +25,7 @@ from transcoders.train import TrainConfig, train
 CASES = {
     "plt-data": dict(kind="plt", activation="jumprelu", parallel="data"),
     "plt-data-cached": dict(kind="plt", activation="relu", parallel="data", cache_dir="CACHE"),
+    "plt-data-topk": dict(kind="plt", activation="topk", parallel="data", k=4),  # the sparse TopK step
     "clt-data": dict(kind="clt", activation="jumprelu", parallel="data", skip=True),
     "plt-data-batchtopk": dict(kind="plt", activation="batchtopk", parallel="data", k=4),
     "clt-data-batchtopk-cached": dict(
