@@ -137,7 +137,10 @@ def test_peer_tables(readme):
 
 def test_peer_flop_rates(readme):
     """The engine's rate against a matmul in the same process, at the largest size, on one thread."""
-    for name, threads in (("peer_compare", "one thread"),):
+    for name, threads in (
+        ("peer_compare", "one thread"),
+        ("peer_compare_2threads", "two threads (the table above)"),
+    ):
         us = next(r for r in load(RESULTS / f"{name}.json")["rows"] if r["case"] == "6/256/4096")["ours"]
         quoted(
             readme,
