@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--before-label", default="", help="what --before is, for the results (e.g. a commit)")
     ap.add_argument("--conditions", default="as-is,busy")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "busy_machine"))
-    ap.add_argument("--peer-python", required=True, help="the Python of the peer venv (VENV/bin/python)")
+    ap.add_argument("--peer-python", help="the Python of the peer venv (VENV/bin/python)")
     ap.add_argument(
         "--peer-harness", default=str(ROOT.parent / "shared" / "peer"), help="folder of ct_graph.py"
     )
@@ -245,6 +245,8 @@ def main(argv=None) -> int:
     if args._worker == "micro":
         print(json.dumps(micro_worker(int(args._target))))
         return 0
+    if not args.peer_python:  # the workers above run without it
+        ap.error("--peer-python is required: the Python of the peer venv (VENV/bin/python).")
 
     command = "python benchmarks/busy_machine.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     harness = dict(TIMING)[args.case]
