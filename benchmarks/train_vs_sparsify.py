@@ -24,11 +24,15 @@ same held-out activations:
    both. Peak RSS = ru_maxrss of each child (ours includes the command's own final evaluation).
    Where a step's time goes: benchmarks/train_profile.py.
 
+With `--no-auxk`, ours also trains with `--auxk-coef 0`: sparsify's default has no auxiliary
+loss, so that row does the same work per step as sparsify (the default row also trains AuxK, which
+keeps fewer features dead and costs a second top-k and decode over the dead features).
+
 Each trainer runs `--repeats` times, alternating; the table gives medians. Both run with
 `--threads` torch threads (OMP_NUM_THREADS). Not part of the test suite: eai-sparsify is no
 dependency of this project.
 
-    python benchmarks/train_vs_sparsify.py --sparsify-python VENV/bin/python --n-tokens 2000000
+    python benchmarks/train_vs_sparsify.py --sparsify-python VENV/bin/python --n-tokens 2000000 --no-auxk
 
 (`python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 eai-sparsify`). Writes
 benchmarks/results/train_vs_sparsify.{json,md}.
@@ -274,6 +278,11 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--out", default=str(RESULTS / "train_vs_sparsify"))
     ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md from its .json")
+    ap.add_argument(
+        "--no-auxk",
+        action="store_true",
+        help="also train ours with --auxk-coef 0 (sparsify's default has no AuxK: the same work per step)",
+    )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_run", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -322,17 +331,20 @@ def main(argv=None) -> int:
         text=True,
         check=True,
     ).stdout.strip()
-    runs = {"ours": [], "sparsify": []}
+    sides = ("ours", "ours_no_auxk", "sparsify") if args.no_auxk else ("ours", "sparsify")
+    runs = {side: [] for side in sides}
     for i in range(args.repeats):
-        for side in ("ours", "sparsify"):
+        for side in sides:
             run = f"{side}{i}"
             shutil.rmtree(work / run, ignore_errors=True)
-            if side == "ours":
+            if side.startswith("ours"):
                 cmd = [sys.executable, "-m", "transcoders.train", "--kind", "plt", "--activation", "topk"]
                 cmd += ["--k", str(args.k), "--d-sae", str(args.d_sae), "--n-tokens", str(args.n_tokens)]
                 cmd += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
                 cmd += ["--cache-dir", str(work / "cache"), "--out", str(work / run)]
                 cmd += ["--save-to", str(work / run / "set")]
+                if side == "ours_no_auxk":  # sparsify's default: no auxiliary loss, so the same work
+                    cmd += ["--auxk-coef", "0"]
                 _, wall, rss = run_child(cmd, args.threads)
                 manifest = json.loads((work / run / "set" / "manifest.json").read_text())
                 r = dict(
@@ -422,7 +434,10 @@ def write_results(runs: dict, info: dict, version: str, args, saved_meta: dict |
         "| trainer | held-out FVU (mean) | FVU per layer | dead fraction (mean) | tokens/s | peak RSS |",
         "|---|---|---|---|---|---|",
     ]
-    for name, r in (("transcoders.train", o), (f"sparsify {version}", s)):
+    rows = [("transcoders.train", o)]
+    if "ours_no_auxk" in summary:
+        rows.append(("transcoders.train --auxk-coef 0", summary["ours_no_auxk"]))
+    for name, r in rows + [(f"sparsify {version}", s)]:
         per_layer = " / ".join(f"{v:.3f}" for v in r["fvu"])
         lines.append(
             f"| {name} | {r['fvu_mean']:.4f} | {per_layer} | "
@@ -433,6 +448,12 @@ def write_results(runs: dict, info: dict, version: str, args, saved_meta: dict |
         f"Ours / sparsify: FVU {o['fvu_mean'] / s['fvu_mean']:.2f}x, tokens/s {o['tokens_per_s'] / s['tokens_per_s']:.2f}x, "
         f"peak RSS {o['peak_rss_mb'] / s['peak_rss_mb']:.2f}x.",
     ]
+    if "ours_no_auxk" in summary:
+        n = summary["ours_no_auxk"]
+        lines.append(
+            f"Ours without AuxK / sparsify: FVU {n['fvu_mean'] / s['fvu_mean']:.2f}x, tokens/s "
+            f"{n['tokens_per_s'] / s['tokens_per_s']:.2f}x, peak RSS {n['peak_rss_mb'] / s['peak_rss_mb']:.2f}x."
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

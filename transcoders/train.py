@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 
     from transcoders.base import SparseCoder
 
+DEAD_TOKENS = 100_000
+"""TopK: a feature silent for this many training tokens counts as dead for the auxiliary loss."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
@@ -109,6 +111,8 @@ class TrainConfig:
     """Coefficient of the pre-activation loss sum ReLU(-h) (the appendix used 3e-6)."""
     k: int = 32
     """Features kept per layer and token for --activation topk (on average: batchtopk)."""
+    auxk_coef: float = 1 / 32
+    """Weight of TopK's auxiliary loss (AuxK: the top 2k dead features reconstruct the residual); 0 turns it off, and with it the work it costs."""
     skip: bool = False
     """Learn a linear skip W_skip (PLT / CLT)."""
     hook: str = ""
@@ -142,10 +146,16 @@ class TrainConfig:
         if self.parallel not in ("data", "features"):
             raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
         check_device(self.device)  # one sentence when this machine lacks it
+        if not self.auxk_coef >= 0:
+            raise ConfigError(f"auxk_coef {self.auxk_coef} is negative or NaN; pass 0 to turn AuxK off.")
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
             )
+
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+"""Option defaults: a checkpoint written before an option existed resumes as if it had its default."""
 
 
 def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderConfig:
@@ -301,7 +311,9 @@ def train(
         meta, state = read_checkpoint(ckpt)
         saved = meta["train_config"]
         differs = [
-            k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_FREE and saved.get(k) != v
+            k
+            for k, v in dataclasses.asdict(cfg).items()
+            if k not in RESUME_FREE and saved.get(k, DEFAULTS.get(k)) != v
         ]
         if differs:
             raise ConfigError(
@@ -350,7 +362,8 @@ def train(
             dist_barrier()
 
     # TopK: a feature silent for ~100k tokens counts as dead for the auxiliary loss
-    dead_after = max(1, 100_000 // cfg.batch_size) if tcfg.activation in ("topk", "batchtopk") else None
+    topk = tcfg.activation in ("topk", "batchtopk") and cfg.auxk_coef > 0
+    dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if topk else None
     tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
     bar = _progress(total, step, progress and d.main)
     log = {}
@@ -365,7 +378,7 @@ def train(
         x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
         xn, yn = x / s_in, y / s_out
         if fast:
-            dead = (step - last_fired) > dead_after
+            dead = (step - last_fired) > dead_after if dead_after is not None else None
             res = forward(xn, yn, dead)
         elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)
@@ -392,12 +405,12 @@ def train(
         if cfg.preact_coef:
             loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
         if fast:
-            loss = loss + res.aux_loss / 32
+            loss = loss + res.aux_loss * cfg.auxk_coef
         elif dead_after is not None:
             dead = (step - last_fired) > dead_after
             aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
             args = (d,) if sharded else ()
-            loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) / 32
+            loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) * cfg.auxk_coef
         if not tdist.all_finite(loss.detach(), d):
             raise NonFiniteError(
                 f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "

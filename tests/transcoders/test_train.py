@@ -114,6 +114,31 @@ def test_resume_refuses_a_different_config(tmp_path):
         )
 
 
+def test_auxk_coef_weights_the_auxiliary_loss(tmp_path, monkeypatch):
+    """With features dead after 2 steps, AuxK changes the weights, by its weight; `auxk_coef=0` gives
+    exactly the run in which no feature is ever dead (AuxK off, its work skipped); a negative weight is
+    refused."""
+    import transcoders.train as train_module
+
+    model, seqs = tiny_model(), random_sequences()
+
+    def run(name, dead_tokens, **kw):
+        monkeypatch.setattr(train_module, "DEAD_TOKENS", dead_tokens)
+        cfg = small_cfg(tmp_path / name, activation="topk", k=2, n_tokens=256 * 30, **kw)
+        return train(cfg, model=model, sequences=seqs, progress=False)[0].state_dict()
+
+    never_dead = run("never", 10**12)
+    with_aux = run("aux", 512)
+    without = run("off", 512, auxk_coef=0.0)
+    heavier = run("heavy", 512, auxk_coef=1.0)
+    for k, v in never_dead.items():
+        torch.testing.assert_close(without[k], v, rtol=0, atol=0)
+    assert not torch.equal(with_aux["W_enc"], never_dead["W_enc"])
+    assert not torch.equal(heavier["W_enc"], with_aux["W_enc"])  # the weight is applied
+    with pytest.raises(ConfigError, match="auxk_coef"):
+        small_cfg(tmp_path, auxk_coef=-1.0)
+
+
 def test_nan_activations_stop_training_and_keep_checkpoint(tmp_path):
     model = tiny_model()
     seqs = random_sequences()
