@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from transcoders.errors import ConfigError
+from transcoders.losses import aux_mse
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,4 @@ def sharded_topk_aux_loss(
     masked = torch.where(dead.bool(), pre_acts, torch.full_like(pre_acts, -torch.inf))
     mask, _ = global_top(masked, _feature_index(masked.shape, d, masked.device), k, d)
     aux_acts = torch.where(mask, masked.relu(), torch.zeros_like(masked))
-    aux_out = reduce_sum(tc.decode(aux_acts) - tc.b_dec)
-    residual = residual.detach()
-    return (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
+    return aux_mse(reduce_sum(tc.decode(aux_acts) - tc.b_dec), residual)

@@ -74,6 +74,12 @@ def topk_aux_loss(
     masked = torch.where(dead.bool(), pre_acts, torch.full_like(pre_acts, -torch.inf))
     values, idx = masked.topk(k, dim=-1)
     aux_acts = torch.zeros_like(pre_acts).scatter(-1, idx, values.relu().nan_to_num(0.0, 0.0, 0.0))
-    aux_out = tc.decode(aux_acts) - tc.b_dec
+    return aux_mse(tc.decode(aux_acts) - tc.b_dec, residual)
+
+
+def aux_mse(
+    aux_out: Float[Tensor, "batch n_layers d_model"], residual: Float[Tensor, "batch n_layers d_model"]
+) -> Tensor:
+    """Step 5's normalized MSE `||aux_out - r||^2 / ||r||^2`, the residual `r` detached."""
     residual = residual.detach()
     return (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)

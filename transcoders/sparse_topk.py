@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from transcoders.losses import aux_mse
+
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
@@ -222,6 +224,4 @@ class TopKStep(nn.Module):
             out = out + tc.skip(x)
         if aux_out is None:
             return TopKOutput(out, idx, acts, out.new_zeros(()))
-        residual = (y - out).detach()
-        aux_loss = (aux_out - residual).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
-        return TopKOutput(out, idx, acts, aux_loss)
+        return TopKOutput(out, idx, acts, aux_mse(aux_out, y - out))

@@ -377,8 +377,8 @@ def train(
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
         x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
         xn, yn = x / s_in, y / s_out
+        dead = (step - last_fired) > dead_after if dead_after is not None else None
         if fast:
-            dead = (step - last_fired) > dead_after if dead_after is not None else None
             res = forward(xn, yn, dead)
         elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
             pre = tc.encode(xn)
@@ -393,9 +393,7 @@ def train(
             res = forward(xn)
         mse = mse_loss(res.out, yn)
         lam = sparsity_schedule(step, total, cfg.sparsity_coef)
-        if fast:
-            sparsity = mse.new_zeros(())
-        elif tcfg.activation == "jumprelu":
+        if tcfg.activation == "jumprelu":
             sparsity = tanh_sparsity(res.acts, tc.decoder_norms(), cfg.sparsity_c)
         elif tcfg.activation == "relu":
             sparsity = l1_sparsity(res.acts, tc.decoder_norms())
@@ -406,8 +404,7 @@ def train(
             loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
         if fast:
             loss = loss + res.aux_loss * cfg.auxk_coef
-        elif dead_after is not None:
-            dead = (step - last_fired) > dead_after
+        elif dead is not None:
             aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
             args = (d,) if sharded else ()
             loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) * cfg.auxk_coef
