@@ -1,14 +1,21 @@
-"""Feature nonlinearities: ReLU, JumpReLU with a straight-through estimator, TopK, BatchTopK.
+"""Feature nonlinearities as functions: ReLU, JumpReLU with its straight-through estimator, TopK, BatchTopK.
 
-JumpReLU (seed: circuit-tracing appendix, "ML details"; Rajamanoharan et al. 2024):
+The classes that own them (threshold, penalty, save / load) are in nonlinearity.py.
+
+JumpReLU (Rajamanoharan et al. 2024, "Jumping Ahead", eqs. 10-11; circuit-tracing appendix, "ML details"):
 
 1. Forward: `a = h * H(h - theta)`, `H` the Heaviside step, `theta > 0` per feature.
-2. Backward uses a pseudo-derivative of `H`: `dH/dh ~ K((h - theta)/eps) / eps` and
-   `dH/dtheta ~ -K((h - theta)/eps) / eps`, with `K(u) = 1{|u| < 1/2}` the rectangle
-   kernel and `eps` the bandwidth (the appendix uses 1.0, far above the original).
-3. The appendix lets this gradient flow "to all model parameters, rather than only the
-   threshold", so `da/dh = H(h - theta) + h K(...) / eps`, and `da/dtheta = -h K(...) / eps`.
-   The tanh sparsity penalty (losses.py) therefore reaches the encoder through step 2.
+2. The step has no useful derivative, so the backward uses a kernel density estimate with the
+   rectangle kernel `K(u) = 1{|u| < 1/2}` and bandwidth `eps`:
+   `d a / d theta = -(theta / eps) * K((h - theta) / eps)`      (eq. 11: the jump of height theta)
+   `d H / d theta = -(1 / eps) * K((h - theta) / eps)`          (the step, for an L0 penalty)
+3. The input gradient is the paper's `d a / d h = H(h - theta)` (the default), or, with
+   `ste_to_input=True`, `H(h - theta) + (theta / eps) K((h - theta) / eps)`: the appendix's choice
+   ("we pass the straight-through gradient to all model parameters, rather than only the
+   threshold"), where the estimator of step 2 also reaches the pre-activation and so the encoder.
+   For the step, `ste_to_input=True` gives `d H / d h = (1 / eps) K(...)`, else 0.
+   These are sae_lens's `JumpReLU` and `Step` autograd functions (`jumprelu_sae.py`), the tests'
+   oracle.
 
 TopK keeps, for each token and layer, the k largest pre-activations (after ReLU) and
 zeroes the rest; its gradient is the ordinary one through the kept entries.
@@ -34,53 +41,59 @@ def rectangle(u: Tensor) -> Tensor:
     return (u.abs() < 0.5).to(u.dtype)
 
 
+def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
+    """`grad` summed over the leading (batch) dims that `like` (a threshold) broadcasts over."""
+    while grad.dim() > like.dim():
+        grad = grad.sum(0)
+    return grad
+
+
 class _JumpReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+    def forward(ctx, h: Tensor, threshold: Tensor, bandwidth: float, ste_to_input: bool) -> Tensor:
         ctx.save_for_backward(h, threshold)
-        ctx.bandwidth = bandwidth
+        ctx.bandwidth, ctx.ste_to_input = bandwidth, ste_to_input
         return h * (h > threshold).to(h.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         h, threshold = ctx.saved_tensors
         eps = ctx.bandwidth
-        kernel = rectangle((h - threshold) / eps) / eps
-        grad_h = grad * ((h > threshold).to(h.dtype) + h * kernel)
-        grad_theta = -(grad * h * kernel)
-        # threshold broadcasts over the leading (batch) dims of h: sum them away
-        while grad_theta.dim() > threshold.dim():
-            grad_theta = grad_theta.sum(0)
-        return grad_h, grad_theta, None
-
-
-def jumprelu(
-    h: Float[Tensor, "... n_layers d_sae"], threshold: Float[Tensor, "n_layers d_sae"], bandwidth: float = 1.0
-) -> Float[Tensor, "... n_layers d_sae"]:
-    """`h * (h > threshold)`, with the straight-through gradient of the module docstring."""
-    return _JumpReLU.apply(h, threshold, bandwidth)
-
-
-def step(h: Tensor, threshold: Tensor, bandwidth: float = 1.0) -> Tensor:
-    """`H(h - threshold)` with the pseudo-derivative of step 2 (for L0-style penalties)."""
-    return _Step.apply(h, threshold, bandwidth)
+        ste = (threshold / eps) * rectangle((h - threshold) / eps) * grad  # step 2, eq. 11
+        grad_h = (h > threshold).to(h.dtype) * grad
+        if ctx.ste_to_input:  # step 3, the appendix's variant
+            grad_h = grad_h + ste
+        return grad_h, _sum_to(-ste, threshold), None, None
 
 
 class _Step(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+    def forward(ctx, h: Tensor, threshold: Tensor, bandwidth: float, ste_to_input: bool) -> Tensor:
         ctx.save_for_backward(h, threshold)
-        ctx.bandwidth = bandwidth
+        ctx.bandwidth, ctx.ste_to_input = bandwidth, ste_to_input
         return (h > threshold).to(h.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         h, threshold = ctx.saved_tensors
-        kernel = rectangle((h - threshold) / ctx.bandwidth) / ctx.bandwidth
-        grad_theta = -(grad * kernel)
-        while grad_theta.dim() > threshold.dim():
-            grad_theta = grad_theta.sum(0)
-        return grad * kernel, grad_theta, None
+        eps = ctx.bandwidth
+        ste = rectangle((h - threshold) / eps) / eps * grad
+        return (ste if ctx.ste_to_input else None), _sum_to(-ste, threshold), None, None
+
+
+def jumprelu(
+    h: Float[Tensor, "... n_layers d_sae"],
+    threshold: Float[Tensor, "n_layers d_sae"],
+    bandwidth: float = 1.0,
+    ste_to_input: bool = False,
+) -> Float[Tensor, "... n_layers d_sae"]:
+    """`h * (h > threshold)`, with the straight-through gradients of steps 2-3."""
+    return _JumpReLU.apply(h, threshold, bandwidth, ste_to_input)
+
+
+def step(h: Tensor, threshold: Tensor, bandwidth: float = 1.0, ste_to_input: bool = False) -> Tensor:
+    """`H(h - threshold)` with the pseudo-derivative of steps 2-3 (for the L0 penalty)."""
+    return _Step.apply(h, threshold, bandwidth, ste_to_input)
 
 
 def topk(h: Float[Tensor, "... n_layers d_sae"], k: int) -> Float[Tensor, "... n_layers d_sae"]:
@@ -105,22 +118,6 @@ def batch_topk(
     return out.reshape(L, n_tokens, S).transpose(0, 1).reshape(h.shape), smallest
 
 
-def apply_activation(
-    h: Float[Tensor, "... n_layers d_sae"],
-    activation: str,
-    threshold: Tensor | None = None,
-    k: int = 32,
-    bandwidth: float = 1.0,
-) -> Float[Tensor, "... n_layers d_sae"]:
-    """Dispatch on a `TranscoderConfig.activation` name."""
-    if activation == "relu":
-        return h.relu()
-    if activation == "jumprelu":
-        assert threshold is not None, "jumprelu needs a threshold"
-        return jumprelu(h, threshold, bandwidth)
-    if activation == "topk":
-        return topk(h, k)
-    if activation == "batchtopk":  # inference form (step 5); training goes through `batch_topk`
-        assert threshold is not None, "batchtopk needs its threshold"
-        return h * (h > threshold).to(h.dtype)
-    raise ValueError(f"unknown activation {activation!r}")
+def threshold_gate(h: Tensor, threshold: Tensor) -> Tensor:
+    """Step 5's inference rule `h * (h > threshold)`, no gradient to the threshold."""
+    return h * (h > threshold).to(h.dtype)

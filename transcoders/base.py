@@ -3,7 +3,7 @@
 For a set covering `n_layers` layers, on the read-site activations `x[l]`:
 
 1. `h[l] = x[l] @ W_enc[l] + b_enc[l]`                          (encode: pre-activations)
-2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK) (activations.py)
+2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK) (nonlinearity.py)
 3. `y[l] = decode(a)[l] + x[l] @ W_skip[l]`                     (decode: per class; skip optional)
 
 `decode` differs by class: an SAE / per-layer transcoder writes layer l from layer l's
@@ -27,10 +27,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from transcoders.activations import apply_activation, batch_topk
 from transcoders.config import TranscoderConfig
+from transcoders.nonlinearity import NONLINEARITIES, THRESHOLD_INIT
 
-THRESHOLD_INIT = 0.03
 BATCHTOPK_MOMENTUM = 0.01
 
 
@@ -60,12 +59,12 @@ class SparseCoder(nn.Module):
         self.W_enc = nn.Parameter(torch.zeros(L, D, S))
         self.b_enc = nn.Parameter(torch.zeros(L, S))
         self.b_dec = nn.Parameter(torch.zeros(L, D))
-        if cfg.activation == "jumprelu":
-            self.threshold = nn.Parameter(torch.full((L, S), THRESHOLD_INIT))
-        elif cfg.activation == "batchtopk":  # estimated, not trained: a buffer, one value per layer
-            self.register_buffer("threshold", torch.zeros(L, S))
-        else:
-            self.threshold = None
+        self.nonlinearity = NONLINEARITIES[cfg.activation](cfg)
+        threshold = self.nonlinearity.make_threshold(L, S)
+        if isinstance(threshold, nn.Parameter) or threshold is None:
+            self.threshold = threshold
+        else:  # estimated, not trained (BatchTopK): a buffer
+            self.register_buffer("threshold", threshold)
         self.W_skip = nn.Parameter(torch.zeros(L, D, D)) if cfg.skip else None
 
     # --------------------------------------------------------------- properties
@@ -106,7 +105,7 @@ class SparseCoder(nn.Module):
         self.b_enc.zero_()
         self.b_dec.zero_()
         if self.threshold is not None:
-            self.threshold.fill_(THRESHOLD_INIT if self.cfg.activation == "jumprelu" else 0.0)
+            self.threshold.fill_(THRESHOLD_INIT if self.nonlinearity.trained_threshold else 0.0)
         if self.W_skip is not None:
             self.W_skip.zero_()
         return self
@@ -121,11 +120,29 @@ class SparseCoder(nn.Module):
     ) -> Float[Tensor, "... n_layers d_sae"]:
         """The feature nonlinearity of `cfg.activation` (BatchTopK in training mode: the batch rule,
         and the running threshold is updated)."""
-        if self.cfg.activation == "batchtopk" and self.training:
-            acts, smallest = batch_topk(pre_acts, self.cfg.k)
-            self.update_batchtopk_threshold(smallest)
-            return acts
-        return apply_activation(pre_acts, self.cfg.activation, self.threshold, self.cfg.k, self.cfg.bandwidth)
+        return self.nonlinearity.train_call(self, pre_acts)
+
+    def encode_layer(self, x: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_sae"]:
+        """Step 1 for one layer: `x @ W_enc[layer] + b_enc[layer]`."""
+        return x @ self.W_enc[layer] + self.b_enc[layer]
+
+    def activate_layer(self, pre_acts: Float[Tensor, "... d_sae"], layer: int) -> Float[Tensor, "... d_sae"]:
+        """Step 2 for one layer, the per-token rule (BatchTopK: its estimated threshold)."""
+        threshold = None if self.threshold is None else self.threshold[layer]
+        return self.nonlinearity(pre_acts, threshold)
+
+    def decode_layer(self, acts: list[Tensor | None], layer: int) -> Float[Tensor, "... d_model"]:
+        """Step 3 for one output layer, from per-layer activations `acts[l]` [..., d_sae] (None: all
+        zero): `b_dec[layer]` plus every source layer's decoder into `layer` (no skip)."""
+        out = self.b_dec[layer]
+        for source, W in self.decoders_into(layer):
+            if acts[source] is not None:
+                out = out + acts[source] @ W
+        return out
+
+    def decoders_into(self, layer: int) -> list[tuple[int, Float[Tensor, "d_sae d_model"]]]:
+        """`(source layer, W [d_sae, d_model])` for every decoder writing `layer`."""
+        raise NotImplementedError
 
     @torch.no_grad()
     def update_batchtopk_threshold(self, smallest: Float[Tensor, " n_layers"]) -> None:

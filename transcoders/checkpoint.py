@@ -73,7 +73,9 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict]:
 
 def apply_state(tc: SparseCoder, opt, meta: dict, t: dict) -> tuple[int, dict, torch.Tensor]:
     """Load named tensors (full, or one rank's slice of them) into `tc` and `opt`."""
-    tc.load_state_dict({k[3:]: v for k, v in t.items() if k.startswith("tc.")})
+    tc.load_state_dict(
+        tc.nonlinearity.adapt_state(tc, {k[3:]: v for k, v in t.items() if k.startswith("tc.")})
+    )
     state = {}
     for idx, name in enumerate(meta["param_order"]):
         prefix = f"opt.{name}."

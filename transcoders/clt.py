@@ -43,6 +43,9 @@ class CrossLayerTranscoder(SparseCoder):
         """Decoders of `features` of source `layer` into output layers layer..n_layers-1."""
         return self.W_dec[layer][features]
 
+    def decoders_into(self, layer: int) -> list[tuple[int, Float[Tensor, "d_sae d_model"]]]:
+        return [(source, self.W_dec[source][:, layer - source]) for source in range(layer + 1)]
+
     def decoder_weights(self) -> list[Tensor]:
         return list(self.W_dec)
 

@@ -44,7 +44,7 @@ def check_device(device):
     return dev
 
 
-ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")
+ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,10 @@ class TranscoderConfig:
     """Features kept per layer and token by "topk" (on average, "batchtopk"); ignored otherwise."""
     bandwidth: float = 1.0
     """Width of the rectangle kernel of JumpReLU's straight-through estimator (the appendix uses 1.0)."""
+    ste_to_input: bool = False
+    """JumpReLU in training: also pass the estimator's gradient `theta K / eps` to the pre-activation (the
+    appendix's "gradient to all model parameters"; sae_lens `jumprelu_ste_to_input`); False is the paper's
+    `H(h - theta)`. Inference is the same either way."""
     output_before_post_norm: bool = False
     """The output is the MLP's output before a post-MLP norm (Gemma-2 `ln2_post`); see sites.py."""
     model_name: str = ""

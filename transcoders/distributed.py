@@ -40,6 +40,7 @@ from torch import Tensor
 
 from transcoders.errors import ConfigError
 from transcoders.losses import aux_mse
+from transcoders.nonlinearity import LOG_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def feature_dim(name: str, kind: str) -> int | None:
     `W_enc` [L, D, S]: 2; `b_enc`, `threshold`, `last_fired` [L, S]: 1; a PLT/SAE `W_dec`
     [L, S, D]: 1; a CLT `W_dec.{l}` [S, L - l, D]: 0; `b_dec`, `W_skip`, scales, Adam's step: None.
     """
-    base = name.removeprefix("tc.")
+    # a JumpReLU in training holds log(theta) as `parametrizations.threshold.original` (nonlinearity.py)
+    base = name.removeprefix("tc.").replace(LOG_THRESHOLD, "threshold")
     if base.startswith("opt."):
         base, _, leaf = base[4:].rpartition(".")
         if leaf == "step":

@@ -10,7 +10,8 @@ their RMS scale, so that `E ||x[l]||^2 = d_model`):
    `lambda` ramps linearly from 0 to its final value over all of training (`sparsity_schedule`).
 3. ReLU: the L1 penalty of the seed's eq. 1, weighted by decoder norms the same way
    (`lambda * sum a * ||W_dec||`), so that shrinking decoders cannot game it.
-4. Optional pre-activation loss `mean_tokens sum_{l,f} ReLU(-h[l,f])` (against dead features).
+4. Optional pre-activation loss against dead features: the appendix's `mean_tokens sum_{l,f} ReLU(-h[l,f])`
+   (at 3e-6 there), or sae_lens's `ReLU(theta - h) * ||W_dec||` over dead features only.
 5. TopK: auxiliary loss (Gao et al. 2024): the `k_aux` largest pre-activations among dead
    features reconstruct the main residual `y - y_hat`; its MSE over the residual's is added.
 """
@@ -50,9 +51,24 @@ def l1_sparsity(
     return (acts.abs() * decoder_norms).sum(dim=(-1, -2)).mean()
 
 
-def preact_loss(pre_acts: Float[Tensor, "batch n_layers d_sae"]) -> Tensor:
-    """Step 4: `mean_tokens sum_{l,f} ReLU(-h)`."""
-    return (-pre_acts).relu().sum(dim=(-1, -2)).mean()
+PREACT_FORMS = ("appendix", "sae_lens")
+
+
+def preact_loss(
+    pre_acts: Float[Tensor, "batch n_layers d_sae"],
+    form: str = "appendix",
+    threshold: Tensor | None = None,
+    decoder_norms: Tensor | None = None,
+    dead: Tensor | None = None,
+) -> Tensor:
+    """Step 4: "appendix" `mean_tokens sum_{l,f} ReLU(-h)`; "sae_lens" (its `calculate_pre_act_loss`)
+    `mean_tokens sum_{l,f} ReLU(theta - h) * ||W_dec|| * dead`, 0 while no feature is dead."""
+    if form == "appendix":
+        return (-pre_acts).relu().sum(dim=(-1, -2)).mean()
+    if dead is None or not bool(dead.any()):
+        return pre_acts.new_zeros(())
+    theta = threshold if threshold is not None else torch.zeros_like(decoder_norms)
+    return ((theta - pre_acts).relu() * decoder_norms * dead).sum(dim=(-1, -2)).mean()
 
 
 def sparsity_schedule(step: int, total_steps: int, final: float) -> float:

@@ -31,7 +31,6 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from transcoders.activations import apply_activation
 from transcoders.errors import ConfigError
 from transcoders.sites import MLP_INPUT, post_norm, raw_output_needed, read_value
 
@@ -79,9 +78,7 @@ def _splice_hooks(model, tc, mode: str):
     def read(value, hook, l):
         x = read_value(model, {hook.name: value}, l, cfg.input_hook) if cfg.input_hook == MLP_INPUT else value
         x = x.to(tc.dtype)
-        pre = x @ tc.W_enc[l] + tc.b_enc[l]
-        thr = None if tc.threshold is None else tc.threshold[l]
-        state["acts"][l] = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        state["acts"][l] = tc.activate_layer(tc.encode_layer(x, l), l)
         if tc.W_skip is not None:
             state.setdefault("skip", {})[l] = x @ tc.W_skip[l]
         return value
@@ -90,11 +87,7 @@ def _splice_hooks(model, tc, mode: str):
         if mode == "zero":
             new = torch.zeros_like(value)
         else:
-            new = tc.b_dec[l].expand_as(value).clone()
-            for src in range(l + 1) if cfg.kind == "clt" else (l,):
-                acts = state["acts"][src]
-                W = tc.W_dec[src][:, l - src] if cfg.kind == "clt" else tc.W_dec[l]
-                new = new + acts @ W
+            new = tc.decode_layer(state["acts"], l).expand_as(value).clone()
             if tc.W_skip is not None:
                 new = new + state["skip"][l]
             if raw_output_needed(model, cfg, l):

@@ -36,6 +36,9 @@ class PerLayerTranscoder(SparseCoder):
         """Rows of `W_dec[layer]`, with an output-layer axis of length 1."""
         return self.W_dec[layer][features][:, None, :]
 
+    def decoders_into(self, layer: int) -> list[tuple[int, Float[Tensor, "d_sae d_model"]]]:
+        return [(layer, self.W_dec[layer])]
+
     def decoder_weights(self) -> list[Tensor]:
         return [self.W_dec]
 

@@ -55,16 +55,10 @@ from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.formats.native import save_native
-from transcoders.losses import (
-    l1_sparsity,
-    mse_loss,
-    preact_loss,
-    sparsity_schedule,
-    tanh_sparsity,
-    topk_aux_loss,
-)
+from transcoders.losses import PREACT_FORMS, mse_loss, preact_loss, sparsity_schedule, topk_aux_loss
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
+from transcoders.nonlinearity import PENALTIES, Penalty
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
@@ -107,8 +101,21 @@ class TrainConfig:
     """Final lambda of the sparsity penalty (tanh / L1), reached at the last step."""
     sparsity_c: float = 1.0
     """The c inside tanh(c * a * ||W_dec||)."""
+    penalty: str = "tanh"
+    """JumpReLU's sparsity penalty: "tanh" (the appendix: tanh(c * a * ||W_dec||)) or "l0" (DeepMind's
+    L0 through the step's straight-through estimator)."""
+    bandwidth: float = 1.0
+    """JumpReLU's kernel width eps in the straight-through estimator (the appendix: 1.0)."""
+    threshold_init: float = 0.03
+    """JumpReLU's initial threshold (the appendix: 0.03); trained as log(theta)."""
+    ste_to_input: bool = False
+    """JumpReLU: also send the estimator's gradient to the pre-activations (the appendix's variant);
+    default: the paper's H(h - theta)."""
     preact_coef: float = 0.0
-    """Coefficient of the pre-activation loss sum ReLU(-h) (the appendix used 3e-6)."""
+    """Coefficient of the pre-activation loss (the appendix used 3e-6; off by default, see --preact-form)."""
+    preact_form: str = "appendix"
+    """"appendix": sum_f ReLU(-h_f) over all features; "sae_lens": sum_f ReLU(theta_f - h_f) ||W_dec_f||
+    over dead features only."""
     k: int = 32
     """Features kept per layer and token for --activation topk (on average: batchtopk)."""
     auxk_coef: float = 1 / 32
@@ -146,6 +153,14 @@ class TrainConfig:
         if self.parallel not in ("data", "features"):
             raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
         check_device(self.device)  # one sentence when this machine lacks it
+        if self.penalty not in PENALTIES:
+            raise ConfigError(f"penalty {self.penalty!r} is not one of {PENALTIES}; pick one.")
+        if self.preact_form not in PREACT_FORMS:
+            raise ConfigError(f"preact_form {self.preact_form!r} is not one of {PREACT_FORMS}; pick one.")
+        if not self.bandwidth > 0 or not self.threshold_init > 0:
+            raise ConfigError(
+                f"bandwidth {self.bandwidth} and threshold_init {self.threshold_init} must both be positive."
+            )
         if not self.auxk_coef >= 0:
             raise ConfigError(f"auxk_coef {self.auxk_coef} is negative or NaN; pass 0 to turn AuxK off.")
         if self.n_tokens < self.batch_size:
@@ -171,6 +186,8 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
         output_hook=hooks[1],
         skip=cfg.skip,
         k=cfg.k,
+        bandwidth=cfg.bandwidth,
+        ste_to_input=cfg.ste_to_input,
         output_before_post_norm=cfg.kind != "sae",
         model_name=str(model.cfg.model_name or cfg.model),
     )
@@ -246,6 +263,8 @@ def held_out_tokens(model: HookedTransformer, corpus: str, n_seq: int) -> torch.
 
 # ---------------------------------------------------------------------- the loop
 def lr_at(step: int, total: int, lr: float) -> float:
+    """Constant `lr`, then a linear decay over the last 20% of steps: `lr * (total - step) / (total -
+    decay_start)`, reaching `lr / (total - decay_start)` at the last step (`step = total - 1`)."""
     decay_start = int(0.8 * total)
     if step < decay_start:
         return lr
@@ -300,12 +319,16 @@ def train(
         else next(model.parameters()).device
     )
     full = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
+    if full.nonlinearity.trained_threshold:
+        with torch.no_grad():
+            full.threshold.fill_(cfg.threshold_init)
     tc = full
     if sharded:  # this rank's slice of the same initialization
         tc = build_transcoders(tdist.local_config(tcfg, d))
         init = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, tcfg.kind, d)
         tc.load_state_dict({k[3:]: v for k, v in init.items()})
     tc.to(device)
+    tc.nonlinearity.begin_training(tc)  # JumpReLU: the optimizer sees log(theta)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
     if (ckpt / "meta.json").exists():
         meta, state = read_checkpoint(ckpt)
@@ -361,9 +384,12 @@ def train(
         if d.active:
             dist_barrier()
 
-    # TopK: a feature silent for ~100k tokens counts as dead for the auxiliary loss
+    # a feature silent for ~100k tokens counts as dead, for TopK's auxiliary loss and sae_lens's
+    # pre-activation loss
     topk = tcfg.activation in ("topk", "batchtopk") and cfg.auxk_coef > 0
-    dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if topk else None
+    dead_preact = bool(cfg.preact_coef) and cfg.preact_form == "sae_lens"
+    dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if topk or dead_preact else None
+    penalty = Penalty(cfg.penalty, cfg.sparsity_c)
     tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
     bar = _progress(total, step, progress and d.main)
     log = {}
@@ -377,7 +403,7 @@ def train(
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
         x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
         xn, yn = x / s_in, y / s_out
-        dead = (step - last_fired) > dead_after if dead_after is not None else None
+        dead = dead_features(step, last_fired, dead_after)
         if fast:
             res = forward(xn, yn, dead)
         elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
@@ -393,18 +419,17 @@ def train(
             res = forward(xn)
         mse = mse_loss(res.out, yn)
         lam = sparsity_schedule(step, total, cfg.sparsity_coef)
-        if tcfg.activation == "jumprelu":
-            sparsity = tanh_sparsity(res.acts, tc.decoder_norms(), cfg.sparsity_c)
-        elif tcfg.activation == "relu":
-            sparsity = l1_sparsity(res.acts, tc.decoder_norms())
-        else:
-            sparsity = mse.new_zeros(())
-        loss = mse + lam * sparsity
+        loss = mse
+        if not fast:  # the sparse TopK step has no penalty and keeps no dense pre-activations
+            decoder_norms = tc.decoder_norms()
+            sparsity = tc.nonlinearity.sparsity(res.acts, res.pre_acts, tc.threshold, decoder_norms, penalty)
+            loss = loss + lam * sparsity
         if cfg.preact_coef:
-            loss = loss + cfg.preact_coef * preact_loss(res.pre_acts)
+            form = (cfg.preact_form, tc.threshold, decoder_norms, dead)
+            loss = loss + cfg.preact_coef * preact_loss(res.pre_acts, *form)
         if fast:
             loss = loss + res.aux_loss * cfg.auxk_coef
-        elif dead is not None:
+        elif topk:
             aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
             args = (d,) if sharded else ()
             loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) * cfg.auxk_coef
@@ -422,8 +447,6 @@ def train(
             torch.nn.utils.clip_grad_norm_(tc.parameters(), 1.0)
         opt.step()
         with torch.no_grad():
-            if tc.threshold is not None:
-                tc.threshold.clamp_(min=0.0)
             finite = torch.stack([torch.isfinite(p).all() for p in tc.parameters()]).all()
             if not tdist.all_finite(torch.where(finite, 0.0, torch.nan), d):
                 raise NonFiniteError(
@@ -446,6 +469,7 @@ def train(
             checkpoint(step)
     bar.close()
     checkpoint(step)
+    tc.nonlinearity.end_training(tc)  # the plain threshold again, for gathering, folding and saving
     if sharded:  # every rank returns the full set
         state = tdist.gather_state({f"tc.{k}": v for k, v in tc.state_dict().items()}, tcfg.kind, d)
         full.load_state_dict({k[3:]: v for k, v in state.items()})
@@ -456,6 +480,13 @@ def train(
     final = copy.deepcopy(tc)
     final.fold_scales(scales["in"], scales["out"])
     return final, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
+
+
+def dead_features(step: int, last_fired: torch.Tensor, dead_after: int | None) -> torch.Tensor | None:
+    """Features that last fired more than `dead_after` steps before `step` (None: not tracked)."""
+    if dead_after is None:
+        return None
+    return (step - last_fired) > dead_after
 
 
 def dist_backend() -> str:

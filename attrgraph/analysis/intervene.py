@@ -50,7 +50,6 @@ from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.sources import to_tokens
 from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import NodeKey, Supernode
-from transcoders.activations import apply_activation
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -231,18 +230,6 @@ def _layer_range(layers, edits: list[Edit], n_layers: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------- forward
-def _decode_layer(tc, acts: list[Tensor | None], layer: int) -> Tensor:
-    """`decode(a)[layer]` from per-layer activations [..., d_sae] (None: all zero), `b_dec` included."""
-    out = tc.b_dec[layer]
-    sources = range(layer + 1) if tc.cfg.kind == "clt" else (layer,)
-    for ls in sources:
-        if acts[ls] is None:
-            continue
-        W = tc.W_dec[ls][:, layer - ls] if tc.cfg.kind == "clt" else tc.W_dec[layer]
-        out = out + acts[ls] @ W
-    return out
-
-
 @torch.no_grad()
 def patched_forward(
     rm: ReplacementModel,
@@ -307,9 +294,8 @@ def patched_forward(
     def on_read(l: int, x: Tensor) -> None:
         x = x.expand(B, P, x.shape[-1])
         reads[l] = x
-        pre = x.to(tcd) @ tc.W_enc[l] + tc.b_enc[l]
-        thr = None if tc.threshold is None else tc.threshold[l]
-        act = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        pre = tc.encode_layer(x.to(tcd), l)
+        act = tc.activate_layer(pre, l)
         if start <= l <= end and by_layer[l]:
             act = act.clone()
             for b, e in by_layer[l]:
@@ -334,7 +320,7 @@ def patched_forward(
             if e.kind == "error":
                 pos = slice(None) if e.position is None else e.position
                 err[b, pos] = err[b, pos] * e.value
-        return _decode_layer(tc, live_acts, l).to(dtype) + err + skip
+        return tc.decode_layer(live_acts, l).to(dtype) + err + skip
 
     with frozen_forward(
         model,
@@ -397,11 +383,10 @@ class _AttentionPatch:
         ]
 
     def patch(self, l: int, x: Tensor) -> Tensor:
-        sae, cfg, state = self.sae, self.sae.cfg, self.state
+        sae, state = self.sae, self.state
         x = x.expand(self.B, self.P, x.shape[-1])
-        pre = x.to(sae.dtype) @ sae.W_enc[l] + sae.b_enc[l]
-        thr = None if sae.threshold is None else sae.threshold[l]
-        act = apply_activation(pre, cfg.activation, thr, cfg.k, cfg.bandwidth)
+        pre = sae.encode_layer(x.to(sae.dtype), l)
+        act = sae.activate_layer(pre, l)
         inside = self.start <= l <= self.end
         if inside and self.by_layer[l]:
             act = act.clone()

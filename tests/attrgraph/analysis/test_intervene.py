@@ -11,7 +11,6 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import supernode
 from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
-from transcoders.activations import apply_activation
 
 TOKENS = [3, 17, 5, 9, 17, 5, 22, 8]
 
@@ -79,7 +78,7 @@ def test_iterative_patching_is_the_replacement_fixed_point(kind, skip):
     acts = with_edits(state.acts)
     for _ in range(model.cfg.n_layers):
         ref = rm.forward(state, acts=acts, errors=errors)
-        acts = with_edits(apply_activation(ref.pre_acts.transpose(0, 1), "relu").transpose(0, 1))
+        acts = with_edits(ref.pre_acts.transpose(0, 1).relu().transpose(0, 1))
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(out.acts, acts, rtol=1e-8, atol=1e-8)
     # and the knock-on effects are real: constrained patching over the same range differs
@@ -224,8 +223,8 @@ def test_steering_an_attention_feature_iteratively():
     attn_acts[l, p, f] *= 3.0
     ref = rm.forward(state, acts=acts, attn_acts=attn_acts)
     for _ in range(2 * model.cfg.n_layers):
-        acts = apply_activation(ref.pre_acts.transpose(0, 1), "relu").transpose(0, 1)
-        attn_acts = apply_activation(ref.attn_pre_acts.transpose(0, 1), "relu").transpose(0, 1)
+        acts = ref.pre_acts.transpose(0, 1).relu().transpose(0, 1)
+        attn_acts = ref.attn_pre_acts.transpose(0, 1).relu().transpose(0, 1)
         attn_acts[l, p, f] *= 3.0
         ref = rm.forward(state, acts=acts, attn_acts=attn_acts)
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-8, atol=1e-8)
