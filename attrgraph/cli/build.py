@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from attrgraph.cli import add_prompt_options
@@ -89,6 +90,34 @@ def add_build_options(
     add_prompt_options(p)
 
 
+def _outside(value, low: float, high: float = math.inf) -> bool:
+    """True when `value` (given) is not a number in [low, high]; NaN is never inside."""
+    return value is not None and not low <= value <= high
+
+
+def check_build_options(options: dict) -> None:
+    """Refuse, before anything loads, the build options (as parsed by `add_build_options`) that
+    make no sense: each is one `OptionError` line naming the option and what to pass."""
+    from attrgraph.errors import OptionError
+
+    for key in ("node_threshold", "edge_threshold"):
+        if _outside(options[key], 0.0, 1.0):
+            raise OptionError(
+                f"--{key.replace('_', '-')} is {options[key]}; pass a fraction in [0, 1] such as 0.8."
+            )
+    if options["logit_prob"] is not None and not 0.0 < options["logit_prob"] <= 1.0:
+        raise OptionError(
+            f"--logit-prob is {options['logit_prob']}; pass a probability in (0, 1] such as 0.95."
+        )
+    if _outside(options["tau"], 0.0):
+        raise OptionError(
+            f"--tau is {options['tau']}; pass an attribution of 0 or more (0 detaches nothing below 0)."
+        )
+    for key in ("max_logits", "batch_size", "max_feature_nodes", "threads"):
+        if options[key] is not None and options[key] < 1:
+            raise OptionError(f"--{key.replace('_', '-')} is {options[key]}; pass at least 1.")
+
+
 def load_sets(options: dict):
     """The transcoder set of `--transcoders`, or `[it, the set of --attn-transcoders]`."""
     from transcoders.formats import load_transcoders
@@ -147,6 +176,7 @@ def run(args) -> int:
     from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
+    check_build_options(vars(args))
     check_device(args.device)
     if args.threads:
         import torch

@@ -30,7 +30,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.cli.build import add_build_options, attribute_options, graph_sources, load_sets
+from attrgraph.cli.build import (
+    add_build_options,
+    attribute_options,
+    check_build_options,
+    graph_sources,
+    load_sets,
+)
 from attrgraph.errors import ClusterError, OptionError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -372,8 +378,7 @@ def build_many(
 
 def run(args) -> int:
     options = {k: getattr(args, k) for k in BUILD_OPTIONS}
-    if args.threads < 1:
-        raise OptionError(f"--threads is {args.threads}; pass at least 1.")
+    check_build_options(options)
     counts = build_many(
         args.prompts,
         args.output,
