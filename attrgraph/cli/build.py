@@ -15,7 +15,9 @@
    the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
-   (missing folders are created). Steps that can take long (attribution, the influence passes,
+   (missing folders are created; an output that cannot be written, and options that make no
+   sense, are refused in one line before step 1). Ctrl-C exits 130 with one line; a write it
+   interrupts leaves the old file as it was (store.py). Steps that can take long (attribution, the influence passes,
    writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
 """
 
@@ -171,12 +173,13 @@ def run(args) -> int:
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
-    from attrgraph.graph.store import save_graph
+    from attrgraph.graph.store import check_output, save_graph
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
     check_build_options(vars(args))
+    check_output(args.output)  # a folder, a foreign file or no write permission: before the work
     check_device(args.device)
     if args.threads:
         import torch

@@ -239,18 +239,23 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-def _start_ray(workers: int, address: str | None) -> bool:
-    """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
-    if address is None:
-        # Ray swaps 127.0.0.1 for the host's network address (services.resolve_ip_for_localhost)
-        # unless its single-machine mode is on; a local cluster then binds and talks on loopback only
-        os.environ.setdefault(LOOPBACK_ENV, "0")
+def _import_ray():
     try:
         import ray
     except ImportError:
         raise ClusterError(
             "build-many needs Ray, which is not installed; run pip install 'attrgraph[distributed]'."
         ) from None
+    return ray
+
+
+def _start_ray(workers: int, address: str | None) -> bool:
+    """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
+    if address is None:
+        # Ray swaps 127.0.0.1 for the host's network address (services.resolve_ip_for_localhost)
+        # unless its single-machine mode is on; a local cluster then binds and talks on loopback only
+        os.environ.setdefault(LOOPBACK_ENV, "0")
+    ray = _import_ray()
     if ray.is_initialized():
         return False
     if address is not None:
@@ -297,6 +302,8 @@ def build_many(
     items, failures = read_prompts(prompts)
     done = set(list_graphs(output)) if Path(output).exists() else set()
     todo = [it for it in items if it["name"] not in done]
+    if todo:
+        _import_ray()  # without Ray: its one line, and nothing written
     side = failures_path(output)
     side.parent.mkdir(parents=True, exist_ok=True)
     side.write_text("")

@@ -26,11 +26,11 @@ def _number(x) -> float | None:
 
 
 def _non_finite(graph: Graph) -> dict:
-    """Step 6: NaN or inf values per array that holds any."""
+    """Step 6: NaN or inf values per array that holds any (influence is NaN until computed, so not
+    counted; its scores are undefined all the same)."""
     arrays = {
         "edges": graph.adjacency.data,
         "activations": graph.nodes.activation,
-        "influences": graph.nodes.influence,
         "logit_probs": graph.logit_probs,
     }
     counts = {k: int(np.size(v) - np.isfinite(v).sum()) for k, v in arrays.items()}
