@@ -84,8 +84,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT, 128 + 2
-            print(f"\nattrgraph {args.command}: interrupted; nothing more was written.", file=sys.stderr)
+            _close_progress_bars()  # so that the line starts a line of its own
+            print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
             return 130
+
+
+INTERRUPTED = "interrupted; any file being written is left as it was."
+"""What Ctrl-C prints: a write it stops keeps the old file and leaves no temporary (graph/store.py)."""
+
+
+def _close_progress_bars() -> None:
+    """End every open tqdm bar's line (a bar left open by the interrupted step)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 if __name__ == "__main__":

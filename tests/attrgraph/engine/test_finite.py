@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from attrgraph import errors
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.hierarchical import attribute_hierarchical
 from attrgraph.engine.pruned_build import attribute_pruned
-from attrgraph.errors import NonFiniteValueError
 from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -38,7 +38,9 @@ def test_nan_weights_are_refused_not_stored(how, where):
             tc.W_enc[0, :, 2] = math.nan  # one feature's encoder, as a diverged run leaves it
         else:
             model.blocks[1].mlp.W_out[0, 0] = math.inf
-    with pytest.raises(NonFiniteValueError, match=r"forward pass on this prompt gave \d+ NaN or inf ") as e:
+    with pytest.raises(
+        errors.NonFiniteValueError, match=r"forward pass on this prompt gave \d+ NaN or inf "
+    ) as e:
         build(how, model, tc)
     assert "\n" not in str(e.value)
 
@@ -47,6 +49,6 @@ def test_a_block_of_rows_with_nan_or_inf_is_refused():
     out = CsrRowWriter(2, 3)
     out.append(np.array([0]), np.array([[1.0, 0.0, 2.0]], np.float32))
     for bad in (math.nan, math.inf):
-        with pytest.raises(NonFiniteValueError, match="1 NaN or inf edge values"):
+        with pytest.raises(errors.NonFiniteValueError, match="1 NaN or inf edge values"):
             out.append(np.array([1]), np.array([[1.0, bad, 0.0]], np.float32))
     assert out.to_csr().nnz == 2  # the refused rows were not written
