@@ -1,5 +1,6 @@
 """`attrgraph validate FILE`: validate stored graphs by interventions (analysis/validate.py) and
-write the report with plots (analysis/validation_report.py)."""
+write the report with plots (analysis/validation_report.py). A tqdm bar per graph on stderr counts
+its ablations and perturbations (`--no-progress`: none); a file without graphs is one line."""
 
 from __future__ import annotations
 
