@@ -97,4 +97,4 @@ def read_only_dir(tmp_path):
     try:
         yield where
     finally:
-        subprocess.run(["umount", str(where)], check=True)
+        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open
