@@ -105,6 +105,18 @@ class TranscoderConfig:
         if self.kind == "sae" and self.skip:
             raise ConfigError("an SAE has no skip connection; pass skip=False or use kind='plt'.")
 
+    @property
+    def is_sae(self) -> bool:
+        """An SAE: it reconstructs the one site it reads (a transcoder, PLT or CLT, writes another)."""
+        return self.kind == "sae"
+
+    @property
+    def is_attention_sae(self) -> bool:
+        """An SAE set reading and writing the attention output (`sites.ATTN_OUTPUT`)."""
+        from transcoders.sites import ATTN_OUTPUT  # sites imports this module
+
+        return self.is_sae and self.input_hook == ATTN_OUTPUT == self.output_hook
+
     def hook_in(self, layer: int) -> str:
         """The read hook of `layer`."""
         return self.input_hook.format(layer=layer)
