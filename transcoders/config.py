@@ -44,6 +44,11 @@ def check_device(device):
     return dev
 
 
+ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
+"""Read and write site of an attention-output SAE set (the attention block's additive contribution
+to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`); sites.py
+re-exports it beside the MLP sites."""
+
 ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
 
 
@@ -112,9 +117,7 @@ class TranscoderConfig:
 
     @property
     def is_attention_sae(self) -> bool:
-        """An SAE set reading and writing the attention output (`sites.ATTN_OUTPUT`)."""
-        from transcoders.sites import ATTN_OUTPUT  # sites imports this module
-
+        """An SAE set reading and writing the attention output (`ATTN_OUTPUT`)."""
         return self.is_sae and self.input_hook == ATTN_OUTPUT == self.output_hook
 
     def hook_in(self, layer: int) -> str:

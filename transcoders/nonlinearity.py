@@ -35,8 +35,10 @@ from transcoders import losses
 from transcoders.activations import batch_topk, jumprelu, step, threshold_gate, topk
 
 if TYPE_CHECKING:
-    from transcoders.base import SparseCoder
     from transcoders.config import TranscoderConfig
+
+Coder = nn.Module
+"""The `SparseCoder` a nonlinearity serves (base.py imports this module, so it is not named here)."""
 
 THRESHOLD_INIT = 0.03
 """JumpReLU's initial threshold (the appendix's 0.03)."""
@@ -81,7 +83,7 @@ class Nonlinearity:
     def __call__(self, h: Tensor, threshold: Tensor | None) -> Tensor:
         raise NotImplementedError
 
-    def train_call(self, coder: SparseCoder, h: Tensor) -> Tensor:
+    def train_call(self, coder: Coder, h: Tensor) -> Tensor:
         return self(h, coder.threshold)
 
     def sparsity(
@@ -94,13 +96,13 @@ class Nonlinearity:
     ) -> Tensor:
         return acts.new_zeros(())
 
-    def begin_training(self, coder: SparseCoder) -> None:
+    def begin_training(self, coder: Coder) -> None:
         """Prepare `coder` for the optimizer (step 5); a no-op unless the threshold is trained."""
 
-    def end_training(self, coder: SparseCoder) -> None:
+    def end_training(self, coder: Coder) -> None:
         """Undo `begin_training`: the set again holds its plain `threshold`."""
 
-    def adapt_state(self, coder: SparseCoder, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    def adapt_state(self, coder: Coder, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """`state` (a checkpoint's, or a saved set's) with its keys as `coder` holds them now."""
         return state
 

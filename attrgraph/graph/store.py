@@ -21,7 +21,8 @@
    so a crash never leaves a half-written file under the final name; temporaries left by writers
    that died (same host, no process with that PID) are removed by the next write. Writers of one
    file take turns (POSIX: an flock on the empty `.NAME.lock` beside it), so that two processes
-   adding graphs at once do not drop each other's.
+   adding graphs at once do not drop each other's. (`edit_h5`, in transcoders/h5file.py: the
+   transcoders' dashboards are written the same way.)
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
    array's presence and shape, and that the JSON attributes decode to what they should; anything
    else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
@@ -31,14 +32,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
 import os
-import re
-import shutil
-import socket
-import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -51,14 +47,14 @@ from tqdm.auto import tqdm
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes
 from attrgraph.graph.scores import GraphScores, compute_graph_scores
+from transcoders.h5file import edit_h5 as edit_h5
+from transcoders.h5file import remove_stale_temporaries as remove_stale_temporaries
 
 SCHEMA_VERSION = 3
 """Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes;
 3: `nodes/site`, attention features and errors)."""
 READABLE_VERSIONS = (1, 2, 3)
 DEFAULT_NAME = "graph"
-LIBVER = ("v110", "latest")
-"""HDF5 file-format bounds of every write: the 1.10 format checksums all metadata (step 2)."""
 _STR = h5py.string_dtype("utf-8")
 _GZIP = 4  # level of every dataset above 1024 entries, except the adjacency's (see _write_group)
 _SLICE = 1 << 22  # entries per read or write of a large array (progress steps)
@@ -159,85 +155,6 @@ def _write_group(
     _write_array(group, "prompt_ids", graph.prompt_ids, np.int64)
     _write_array(group, "logit_tokens", graph.logit_tokens, np.int64)
     _write_array(group, "logit_probs", graph.logit_probs, np.float32)
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
-
-
-def _temp_pattern(path: Path) -> re.Pattern:
-    """Step 3: `.NAME.PID@HOST.XXXXXXXX.tmp` (mkstemp's random part has no dots)."""
-    return re.compile(re.escape(f".{path.name}.") + r"(\d+)@([A-Za-z0-9-]+)\.[^.]+\.tmp")
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Delete the temporaries of `path` whose writer is gone: written on this host by a PID that
-    no longer runs (POSIX only; a live or unknown writer's file is left alone). Returns them."""
-    path = Path(path)
-    if os.name != "posix" or not path.parent.is_dir():
-        return []
-    pattern, host, removed = _temp_pattern(path), _host(), []
-    for entry in path.parent.iterdir():
-        m = pattern.fullmatch(entry.name)
-        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-            continue  # the writer still runs
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError):
-            continue  # a process of another user, or no such PID to ask about
-        with contextlib.suppress(FileNotFoundError):
-            entry.unlink()
-            removed.append(entry)
-    return removed
-
-
-@contextlib.contextmanager
-def edit_h5(path: str | os.PathLike, fresh: bool = False):
-    """Open a copy of the HDF5 file `path` (or a new file; with `fresh`, always a new one) for
-    writing; on success the copy is renamed over `path` with the permissions a plain `open` would
-    give, so a crash never leaves a half-written file under the final name. Every writer of HDF5
-    files goes through here (graphs, supernodes, circuits, transcoders' dashboards).
-    Missing parent folders are created; stale temporaries of dead writers are removed (step 3)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _one_writer(path):
-        remove_stale_temporaries(path)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
-        )
-        os.close(fd)
-        try:
-            if path.exists() and not fresh:
-                shutil.copyfile(path, tmp)
-            with h5py.File(tmp, "w" if fresh else "a", libver=LIBVER) as f:
-                yield f
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-@contextlib.contextmanager
-def _one_writer(path: Path):
-    """Step 3: hold an exclusive flock on `.NAME.lock` (never renamed, so every writer locks the
-    same file; the kernel releases it when a writer dies). Without fcntl (Windows), no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def save_graph(
