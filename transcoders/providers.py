@@ -9,7 +9,8 @@
 2. `register_model_loader(fn)` and `register_corpus(name, fn)` add providers at run time (a package
    used without being installed, tests); they come before the entry points.
 3. `load_model(name, device)`: the first loader (registered ones, latest first, then the entry
-   points by name), else TransformerLens's `HookedTransformer.from_pretrained(name)`.
+   points by name), else TransformerLens's `HookedTransformer.from_pretrained(name)` (a name it
+   cannot load: `ConfigError`, saying where the bundled model comes from).
 4. `corpus(name, seed)`: the items of the corpus of that name, or None when none is provided.
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
+
+from transcoders.errors import ConfigError
 
 MODELS_GROUP = "transcoders.models"
 CORPORA_GROUP = "transcoders.corpora"
@@ -53,7 +56,14 @@ def load_model(name: str, device: str = "cpu"):
         return loaders[0](name, device=device)
     from transformer_lens import HookedTransformer
 
-    return HookedTransformer.from_pretrained(name, device=device).eval()
+    try:
+        return HookedTransformer.from_pretrained(name, device=device).eval()
+    except (ValueError, OSError) as e:  # an unknown name; offline without it in the cache
+        raise ConfigError(
+            f"no installed package provides models (entry points {MODELS_GROUP!r}) and TransformerLens "
+            f"cannot load {name!r} ({type(e).__name__}); (re)install attrgraph (pip install -e .) for its "
+            "bundled model, or pass a TransformerLens model name."
+        ) from e
 
 
 def corpus(name: str, seed: int) -> Iterable | None:

@@ -4,7 +4,8 @@ Seed: circuit-tracing appendix, "ML details" (losses in losses.py, activations i
 activation_store.py). One run:
 
 1. Load the model (the bundled one by default) and a token source (the bundled task corpus
-   by default; any `.npy` of token ids [n_seq, n_ctx] or `.txt` of one text per line).
+   by default; any `.npy` of token ids [n_seq, n_ctx] or `.txt` of one text per line). The
+   bundled model and corpus are attrgraph's, found through providers.py (no attrgraph import).
 2. Estimate per-layer scales on the first block: `s_in[l] = sqrt(E||x[l]||^2 / d_model)`, the
    same `s_out[l]` for targets; train on `x / s_in`, `y / s_out` ("we separately normalize the
    activation of each residual stream layer and each MLP output").

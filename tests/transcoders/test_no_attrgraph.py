@@ -113,6 +113,15 @@ def test_registered_providers_come_first(registry):
     assert "tiny" in registry.corpus_names()
 
 
+def test_without_a_provider_an_unknown_model_is_one_sentence(registry, monkeypatch):
+    from transcoders import ConfigError
+
+    monkeypatch.setattr(providers, "entry_points", lambda group: [])  # as before attrgraph is installed
+    with pytest.raises(ConfigError, match="no installed package provides models") as e:
+        load_any_model("default")
+    assert "\n" not in str(e.value)
+
+
 def test_an_unknown_corpus_is_one_sentence(registry, tmp_path):
     from transcoders import ConfigError
 
