@@ -4,12 +4,12 @@ One hierarchy: `AttrgraphError` is the root of these and of the transcoders pack
 (`transcoders.errors.TranscoderError` derives from it), so `except AttrgraphError` catches every
 user mistake either package reports. Each class also derives from the built-in exception it
 refines (ValueError, OSError, FileNotFoundError), so code that catches those keeps working.
-All are exported from `attrgraph` (and the transcoders ones from `transcoders`).
+All are exported from `attrgraph` (and the transcoders ones from `transcoders`). The root itself is
+defined in `transcoders.errors` (the lower package, which imports nothing from attrgraph) and
+re-exported here; importing it loads neither torch nor the transcoder classes.
 """
 
-
-class AttrgraphError(Exception):
-    """Base class of every error attrgraph raises on purpose."""
+from transcoders.errors import AttrgraphError
 
 
 class ModelNotFoundError(AttrgraphError, FileNotFoundError):
