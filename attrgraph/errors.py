@@ -106,3 +106,7 @@ class ServeError(AttrgraphError, OSError):
 
 class CircuitMethodError(AttrgraphError, ValueError):
     """A circuit-finding method or task name that does not exist."""
+
+
+class LabelError(AttrgraphError, ValueError):
+    """A feature label the viewer cannot save: no such feature in the graph, or no dashboards file to hold it."""
