@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attrgraph.graph.store import save_graph
@@ -378,3 +379,50 @@ def test_errors_are_always_json(small_file, data, status):
     head, body = reply.split(b"\r\n\r\n", 1)
     assert b"Content-Type: application/json" in head
     assert json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_label_writes_follow_the_same_rules(small_file, tmp_path, host):
+    """POST /api/labels: refused cross-site, with Origin null, without the token beyond loopback, and
+    when malformed or naming no feature of the graph; the graph file is never touched."""
+    before = sha(small_file)
+    good = json.dumps(
+        {"graph": "g", "labels": [{"site": "mlp", "layer": 0, "feature": 0, "label": "x"}]}
+    ).encode()
+    with served(small_file, host=host) as server:
+        tok = token_headers(server)
+        for headers, status in (
+            ({"Origin": "null", **tok}, 403),
+            ({"Origin": "http://evil.example", **tok}, 403),
+            ({"Content-Type": "text/plain", **tok}, 400),
+        ):
+            assert request(server, "POST", "/api/labels", good, headers)[0] == status
+        if server.access.token:
+            assert request(server, "POST", "/api/labels", good)[0] == 403
+        for body in (
+            b"{",
+            json.dumps({"graph": "g", "labels": []}).encode(),
+            json.dumps({"graph": "g"}).encode(),
+        ):
+            status, reply = request(server, "POST", "/api/labels", body, tok)
+            assert status == 400 and json.loads(reply)["error"]
+        # a feature the graph does not hold; and this graph has no dashboards file to hold labels
+        bad = {"graph": "g", "labels": [{"site": "attn", "layer": 0, "feature": 10**6, "label": "x"}]}
+        status, reply = request(server, "POST", "/api/labels", json.dumps(bad).encode(), tok)
+        assert status == 400 and "is not a feature of this graph" in json.loads(reply)["error"]
+        graph = random_graph(0)
+        i = int(np.flatnonzero(graph.nodes.kind == "feature")[0])
+        ok = {
+            "graph": "g",
+            "labels": [
+                {
+                    "site": "mlp",
+                    "layer": int(graph.nodes.layer[i]),
+                    "feature": int(graph.nodes.feature[i]),
+                    "label": "x",
+                }
+            ],
+        }
+        status, reply = request(server, "POST", "/api/labels", json.dumps(ok).encode(), tok)
+        assert status == 400 and "no feature dashboards file" in json.loads(reply)["error"]
+    assert sha(small_file) == before
