@@ -432,7 +432,8 @@ def make_server(
 def warn_if_exposed(host: str) -> None:
     if not is_loopback(host):
         print(
-            f"attrgraph serve: warning: listening on {host}, so other machines can reach this file; "
-            "every API call needs the token in the URL below. The default 127.0.0.1 keeps it to this machine.",
+            f"attrgraph serve: warning: listening on {host}, so other machines can read (and write "
+            "supernodes and labels into) this file with the token of the URL below; the default "
+            "127.0.0.1 keeps it to this machine.",
             file=sys.stderr,
         )
