@@ -98,6 +98,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "GraphError",
         "GraphFileError",
         "InterventionError",
+        "LabelError",
         "ModelNotFoundError",
         "NonFiniteValueError",
         "OptionError",

@@ -110,3 +110,7 @@ class CircuitMethodError(AttrgraphError, ValueError):
 
 class NonFiniteValueError(AttrgraphError, FloatingPointError):
     """NaN or inf in a forward's activations, errors or logits, or in a graph's edges."""
+
+
+class LabelError(AttrgraphError, ValueError):
+    """A feature label the viewer cannot save: no such feature in the graph, or no dashboards file to hold it."""
