@@ -267,7 +267,7 @@ def test_long_build(readme):
     res = load(RESULTS / "long_build.json")
     held, streamed = res["summary"]["held"], res["summary"]["streamed"]
     h, s = held["steps"], streamed["steps"]
-    quoted(readme, f"47,224 nodes and {res['graph']['edges']:,} edges")
+    quoted(readme, f"{res['graph']['nodes']:,} nodes and {res['graph']['edges']:,} edges")
     quoted(
         readme,
         f"| held: `attribute`, `prune_graph(influence=)`, `save_graph` | {h['attribute']['seconds']:.1f} s "
