@@ -49,6 +49,8 @@ def main() -> None:
         max_feature_nodes=None,
         threads=1,
         full=False,
+        strict=False,
+        truncate=False,
     )
     rows = [
         {"prompt": ex.prompt, "name": f"{task}_{i}"}
