@@ -7,13 +7,13 @@ Public API:
   check_fits(model, tc), collect, mlp_input sites.py
   load_transcoders, save_transcoders        formats/
   compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
-  load_dashboards, set_labels               dashboard_file.py (the HDF5 file; user labels)
+  load_dashboards, set_labels, dashboard_text   dashboard_file.py (the HDF5 file; user labels; text form)
 """
 
 from transcoders.base import SparseCoder, TranscoderOutput
 from transcoders.clt import CrossLayerTranscoder
 from transcoders.config import TranscoderConfig
-from transcoders.dashboard_file import load_dashboards, set_labels
+from transcoders.dashboard_file import dashboard_text, load_dashboards, set_labels
 from transcoders.errors import (
     ConfigError,
     CorruptTranscoderError,
@@ -72,6 +72,7 @@ __all__ = [
     "check_fits",
     "collect",
     "compute_dashboards",
+    "dashboard_text",
     "load_dashboards",
     "set_labels",
     "load_transcoders",
