@@ -10,6 +10,7 @@ Public API:
   load_dashboards, set_labels, dashboard_text   dashboard_file.py (the HDF5 file; user labels; text form)
 """
 
+from transcoders import _quiet  # noqa: F401  (first: a warnings filter, before transformer_lens loads)
 from transcoders.base import SparseCoder, TranscoderOutput
 from transcoders.clt import CrossLayerTranscoder
 from transcoders.config import TranscoderConfig
