@@ -104,6 +104,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "GraphFileError",
         "InterventionError",
         "ModelNotFoundError",
+        "NonFiniteValueError",
         "OptionError",
         "PairLengthError",
         "PromptError",

@@ -106,3 +106,7 @@ class ServeError(AttrgraphError, OSError):
 
 class CircuitMethodError(AttrgraphError, ValueError):
     """A circuit-finding method or task name that does not exist."""
+
+
+class NonFiniteValueError(AttrgraphError, FloatingPointError):
+    """NaN or inf in a forward's activations, errors or logits, or in a graph's edges."""

@@ -31,7 +31,8 @@ class UnknownFormatError(TranscoderError, ValueError):
 
 
 class NonFiniteError(TranscoderError, FloatingPointError):
-    """NaN or inf met during training; the last good checkpoint is kept."""
+    """NaN or inf met during training (the last good checkpoint is kept), or in a set's weights when
+    it is loaded."""
 
 
 class StaleLayersError(TranscoderError, FileExistsError):

@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import spsolve_triangular
+from tqdm.auto import tqdm
 
 from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
 from attrgraph.analysis.stats import loglog_pearson, nan_stat, spearman
@@ -86,8 +87,9 @@ def _features(graph: Graph, cfg: ValidateConfig) -> np.ndarray:
     return feats[np.argsort(-infl, kind="stable")[: cfg.max_features]]
 
 
-def _ablations(rm, state, graph, nodes, windows, select=None, batch_size=32):
-    """Yield (node, window, PatchedRun row) of SetTo(0) on each node over [l, l + w]."""
+def _ablations(rm, state, graph, nodes, windows, select=None, batch_size=32, bar=None):
+    """Yield (node, window, PatchedRun row) of SetTo(0) on each node over [l, l + w]; `bar` (a
+    tqdm, or None) advances by the nodes of each batch once the caller has used it."""
     L = state.acts.shape[0]
     n = graph.nodes
     for w in windows:
@@ -104,10 +106,15 @@ def _ablations(rm, state, graph, nodes, windows, select=None, batch_size=32):
                 ]
                 rng = (int(layer), min(int(layer) + w, L - 1))
                 yield sub, w, patched_forward(rm, state, edits, "constrained", rng, select=select)
+                if bar is not None:
+                    bar.update(len(sub))
 
 
-def node_to_logit(rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig) -> dict:
-    """Step 1: ablation KL against influence, activation and direct logit edge."""
+def node_to_logit(
+    rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig, bar=None
+) -> dict:
+    """Step 1: ablation KL against influence, activation and direct logit edge (`bar`: a tqdm
+    advanced by each ablation, or None)."""
     feats = _features(graph, cfg)
     n = graph.nodes
     clean = torch.log_softmax(state.logits[-1].double(), -1)
@@ -117,7 +124,7 @@ def node_to_logit(rm: ReplacementModel, state: ReplacementState, graph: Graph, c
     edge = np.asarray(edge).ravel()
     kl = {wd: np.zeros(len(feats)) for wd in cfg.windows}
     pos = {int(i): k for k, i in enumerate(feats)}
-    for sub, wd, run in _ablations(rm, state, graph, feats, cfg.windows, batch_size=cfg.batch_size):
+    for sub, wd, run in _ablations(rm, state, graph, feats, cfg.windows, batch_size=cfg.batch_size, bar=bar):
         logp = torch.log_softmax(run.logits[:, -1].double(), -1)
         values = (clean.exp() * (clean - logp)).sum(-1).clamp_min(0).cpu().numpy()
         for i, v in zip(sub, values):
@@ -148,13 +155,16 @@ def influence_columns(graph: Graph, sources: np.ndarray) -> np.ndarray:
 
 
 def feature_to_feature(
-    rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig
+    rm: ReplacementModel, state: ReplacementState, graph: Graph, cfg: ValidateConfig, bar=None
 ) -> dict:
-    """Step 2: Spearman between graph influence and the normalized ablation effect."""
+    """Step 2: Spearman between graph influence and the normalized ablation effect (`bar` as in
+    node_to_logit; advanced by every source, ablated or not)."""
     n = graph.nodes
     feats = np.flatnonzero(n.mask("feature", "mlp"))  # step 4
     sources = _features(graph, cfg)
     if len(feats) < 2:
+        if bar is not None:
+            bar.update(len(sources))
         return {"spearman": math.nan, "n_pairs": 0, "_scatter": {"influence": [], "effect": []}}
     B = influence_columns(graph, sources)
     select = torch.tensor(
@@ -166,7 +176,7 @@ def feature_to_feature(
     col = {int(s): k for k, s in enumerate(sources)}
     infl, eff = [], []
     for sub, _, run in _ablations(
-        rm, state, graph, sources, (cfg.ff_window,), select=select, batch_size=cfg.batch_size
+        rm, state, graph, sources, (cfg.ff_window,), select=select, batch_size=cfg.batch_size, bar=bar
     ):
         after = run.acts.double().cpu().numpy()
         for s, row in zip(sub, after):
@@ -221,8 +231,9 @@ def _compare(
     return cos, nmse
 
 
-def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateConfig) -> dict:
-    """Step 3: cosine and normalized MSE per downstream layer, for the three perturbation kinds."""
+def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateConfig, bar=None) -> dict:
+    """Step 3: cosine and normalized MSE per downstream layer, for the three perturbation kinds
+    (`bar` as in node_to_logit; advanced by each perturbation)."""
     model, tc = rm.model, rm.tc
     L, P, _ = state.acts.shape
     gen = np.random.default_rng(cfg.seed)
@@ -236,8 +247,12 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
         rows: dict[int, list] = {}
         pool = active[active[:, 0] < L - 1] if kind == "upstream" else active
         if len(pool) == 0:
+            if bar is not None:
+                bar.update(cfg.n_perturbations)
             continue
         for _ in range(cfg.n_perturbations):
+            if bar is not None:
+                bar.update(1)
             l, p, f = (int(v) for v in pool[gen.integers(len(pool))])
             if kind == "upstream":
                 m = l + 1
@@ -289,8 +304,10 @@ def validate_graph(
     transcoders: SparseCoder | ReplacementModel,
     graph: Graph,
     cfg: ValidateConfig | None = None,
+    progress: bool = False,
 ) -> dict:
-    """All three evaluations of one graph (module docstring); keys starting with `_` hold plot data."""
+    """All three evaluations of one graph (module docstring); keys starting with `_` hold plot data.
+    `progress=True` shows a tqdm bar on stderr counting the ablations and perturbations."""
     cfg = cfg or ValidateConfig()
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     fp = graph.meta.get("transcoder_fingerprint")
@@ -308,9 +325,12 @@ def validate_graph(
     if graph.n_features == 0:
         raise ValidationError("the graph has no feature nodes; there is nothing to ablate.")
     state = rm.run(torch.as_tensor(graph.prompt_ids, device=rm.cfg.device), exclude_bos=False)
-    return {
-        "prompt": " ".join(graph.prompt_tokens),
-        "node_to_logit": node_to_logit(rm, state, graph, cfg),
-        "feature_to_feature": feature_to_feature(rm, state, graph, cfg),
-        "faithfulness": faithfulness(rm, state, cfg),
-    }
+    n_ablated = len(_features(graph, cfg))
+    total = n_ablated * (len(cfg.windows) + 1) + 3 * cfg.n_perturbations  # steps 1, 2 and 3
+    with tqdm(total=total, desc="validate", unit="run", disable=not progress) as bar:
+        return {
+            "prompt": " ".join(graph.prompt_tokens),
+            "node_to_logit": node_to_logit(rm, state, graph, cfg, bar),
+            "feature_to_feature": feature_to_feature(rm, state, graph, cfg, bar),
+            "faithfulness": faithfulness(rm, state, cfg, bar),
+        }

@@ -13,6 +13,11 @@ import os
 import sys
 import warnings
 
+DESCRIPTION = (
+    "Exact attribution graphs for transformers with sparse transcoders: build, show, validate, "
+    "export and serve them."
+)
+"""`attrgraph --help`'s description: whole sentences (the docstring's first line is cut mid-sentence)."""
 SUBCOMMANDS = {
     "predict": "attrgraph.cli.predict",
     "circuit": "attrgraph.cli.circuit",
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     passive_openmp()  # before the subcommands import torch
-    parser = argparse.ArgumentParser(prog="attrgraph", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="attrgraph", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}
     for module in modules.values():
@@ -78,6 +83,21 @@ def main(argv: list[str] | None = None) -> int:
             # a user's mistake: its one sentence, not a traceback
             print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT, 128 + 2
+            _close_progress_bars()  # so that the line starts a line of its own
+            print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
+            return 130
+
+
+INTERRUPTED = "interrupted; any file being written is left as it was."
+"""What Ctrl-C prints: a write it stops keeps the old file and leaves no temporary (graph/store.py)."""
+
+
+def _close_progress_bars() -> None:
+    """End every open tqdm bar's line (a bar left open by the interrupted step)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@
    the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
-   (missing folders are created). Steps that can take long (attribution, the influence passes,
+   (missing folders are created; an output that cannot be written, and options that make no
+   sense, are refused in one line before step 1). Ctrl-C exits 130 with one line; a write it
+   interrupts leaves the old file as it was (store.py). Steps that can take long (attribution, the influence passes,
    writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from attrgraph.cli import add_prompt_options
@@ -89,6 +92,34 @@ def add_build_options(
     add_prompt_options(p)
 
 
+def _outside(value, low: float, high: float = math.inf) -> bool:
+    """True when `value` (given) is not a number in [low, high]; NaN is never inside."""
+    return value is not None and not low <= value <= high
+
+
+def check_build_options(options: dict) -> None:
+    """Refuse, before anything loads, the build options (as parsed by `add_build_options`) that
+    make no sense: each is one `OptionError` line naming the option and what to pass."""
+    from attrgraph.errors import OptionError
+
+    for key in ("node_threshold", "edge_threshold"):
+        if _outside(options[key], 0.0, 1.0):
+            raise OptionError(
+                f"--{key.replace('_', '-')} is {options[key]}; pass a fraction in [0, 1] such as 0.8."
+            )
+    if options["logit_prob"] is not None and not 0.0 < options["logit_prob"] <= 1.0:
+        raise OptionError(
+            f"--logit-prob is {options['logit_prob']}; pass a probability in (0, 1] such as 0.95."
+        )
+    if _outside(options["tau"], 0.0):
+        raise OptionError(
+            f"--tau is {options['tau']}; pass an attribution of 0 or more (0 detaches nothing below 0)."
+        )
+    for key in ("max_logits", "batch_size", "max_feature_nodes", "threads"):
+        if options[key] is not None and options[key] < 1:
+            raise OptionError(f"--{key.replace('_', '-')} is {options[key]}; pass at least 1.")
+
+
 def load_sets(options: dict):
     """The transcoder set of `--transcoders`, or `[it, the set of --attn-transcoders]`."""
     from transcoders.formats import load_transcoders
@@ -142,11 +173,13 @@ def run(args) -> int:
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
-    from attrgraph.graph.store import save_graph
+    from attrgraph.graph.store import check_output, save_graph
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
+    check_build_options(vars(args))
+    check_output(args.output)  # a folder, a foreign file or no write permission: before the work
     check_device(args.device)
     if args.threads:
         import torch

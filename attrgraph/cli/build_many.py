@@ -30,7 +30,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from attrgraph.cli.build import add_build_options, attribute_options, graph_sources, load_sets
+from attrgraph.cli.build import (
+    add_build_options,
+    attribute_options,
+    check_build_options,
+    graph_sources,
+    load_sets,
+)
 from attrgraph.errors import ClusterError, OptionError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -233,18 +239,23 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-def _start_ray(workers: int, address: str | None) -> bool:
-    """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
-    if address is None:
-        # Ray swaps 127.0.0.1 for the host's network address (services.resolve_ip_for_localhost)
-        # unless its single-machine mode is on; a local cluster then binds and talks on loopback only
-        os.environ.setdefault(LOOPBACK_ENV, "0")
+def _import_ray():
     try:
         import ray
     except ImportError:
         raise ClusterError(
             "build-many needs Ray, which is not installed; run pip install 'attrgraph[distributed]'."
         ) from None
+    return ray
+
+
+def _start_ray(workers: int, address: str | None) -> bool:
+    """Initialize Ray unless it already is; True when this call started it (and must shut it down)."""
+    if address is None:
+        # Ray swaps 127.0.0.1 for the host's network address (services.resolve_ip_for_localhost)
+        # unless its single-machine mode is on; a local cluster then binds and talks on loopback only
+        os.environ.setdefault(LOOPBACK_ENV, "0")
+    ray = _import_ray()
     if ray.is_initialized():
         return False
     if address is not None:
@@ -291,6 +302,8 @@ def build_many(
     items, failures = read_prompts(prompts)
     done = set(list_graphs(output)) if Path(output).exists() else set()
     todo = [it for it in items if it["name"] not in done]
+    if todo:
+        _import_ray()  # without Ray: its one line, and nothing written
     side = failures_path(output)
     side.parent.mkdir(parents=True, exist_ok=True)
     side.write_text("")
@@ -372,8 +385,7 @@ def build_many(
 
 def run(args) -> int:
     options = {k: getattr(args, k) for k in BUILD_OPTIONS}
-    if args.threads < 1:
-        raise OptionError(f"--threads is {args.threads}; pass at least 1.")
+    check_build_options(options)
     counts = build_many(
         args.prompts,
         args.output,

@@ -1,5 +1,6 @@
 """`attrgraph validate FILE`: validate stored graphs by interventions (analysis/validate.py) and
-write the report with plots (analysis/validation_report.py)."""
+write the report with plots (analysis/validation_report.py). A tqdm bar per graph on stderr counts
+its ablations and perturbations (`--no-progress`: none); a file without graphs is one line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attrgraph.analysis.validate import ValidateConfig
+from attrgraph.errors import GraphFileError
 
 
 def add_parser(sub) -> None:
@@ -32,6 +34,7 @@ def add_parser(sub) -> None:
         help="where the model and transcoders run: cpu (default), cuda, cuda:N, mps",
     )
     p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one per graph, on stderr)")
     for f in ("max_features", "n_perturbations", "batch_size", "seed"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
 
@@ -47,6 +50,10 @@ def run(args) -> int:
 
     check_device(args.device)  # before reading anything
     names = [args.name] if args.name else list_graphs(args.file)
+    if not names:
+        raise GraphFileError(
+            f"{args.file} holds no graphs (a circuit-only file?); write one with `attrgraph build` first."
+        )
     graphs = [load_graph(args.file, n) for n in names]
     model_name = args.model or graphs[0].meta.get("model", "default")
     tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
@@ -62,7 +69,7 @@ def run(args) -> int:
         seed=args.seed,
     )
     rm = ReplacementModel(model, tc)
-    results = [validate_graph(model, rm, g, cfg) for g in graphs]
+    results = [validate_graph(model, rm, g, cfg, progress=not args.no_progress) for g in graphs]
     out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
     summary = write_report(results, names, out, title=f"validation of {args.file}")
     print(json.dumps(summary, indent=1))

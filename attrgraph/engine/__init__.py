@@ -8,6 +8,7 @@ targets.py           logit, logit-difference and direction targets
 autograd_rows.py     the reference rows engine (one autograd backward per batch of targets)
 linear_backward.py   the fast rows engine (the frozen backward as explicit matrix products)
 csr_rows.py          the rows engines' sparse output
+finite.py            NaN and inf refused in a forward's activations and in edge values
 threads.py           thread counts chosen for the work (robust on a machine with other work on it)
 attribute.py         `attribute`: the full graph
 hierarchical.py      `attribute_hierarchical`: detach-during-backward from one root

@@ -22,6 +22,8 @@ import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float, Int
 
+from attrgraph.engine.finite import check_rows
+
 _INT32_MAX = 2**31 - 1
 
 
@@ -113,6 +115,7 @@ class CsrRowWriter:
     ) -> None:
         """Rows `rows` of the matrix: `block[i, j]` is entry `(rows[i], columns[j])`; `columns`
         ascending (default: all columns)."""
+        check_rows(block)  # finite.py: a NaN edge is refused, not stored
         if columns is None:
             columns = np.arange(block.shape[1])
         B, n = block.shape

@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attrgraph.engine.finite import check_state
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.sets import transcoder_sets
 from attrgraph.errors import UnsupportedModelError
@@ -219,6 +220,15 @@ class ReplacementModel:
         if embedding == "token+position" and "hook_pos_embed" in cache:
             embed = embed + cache["hook_pos_embed"][0]
         attn = self._run_attention(cache, n_excluded, y_out.dtype) if self.attn is not None else {}
+        check_state(  # finite.py: NaN here would become a graph of 0 features and NaN edges
+            {
+                "logits": logits,
+                "feature activations": acts,
+                "error values": errors,
+                "attention feature activations": attn.get("attn_acts"),
+                "attention error values": attn.get("attn_errors"),
+            }
+        )
         return ReplacementState(
             tokens=tokens,
             logits=logits[0],

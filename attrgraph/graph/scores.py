@@ -11,7 +11,8 @@ the definitions are circuit-tracer's `compute_graph_scores`, so the numbers are 
 3. Completeness score: each node's share of non-error input `1 - sum_{s error} A[t, s]` (1 for
    nodes without inputs), averaged with weights `I + w`:
    `sum_t (1 - A_err[t]) (I_t + w_t) / sum_t (I_t + w_t)`.
-Both lie in [0, 1]; both are computed on whatever graph they are given, so the scores of a pruned
+Both lie in [0, 1]; a graph holding NaN or inf (in its edges or logit weights) has no scores: both
+are NaN, never the 1 that a comparison with NaN would give. Both are computed on whatever graph they are given, so the scores of a pruned
 graph are those of its kept nodes and edges. `save_graph` stores them as HDF5 attributes and
 `attrgraph show` prints them.
 """
@@ -65,6 +66,8 @@ def scores_from_shares(
     """Steps 2-3 from the influence and each row's error share `sum_{s error} A[t, s]`
     (as streamed_influence.py computes them in one pass)."""
     w = np.asarray(logit_weights, np.float64)
+    if not (np.isfinite(influence).all() and np.isfinite(error_share).all() and np.isfinite(w).all()):
+        return GraphScores(replacement=float("nan"), completeness=float("nan"))
     token = float(influence[kind == "embedding"].sum())
     error = float(influence[kind == "error"].sum())
     replacement = token / (token + error) if token + error > 0 else 1.0

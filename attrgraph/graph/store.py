@@ -20,8 +20,18 @@
    temporary file `.NAME.PID@HOST.XXXXXXXX.tmp` in the same folder and renamed over the target,
    so a crash never leaves a half-written file under the final name; temporaries left by writers
    that died (same host, no process with that PID) are removed by the next write. Writers of one
-   file take turns (POSIX: an flock on the empty `.NAME.lock` beside it), so that two processes
-   adding graphs at once do not drop each other's.
+   file take turns (POSIX: an flock on the empty `.NAME.lock` beside it, removed by its holder when
+   done, so no lock file is left behind), so that two processes adding graphs at once do not drop
+   each other's.
+   A full disk: before HDF5 writes a byte, the temporary is grown (`posix_fallocate`) by a bound on
+   what the write adds, so a disk too full fails there, as one `GraphFileError` line with the old
+   file intact and no temporary left; HDF5 itself then never meets a failed write (after one,
+   h5py's close can crash the interpreter) and truncates the file to its end on close.
+   Ctrl-C (SIGINT) during a write is held until the next slice of an array (h5py would swallow a
+   `KeyboardInterrupt` raised inside its own calls and write on), then stops the write: the old
+   file is left as it was, the temporary removed, and `KeyboardInterrupt` raised.
+   `check_output` finds a folder that cannot be written, a directory, or a file that is not HDF5
+   before any work, in one line.
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
    array's presence and shape, and that the JSON attributes decode to what they should; anything
    else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
@@ -32,13 +42,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.metadata
+import io
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -95,6 +109,7 @@ def _write_array(
         ),
     )
     for i in range(0, len(arr), _SLICE):
+        _stop_if_interrupted()  # step 3: a Ctrl-C held since the last slice stops the write here
         part = arr[i : i + _SLICE].astype(dtype, copy=False)
         ds[i : i + _SLICE] = part
         if bar is not None:
@@ -128,6 +143,7 @@ def _write_group(
     _write_text(group, "logit_strings", list(graph.logit_strings))
     if scores is None:
         scores = compute_graph_scores(graph)  # of this graph as stored (pruned or not); scores.py
+    _stop_if_interrupted()
     group.attrs["replacement_score"] = scores.replacement
     group.attrs["completeness_score"] = scores.completeness
     nodes = group.create_group("nodes")
@@ -194,50 +210,205 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+_RESERVE = 1 << 20
+"""Bytes reserved beyond the copy of the old file by a writer that gives no bound of its own."""
+
+
 @contextlib.contextmanager
-def edit_h5(path: str | os.PathLike, fresh: bool = False):
+def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = _RESERVE):
     """Open a copy of the HDF5 file `path` (or a new file; with `fresh`, always a new one) for
     writing; on success the copy is renamed over `path` with the permissions a plain `open` would
     give, so a crash never leaves a half-written file under the final name. Every writer of HDF5
     files goes through here (graphs, supernodes, circuits, transcoders' dashboards).
-    Missing parent folders are created; stale temporaries of dead writers are removed (step 3)."""
+    `reserve`: a bound on the bytes the writer adds (step 3: a disk without them is refused before
+    HDF5 writes). Missing parent folders are created; stale temporaries of dead writers are
+    removed. A full disk or a folder that cannot be written raises `GraphFileError`; Ctrl-C
+    raises `KeyboardInterrupt` after removing the temporary (step 3)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _one_writer(path):
-        remove_stale_temporaries(path)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
-        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _one_writer(path)
+        lock.__enter__()
+    except OSError as e:
+        raise _write_error(path, e) from None
+    try:
+        with _interrupts_held():
+            remove_stale_temporaries(path)
+            tmp = None
+            try:
+                try:
+                    tmp = _new_temporary(path)
+                    _prepare(tmp, path if path.exists() and not fresh else None, reserve)
+                except OSError as e:
+                    raise _write_error(path, e) from None
+                _stop_if_interrupted()
+                with h5py.File(tmp, "a", libver=LIBVER) as f:
+                    yield f
+                _stop_if_interrupted()  # the last moment the old file can still be kept
+                try:
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
+                    os.replace(tmp, path)
+                except OSError as e:
+                    raise _write_error(path, e) from None
+            finally:
+                if tmp is not None and os.path.exists(tmp):
+                    os.unlink(tmp)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _new_temporary(path: Path) -> str:
+    """Step 3's temporary `.NAME.PID@HOST.XXXXXXXX.tmp`, empty, beside `path`."""
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
+    )
+    os.close(fd)
+    return tmp
+
+
+def _empty_image() -> bytes:
+    """An HDF5 file with nothing in it, made in memory (no HDF5 write to the disk can fail)."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w", libver=LIBVER):
+        pass
+    return buffer.getvalue()
+
+
+def _prepare(tmp: str, old: Path | None, reserve: int) -> None:
+    """Fill the temporary with a copy of `old` (or an empty HDF5 file) and grow it by `reserve`
+    bytes (step 3); every failure here is a plain `OSError` from Python or the kernel."""
+    if old is not None:
+        shutil.copyfile(old, tmp)
+    else:
+        with open(tmp, "wb") as f:
+            f.write(_empty_image())
+    if not hasattr(os, "posix_fallocate"):  # macOS, Windows: no reservation
+        return
+    fd = os.open(tmp, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size + max(int(reserve), 0))
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise  # ENOSPC, EDQUOT, EFBIG: what the write would have met
+    finally:
         os.close(fd)
-        try:
-            if path.exists() and not fresh:
-                shutil.copyfile(path, tmp)
-            with h5py.File(tmp, "w" if fresh else "a", libver=LIBVER) as f:
-                yield f
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+
+
+def _write_error(path: Path, e: OSError) -> GraphFileError:
+    """One line for an `OSError` met while writing `path`."""
+    reason = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return GraphFileError(
+            f"cannot write {path}: no space left on its disk ({reason}); free some space or write elsewhere "
+            "(the old file, if any, is unchanged)."
+        )
+    if e.errno == errno.EFBIG:
+        return GraphFileError(
+            f"cannot write {path}: the file would pass the size limit ({reason}; see `ulimit -f`); "
+            "raise the limit or write a smaller graph (the old file, if any, is unchanged)."
+        )
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return GraphFileError(
+            f"cannot write in {path.parent} ({reason}); pass an output in a folder you can write."
+        )
+    return GraphFileError(f"cannot write {path} ({reason}); the old file, if any, is unchanged.")
+
+
+_held: list[int] = []  # SIGINTs held by _interrupts_held (step 3)
+
+
+def _stop_if_interrupted() -> None:
+    """Raise the `KeyboardInterrupt` of a Ctrl-C held during a write (step 3)."""
+    if _held:
+        _held.clear()
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold SIGINT (record it, raise nothing) while a write runs, so that the write stops at one of
+    its own checkpoints (`_stop_if_interrupted`) instead of inside h5py, which would swallow it.
+    Only where Python's default handler is installed, in the main thread; a SIGINT still held at
+    the end is raised then."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    _held.clear()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _stop_if_interrupted()
 
 
 @contextlib.contextmanager
 def _one_writer(path: Path):
-    """Step 3: hold an exclusive flock on `.NAME.lock` (never renamed, so every writer locks the
-    same file; the kernel releases it when a writer dies). Without fcntl (Windows), no lock."""
+    """Step 3: hold an exclusive flock on `.NAME.lock` (the kernel releases it when a writer dies).
+    The holder removes the file when done; a writer that then gets the lock of the removed file
+    (it opened it before the removal) sees that the name no longer leads to it and locks the file
+    there now instead, so two writers never hold the lock of one name at once. Without fcntl
+    (Windows), no lock."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    name = path.parent / f".{path.name}.lock"
+    while True:
+        lock = open(name, "a")
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if os.path.samestat(os.fstat(lock.fileno()), os.stat(name)):
+                    break
+            except FileNotFoundError:
+                pass
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()  # removed by the writer before us: lock the file under the name now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)  # while still holding it
+        lock.close()  # releases the flock
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Step 3: refuse, before any work, an output `path` that `save_graph` could not write: a
+    directory, an existing file that is not HDF5, a missing folder under a file, or a folder this
+    process cannot create files in (tried for real, with a temporary removed at once)."""
+    path = Path(path)
+    if path.is_dir():
+        raise GraphFileError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.h5'}.")
+    if path.exists():
+        if not path.is_file() or not _is_hdf5(path):
+            raise GraphFileError(
+                f"{path} exists and is not an HDF5 file, so no graph can be added to it; pass a new file "
+                "name or a graph file written by attrgraph."
+            )
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise GraphFileError(f"{folder} is a file, so {path} cannot be created; pass another output path.")
+    try:
+        os.unlink(_new_temporary(folder / path.name))
+    except OSError as e:
+        raise _write_error(folder / path.name, e) from None
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        return bool(h5py.is_hdf5(path))
+    except _H5_ERRORS:
+        return False
 
 
 def save_graph(
@@ -258,15 +429,28 @@ def save_graph(
         )
     graph.validate()
     path = Path(path)
-    if path.exists():
-        _check_hdf5(path)
-    with edit_h5(path) as f:
+    check_output(path)
+    with edit_h5(path, reserve=_size_bound(graph)) as f:
         _write_text(f.attrs, "format", "attrgraph")
         graphs = f.require_group("graphs")
         if name in graphs:
             del graphs[name]
         _write_group(graphs.create_group(name), graph, progress, scores)
     return name
+
+
+def _size_bound(graph: Graph) -> int:
+    """More bytes than `_write_group` adds to a file for `graph` (step 3's reservation): every
+    array at its stored width before compression (gzip and checksums add a few bytes per chunk),
+    plus a MiB for the attributes and HDF5's object headers and chunk indexes."""
+    adj = graph.adjacency
+    nodes = sum(np.asarray(getattr(graph.nodes, f.name)).nbytes for f in fields(Nodes))
+    edges = adj.nnz * (adj.data.dtype.itemsize + 8) + (adj.shape[0] + 1) * 8
+    small = 8 * (len(graph.prompt_ids) + 2 * len(graph.logit_tokens))
+    text = len(json.dumps(graph.meta, default=str)) + sum(
+        len(t.encode()) for t in (*graph.prompt_tokens, *graph.logit_strings)
+    )
+    return int(1.05 * (nodes + edges + small + text)) + _RESERVE
 
 
 def _check_hdf5(path: Path) -> None:

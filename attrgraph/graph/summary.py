@@ -7,6 +7,8 @@
 4. The metadata the graph carries (model, transcoders, options, thresholds).
 5. The graph's replacement and completeness scores (scores.py), and for hierarchical and adaptive
    graphs their root / budget figures.
+6. NaN or inf (a graph stored by a version that did not refuse them): `non_finite` counts them,
+   the scores are undefined (None, "not defined"), never a number, and such values show as None.
 """
 
 from __future__ import annotations
@@ -15,6 +17,24 @@ import numpy as np
 
 from attrgraph.graph.graph import NODE_ORDER, Graph
 from attrgraph.graph.scores import GraphScores, compute_graph_scores
+
+
+def _number(x) -> float | None:
+    """`x` rounded for the summary, or None when it is NaN or inf (plain JSON has no NaN)."""
+    x = float(x)
+    return round(x, 6) if np.isfinite(x) else None
+
+
+def _non_finite(graph: Graph) -> dict:
+    """Step 6: NaN or inf values per array that holds any (influence is NaN until computed, so not
+    counted; its scores are undefined all the same)."""
+    arrays = {
+        "edges": graph.adjacency.data,
+        "activations": graph.nodes.activation,
+        "logit_probs": graph.logit_probs,
+    }
+    counts = {k: int(np.size(v) - np.isfinite(v).sum()) for k, v in arrays.items()}
+    return {k: v for k, v in counts.items() if v}
 
 
 def summarize(graph: Graph, n_top: int = 10, scores: GraphScores | None = None) -> dict:
@@ -40,27 +60,27 @@ def summarize(graph: Graph, n_top: int = 10, scores: GraphScores | None = None) 
         "prompt_tokens": list(graph.prompt_tokens),
         "logit_tokens": graph.logit_tokens.tolist(),
         "logit_strings": list(graph.logit_strings),
-        "logit_probs": [round(float(p), 6) for p in graph.logit_probs],
+        "logit_probs": [_number(p) for p in graph.logit_probs],
         "top_features": [
             {
                 "layer": int(n.layer[i]),
                 "position": int(n.position[i]),
                 "feature": int(n.feature[i]),
                 "token": graph.prompt_tokens[int(n.position[i])],
-                "activation": round(float(n.activation[i]), 6),
-                "influence": round(float(n.influence[i]), 6),
+                "activation": _number(n.activation[i]),
+                "influence": _number(n.influence[i]),
                 "site": str(n.site[i]),
             }
             for i in top
         ],
-        **dict(
-            zip(
-                ("replacement_score", "completeness_score"),
-                (round(x, 6) for x in scores),
-            )
-        ),
+        **dict(zip(("replacement_score", "completeness_score"), (_number(x) for x in scores))),
+        **({"non_finite": bad} if (bad := _non_finite(graph)) else {}),
         "meta": {k: v for k, v in graph.meta.items() if isinstance(v, (str, int, float, bool))},
     }
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "nan" if x is None else format(x, spec)
 
 
 def format_summary(summary: dict, title: str = "graph") -> str:
@@ -70,11 +90,19 @@ def format_summary(summary: dict, title: str = "graph") -> str:
     if "attention_nodes" in summary:
         a = summary["attention_nodes"]
         lines.append(f"  attention: {a['feature']} features, {a['error']} error nodes (site attn)")
-    logits = "  ".join(f"{s!r} {p:.3f}" for s, p in zip(summary["logit_strings"], summary["logit_probs"]))
+    logits = "  ".join(
+        f"{s!r} {_fmt(p, '.3f')}" for s, p in zip(summary["logit_strings"], summary["logit_probs"])
+    )
     lines.append(f"  logits: {logits}")
+    if summary.get("non_finite"):
+        bad = ", ".join(f"{v} {k}" for k, v in summary["non_finite"].items())
+        lines.append(f"  NaN or inf values: {bad}; rebuild the graph with finite transcoders")
     if "replacement_score" in summary:
+        r, c = summary["replacement_score"], summary["completeness_score"]
         lines.append(
-            f"  scores: replacement {summary['replacement_score']:.3f}, completeness {summary['completeness_score']:.3f}"
+            "  scores: not defined (the graph holds NaN or inf)"
+            if r is None or c is None
+            else f"  scores: replacement {r:.3f}, completeness {c:.3f}"
         )
     meta = summary.get("meta", {})
     if meta.get("method") == "hierarchical":
@@ -92,6 +120,6 @@ def format_summary(summary: dict, title: str = "graph") -> str:
         for f in summary["top_features"]:
             lines.append(
                 f"    {'A' if f.get('site') == 'attn' else 'L'}{f['layer']}/F{f['feature']:<6} @{f['position']:<3} {f['token']!r:<12} "
-                f"act {f['activation']:8.3f}  influence {f['influence']:.4f}"
+                f"act {_fmt(f['activation'], '8.3f')}  influence {_fmt(f['influence'], '.4f')}"
             )
     return "\n".join(lines)

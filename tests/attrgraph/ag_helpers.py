@@ -250,3 +250,19 @@ def large_graph(n_feat: int = 2800, n_emb: int = 8, n_logit: int = 2, seed: int 
         logit_strings=[f"out{i}" for i in range(n_logit)],
         meta={"model": "hand-built", "n_layers": 1},
     )
+
+
+def final_bars(err: str, desc: str) -> list[str]:
+    """What a terminal shows at the end of each `desc` progress bar in `err` (a tqdm stream): each bar
+    is one line (redraws start with '\\r', closing it writes '\\n'), of which the last redraw is what
+    the user sees. Counting '100%' instead would count redraws, which depend on timing (tqdm redraws
+    a finished bar once more on close when its last update was drawn)."""
+    shown = [line.split("\r")[-1].strip() for line in err.split("\n")]
+    return [line for line in shown if line.startswith(f"{desc}:")]
+
+
+def bars_finished(err: str, desc: str) -> int:
+    """How many `desc` bars in `err` the user sees end at 100%; asserts none ends short of it."""
+    bars = final_bars(err, desc)
+    assert bars and all(": 100%|" in b for b in bars), (desc, bars, err)
+    return len(bars)

@@ -21,10 +21,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from transcoders.errors import StaleLayersError, TranscoderNotFoundError, UnknownFormatError
+from transcoders.errors import (
+    CorruptTranscoderError,
+    NonFiniteError,
+    StaleLayersError,
+    TranscoderNotFoundError,
+    UnknownFormatError,
+)
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
-from transcoders.formats.native import is_native, load_native, save_native
+from transcoders.formats.native import broken_json, is_native, load_native, save_native
 from transcoders.paths import BUNDLED
 
 if TYPE_CHECKING:
@@ -52,6 +58,9 @@ def detect_format(folder: Path) -> str:
         return "sae-lens"
     if any(folder.rglob("*.npz")):
         return "gemmascope"
+    why = broken_json(folder / "config.json")
+    if why is not None:  # most likely ours, damaged: say where, not "no format"
+        raise CorruptTranscoderError(why)
     raise UnknownFormatError(
         f"{folder} is in no format we read; expected our config.json, circuit-tracer's config.yaml / "
         "layer_{i}.safetensors, sae_lens cfg.json + sae_weights.safetensors, or GemmaScope params.npz files."
@@ -70,7 +79,24 @@ def load_transcoders(
     Extra keyword arguments go to the format's reader (e.g. `input_hook=` for GemmaScope). The set is
     in eval mode (BatchTopK applies its per-token threshold; `.train()` switches to the batch rule).
     """
-    return _load(name_or_path, format, device, dtype, **kwargs).eval()
+    tc = _load(name_or_path, format, device, dtype, **kwargs).eval()
+    check_finite(tc, name_or_path)
+    return tc
+
+
+def check_finite(tc: SparseCoder, source) -> None:
+    """Refuse a set holding NaN or inf (as a diverged training run leaves it, in any format, with or
+    without a manifest; or a value past the range of `dtype`): `NonFiniteError` naming the first
+    such tensor and how many of its values are not finite. Features of such a set would turn every
+    activation, edge and score of a graph into NaN."""
+    for name, value in tc.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            where = source if isinstance(source, str | os.PathLike) else "the set given"
+            raise NonFiniteError(
+                f"{where}: {name} holds {bad} of {value.numel()} values that are NaN or inf (a diverged "
+                "training run?); retrain or load an earlier checkpoint."
+            )
 
 
 def _load(name_or_path, format, device, dtype, **kwargs):

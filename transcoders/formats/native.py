@@ -37,8 +37,34 @@ def is_native(folder: Path) -> bool:
         return False
     try:
         return json.loads(path.read_text()).get("format") == FORMAT_NAME
-    except (json.JSONDecodeError, AttributeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         return False
+
+
+def broken_json(path: Path) -> str | None:
+    """Why `path` (an existing file) is not JSON text, with the line and column, or None when it is
+    (or is missing): the reason a folder whose config.json is damaged is in no format we read."""
+    if not path.is_file():
+        return None
+    try:
+        json.loads(path.read_bytes())
+    except UnicodeDecodeError as e:
+        return f"{path} is not UTF-8 text (byte {e.start}); config.json must be JSON text."
+    except json.JSONDecodeError as e:
+        return f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}; fix or rewrite it."
+    return None
+
+
+def _read_config(folder: Path) -> dict:
+    why = broken_json(folder / "config.json")
+    if why is not None:
+        raise CorruptTranscoderError(why)
+    meta = json.loads((folder / "config.json").read_text())
+    if not isinstance(meta, dict):
+        raise CorruptTranscoderError(
+            f"{folder / 'config.json'} is not a JSON object; rewrite it with save_transcoders."
+        )
+    return meta
 
 
 def save_native(tc: SparseCoder, path: str | os.PathLike) -> Path:
@@ -59,7 +85,7 @@ def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torc
     from transcoders import build_transcoders
 
     folder = Path(path)
-    meta = json.loads((folder / "config.json").read_text())
+    meta = _read_config(folder)
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise CorruptTranscoderError(

@@ -50,7 +50,7 @@ def test_many_graphs_per_file_and_replace(tmp_path, make_random_graph):
         load_graph(path, "three")
     save_graph(g1, path, name="two")
     assert_same(g1, load_graph(path, "two"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".many.h5.lock", "many.h5"]  # no temporaries
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.h5"]  # no temporaries, no lock file left
 
 
 def test_other_schema_version_is_refused(tmp_path, make_random_graph):
@@ -142,7 +142,8 @@ def test_byte_flips_load_the_same_graph_or_raise_graph_file_error(tmp_path, make
     g = make_random_graph(0, n_feat=60)
     g.meta["note"] = "naïve ✓"
     save_graph(g, path)
-    results = fuzz(path, list(range(0, path.stat().st_size, 29)), timeout=20)
+    # timeout: a guard against hangs only (a load takes milliseconds, on a busy machine seconds)
+    results = fuzz(path, list(range(0, path.stat().st_size, 29)), timeout=120)
     outcomes = {r["outcome"] for r in results}
     bad = [r for r in results if r["outcome"] not in ("same", "ours")]
     assert not bad, bad[:5]
@@ -225,7 +226,7 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save(tmp_path, make_r
     save_graph(make_random_graph(2), path, name="two")
     assert not temp.exists()  # ... until the next save
     assert list_graphs(path) == ["one", "two"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.h5.lock", "g.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
 
 
 WRITE = (
