@@ -40,7 +40,7 @@ from __future__ import annotations
 import importlib
 import warnings
 
-# as transcoders/_quiet.py (not imported here: `import attrgraph` loads no torch): transformer_lens's
+# as in transcoders/__init__.py: transformer_lens's
 # tqdm.auto warns "IProgress not found" in a Jupyter kernel without ipywidgets, then uses its text bar
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
@@ -103,6 +103,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "GraphError",
         "GraphFileError",
         "InterventionError",
+        "LabelError",
         "ModelNotFoundError",
         "NonFiniteValueError",
         "OptionError",

@@ -4,12 +4,12 @@ One hierarchy: `AttrgraphError` is the root of these and of the transcoders pack
 (`transcoders.errors.TranscoderError` derives from it), so `except AttrgraphError` catches every
 user mistake either package reports. Each class also derives from the built-in exception it
 refines (ValueError, OSError, FileNotFoundError), so code that catches those keeps working.
-All are exported from `attrgraph` (and the transcoders ones from `transcoders`).
+All are exported from `attrgraph` (and the transcoders ones from `transcoders`). The root itself is
+defined in `transcoders.errors` (the lower package, which imports nothing from attrgraph) and
+re-exported here; importing it loads neither torch nor the transcoder classes.
 """
 
-
-class AttrgraphError(Exception):
-    """Base class of every error attrgraph raises on purpose."""
+from transcoders.errors import AttrgraphError
 
 
 class ModelNotFoundError(AttrgraphError, FileNotFoundError):
@@ -110,3 +110,7 @@ class CircuitMethodError(AttrgraphError, ValueError):
 
 class NonFiniteValueError(AttrgraphError, FloatingPointError):
     """NaN or inf in a forward's activations, errors or logits, or in a graph's edges."""
+
+
+class LabelError(AttrgraphError, ValueError):
+    """A feature label the viewer cannot save: no such feature in the graph, or no dashboards file to hold it."""

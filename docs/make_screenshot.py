@@ -1,11 +1,11 @@
-"""Make docs/ioi_graph.png: the viewer (`attrgraph serve`) on the pruned IOI graph of the bundled model.
+"""Make docs/ioi_graph_labelled.png: the viewer (`attrgraph serve`) on the pruned IOI graph of the bundled model.
 
-    python docs/make_screenshot.py [--out docs/ioi_graph.png]
+    python docs/make_screenshot.py [--out docs/ioi_graph_labelled.png]
 
 Builds the graph as `attrgraph build` does (default-plt, node threshold 0.8, edge threshold 0.98)
 into a temporary file, serves it on a free port of 127.0.0.1, opens the page in headless chromium
-(Debian's `chromium` and `chromium-driver`), selects the feature with the largest logit influence
-so the side panel shows its edges and dashboard, and saves a screenshot.
+(Debian's `chromium` and `chromium-driver`), hides the error nodes so the features and their
+dashboard labels stand out (the side panel lists the features by influence), and saves a screenshot.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-import numpy as np
 
 import attrgraph
 from attrgraph.viewer.server import make_server
@@ -53,7 +51,7 @@ def chromium():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(HERE / "ioi_graph.png"))
+    parser.add_argument("--out", default=str(HERE / "ioi_graph_labelled.png"))
     parser.add_argument("--width", type=int, default=1500)
     parser.add_argument("--height", type=int, default=820)
     args = parser.parse_args()
@@ -76,13 +74,7 @@ def main() -> None:
             WebDriverWait(browser, 30).until(
                 lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == graph.n_nodes
             )
-            feats = np.flatnonzero(graph.nodes.kind == "feature")
-            top = int(feats[np.argmax(graph.nodes.influence[feats])])
-            browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{top}"]').click()
-            browser.execute_script(
-                "document.getElementById('canvas').scrollLeft = 0;"
-                "document.querySelectorAll('#details h4')[1].scrollIntoView();"  # outgoing edges, dashboard
-            )
+            browser.execute_script("document.getElementById('show-errors').click()")  # errors hidden
             time.sleep(0.5)
             png = browser.get_screenshot_as_png()
         finally:

@@ -3,80 +3,60 @@
 Public API:
   TranscoderConfig                          config.py
   SAE, PerLayerTranscoder, CrossLayerTranscoder, TranscoderOutput   sae.py, plt.py, clt.py, base.py
-  build_transcoders(cfg)                    an untrained set of the class cfg.kind names
+  build_transcoders(cfg), CLASSES           an untrained set of the class cfg.kind names (build.py)
   check_fits(model, tc), collect, mlp_input sites.py
   load_transcoders, save_transcoders        formats/
   compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
   load_dashboards, set_labels, dashboard_text   dashboard_file.py (the HDF5 file; user labels; text form)
+  AttrgraphError, TranscoderError, ...      errors.py (AttrgraphError: the root of both packages' errors)
 """
 
-from transcoders import _quiet  # noqa: F401  (first: a warnings filter, before transformer_lens loads)
-from transcoders.base import SparseCoder, TranscoderOutput
-from transcoders.clt import CrossLayerTranscoder
-from transcoders.config import TranscoderConfig
-from transcoders.dashboard_file import dashboard_text, load_dashboards, set_labels
-from transcoders.errors import (
-    ConfigError,
-    CorruptTranscoderError,
-    DashboardFileError,
-    NonFiniteError,
-    StaleLayersError,
-    TranscoderError,
-    TranscoderMismatchError,
-    TranscoderNotFoundError,
-    UnknownFormatError,
-)
-from transcoders.formats import load_transcoders, save_transcoders
-from transcoders.plt import PerLayerTranscoder
-from transcoders.sae import SAE
-from transcoders.sites import check_fits, collect, mlp_input
+import importlib
+import warnings
 
-# lazy, so that `python -m transcoders.dashboards` runs the module fresh as __main__
-_LAZY = {"compute_dashboards", "DashboardConfig"}
+# transformer_lens imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not
+# found" and then uses the text bar it would use anyway: the warning says nothing to a user of this
+# package, and in a notebook it was the first output. Only that message from tqdm is filtered.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        from transcoders import dashboards
-
-        return getattr(dashboards, name)
-    raise AttributeError(f"module 'transcoders' has no attribute {name!r}")
-
-
-CLASSES = {"sae": SAE, "plt": PerLayerTranscoder, "clt": CrossLayerTranscoder}
-
-
-def build_transcoders(cfg: TranscoderConfig) -> SparseCoder:
-    """An untrained (zero) set of the class `cfg.kind` names; call `.init_weights()` to initialize."""
-    return CLASSES[cfg.kind](cfg)
+# Public names, imported on first use (`__getattr__`), so that `import transcoders.errors` or
+# `transcoders.h5file` loads neither torch nor the set classes (attrgraph's torch-free graph store and
+# errors import them), and `python -m transcoders.dashboards` runs that module fresh as __main__.
+_EXPORTS = {
+    "transcoders.base": ["SparseCoder", "TranscoderOutput"],
+    "transcoders.build": ["CLASSES", "build_transcoders"],
+    "transcoders.clt": ["CrossLayerTranscoder"],
+    "transcoders.config": ["TranscoderConfig"],
+    "transcoders.dashboard_file": ["dashboard_text", "load_dashboards", "set_labels"],
+    "transcoders.dashboards": ["DashboardConfig", "compute_dashboards"],
+    "transcoders.errors": [
+        "AttrgraphError",
+        "ConfigError",
+        "CorruptTranscoderError",
+        "DashboardFileError",
+        "NonFiniteError",
+        "StaleLayersError",
+        "TranscoderError",
+        "TranscoderMismatchError",
+        "TranscoderNotFoundError",
+        "UnknownFormatError",
+    ],
+    "transcoders.formats": ["load_transcoders", "save_transcoders"],
+    "transcoders.plt": ["PerLayerTranscoder"],
+    "transcoders.sae": ["SAE"],
+    "transcoders.sites": ["check_fits", "collect", "mlp_input"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
 
 
-__all__ = [
-    "CLASSES",
-    "SAE",
-    "ConfigError",
-    "CorruptTranscoderError",
-    "CrossLayerTranscoder",
-    "DashboardConfig",
-    "DashboardFileError",
-    "NonFiniteError",
-    "PerLayerTranscoder",
-    "SparseCoder",
-    "StaleLayersError",
-    "TranscoderConfig",
-    "TranscoderError",
-    "TranscoderMismatchError",
-    "TranscoderNotFoundError",
-    "TranscoderOutput",
-    "UnknownFormatError",
-    "build_transcoders",
-    "check_fits",
-    "collect",
-    "compute_dashboards",
-    "dashboard_text",
-    "load_dashboards",
-    "set_labels",
-    "load_transcoders",
-    "save_transcoders",
-    "mlp_input",
-]
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'transcoders' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

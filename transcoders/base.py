@@ -85,6 +85,12 @@ class SparseCoder(nn.Module):
         return self.b_enc.device
 
     @property
+    def per_token(self) -> bool:
+        """Whether each token's features depend on that token alone; False for BatchTopK in training
+        mode, whose batch rule couples the tokens of a batch (call `.eval()` for its threshold)."""
+        return not (self.training and self.nonlinearity.batch_rule_in_training)
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.b_enc.dtype
 
@@ -130,6 +136,12 @@ class SparseCoder(nn.Module):
         """Step 2 for one layer, the per-token rule (BatchTopK: its estimated threshold)."""
         threshold = None if self.threshold is None else self.threshold[layer]
         return self.nonlinearity(pre_acts, threshold)
+
+    def onset_layer(self, pre_acts: Float[Tensor, " d_sae"], layer: int, feature: int) -> float:
+        """The pre-activation above which `feature` of `layer` is active, on one token's `pre_acts`
+        of that layer (the others fixed): 0 for ReLU, the threshold, or TopK's k-th largest."""
+        threshold = None if self.threshold is None else self.threshold[layer]
+        return self.nonlinearity.onset(pre_acts, threshold, feature)
 
     def decode_layer(self, acts: list[Tensor | None], layer: int) -> Float[Tensor, "... d_model"]:
         """Step 3 for one output layer, from per-layer activations `acts[l]` [..., d_sae] (None: all

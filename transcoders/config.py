@@ -44,6 +44,11 @@ def check_device(device):
     return dev
 
 
+ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
+"""Read and write site of an attention-output SAE set (the attention block's additive contribution
+to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`); sites.py
+re-exports it beside the MLP sites."""
+
 ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
 
 
@@ -104,6 +109,16 @@ class TranscoderConfig:
             )
         if self.kind == "sae" and self.skip:
             raise ConfigError("an SAE has no skip connection; pass skip=False or use kind='plt'.")
+
+    @property
+    def is_sae(self) -> bool:
+        """An SAE: it reconstructs the one site it reads (a transcoder, PLT or CLT, writes another)."""
+        return self.kind == "sae"
+
+    @property
+    def is_attention_sae(self) -> bool:
+        """An SAE set reading and writing the attention output (`ATTN_OUTPUT`)."""
+        return self.is_sae and self.input_hook == ATTN_OUTPUT == self.output_hook
 
     def hook_in(self, layer: int) -> str:
         """The read hook of `layer`."""

@@ -1,6 +1,6 @@
 """The dashboards file: one HDF5 file per transcoder set (`<set folder>/dashboards.h5` by default).
 
-Written only through `atomic_h5` (attrgraph/graph/store.py's `edit_h5`: a temporary file in the
+Written only through `atomic_h5` (h5file.py's `edit_h5`: a temporary file in the
 same folder, renamed over the target on success, so a crash never leaves a half-written file
 under the final name). Versioned: the root attribute `schema_version` is checked on read, and a file of
 another version raises `DashboardFileError` saying what to do.
@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from transcoders.errors import DashboardFileError
+from transcoders.h5file import edit_h5
 
 FORMAT = "attrgraph-dashboards"
 SCHEMA_VERSION = 2
@@ -79,12 +80,10 @@ def _str_dtype():
 
 
 def atomic_h5(path: str | os.PathLike, copy_existing: bool = False):
-    """attrgraph's one atomic HDF5 writer (graph/store.py `edit_h5`): a temporary file beside
-    `path` (a copy of `path` if `copy_existing`), renamed over it on success, deleted on an
-    exception so `path` is untouched."""
-    from attrgraph.graph.store import edit_h5
-
-    return edit_h5(path, fresh=not copy_existing)
+    """The one atomic HDF5 writer (h5file.py `edit_h5`): a temporary file beside `path` (a copy of
+    `path` if `copy_existing`), renamed over it on success, deleted on an exception so `path` is
+    untouched."""
+    return edit_h5(path, fresh=not copy_existing, error=DashboardFileError)
 
 
 def _open_checked(path: Path):

@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    from attrgraph.errors import AttrgraphError
+    from transcoders.errors import AttrgraphError  # the root of both packages' errors
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)

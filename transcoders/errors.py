@@ -1,9 +1,15 @@
 """Exceptions the transcoders package raises on purpose: one sentence, what is wrong and what to do.
 
-`TranscoderError` derives from `attrgraph.errors.AttrgraphError`, the one root of both packages' errors.
+`AttrgraphError` is the one root of both packages' errors (the distribution is named attrgraph). It is
+defined here, in the lower package, because transcoders imports nothing from attrgraph;
+`attrgraph.errors` re-exports it and derives all of its own errors from it, so `except AttrgraphError`
+catches every error either package raises on purpose. This module imports nothing (attrgraph's
+torch-free modules import it).
 """
 
-from attrgraph.errors import AttrgraphError
+
+class AttrgraphError(Exception):
+    """Base class of every error attrgraph and transcoders raise on purpose."""
 
 
 class TranscoderError(AttrgraphError):

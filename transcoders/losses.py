@@ -18,14 +18,9 @@ their RMS scale, so that `E ||x[l]||^2 = d_model`):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Float
-from torch import Tensor
-
-if TYPE_CHECKING:
-    from transcoders.base import SparseCoder
+from torch import Tensor, nn
 
 
 def mse_loss(
@@ -77,7 +72,7 @@ def sparsity_schedule(step: int, total_steps: int, final: float) -> float:
 
 
 def topk_aux_loss(
-    tc: SparseCoder,
+    tc: nn.Module,  # a SparseCoder (base.py imports this module through nonlinearity.py)
     pre_acts: Float[Tensor, "batch n_layers d_sae"],
     residual: Float[Tensor, "batch n_layers d_model"],
     dead: Float[Tensor, "n_layers d_sae"],

@@ -15,6 +15,11 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
 5. `begin_training` / `end_training`: JumpReLU trains `log(theta)` (Rajamanoharan et al. 2024,
    section 4: "we parametrise the threshold via its logarithm"), so theta stays positive with no
    clamp that could pin it at 0; the set saved afterwards holds theta itself.
+6. `onset(h, threshold, feature)`: on one token's pre-activations `h` [d_sae] of one layer, the value
+   feature `feature`'s pre-activation must exceed for the feature to be active, the others fixed
+   (ReLU 0, JumpReLU and BatchTopK (inference) its threshold, TopK the k-th largest of `h`).
+7. `batch_rule_in_training`: whether, in training mode, a token's activations depend on the other
+   tokens of the batch (BatchTopK), so that a set must be in eval mode to be used per token.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from transcoders import losses
 from transcoders.activations import batch_topk, jumprelu, step, threshold_gate, topk
 
 if TYPE_CHECKING:
-    from transcoders.base import SparseCoder
     from transcoders.config import TranscoderConfig
+
+Coder = nn.Module
+"""The `SparseCoder` a nonlinearity serves (base.py imports this module, so it is not named here)."""
 
 THRESHOLD_INIT = 0.03
 """JumpReLU's initial threshold (the appendix's 0.03)."""
@@ -63,13 +70,20 @@ class Nonlinearity:
         self.bandwidth = cfg.bandwidth
         self.ste_to_input = cfg.ste_to_input
 
+    batch_rule_in_training: ClassVar[bool] = False
+    """Step 7: a token's activations depend on its batch in training mode (BatchTopK)."""
+
     def make_threshold(self, n_layers: int, d_sae: int) -> Tensor | None:
         return None
+
+    def onset(self, h: Tensor, threshold: Tensor | None, feature: int) -> float:
+        """Step 6: the pre-activation above which `feature` is active at this token (ReLU: 0)."""
+        return 0.0
 
     def __call__(self, h: Tensor, threshold: Tensor | None) -> Tensor:
         raise NotImplementedError
 
-    def train_call(self, coder: SparseCoder, h: Tensor) -> Tensor:
+    def train_call(self, coder: Coder, h: Tensor) -> Tensor:
         return self(h, coder.threshold)
 
     def sparsity(
@@ -82,13 +96,13 @@ class Nonlinearity:
     ) -> Tensor:
         return acts.new_zeros(())
 
-    def begin_training(self, coder: SparseCoder) -> None:
+    def begin_training(self, coder: Coder) -> None:
         """Prepare `coder` for the optimizer (step 5); a no-op unless the threshold is trained."""
 
-    def end_training(self, coder: SparseCoder) -> None:
+    def end_training(self, coder: Coder) -> None:
         """Undo `begin_training`: the set again holds its plain `threshold`."""
 
-    def adapt_state(self, coder: SparseCoder, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    def adapt_state(self, coder: Coder, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """`state` (a checkpoint's, or a saved set's) with its keys as `coder` holds them now."""
         return state
 
@@ -123,6 +137,9 @@ class JumpReLU(Nonlinearity):
 
     def make_threshold(self, n_layers, d_sae):
         return nn.Parameter(torch.full((n_layers, d_sae), THRESHOLD_INIT))
+
+    def onset(self, h, threshold, feature):
+        return float(threshold[feature].detach())
 
     def __call__(self, h, threshold):
         return jumprelu(h, threshold, self.bandwidth, self.ste_to_input)
@@ -159,14 +176,21 @@ class TopK(Nonlinearity):
     def __call__(self, h, threshold):
         return topk(h, self.k)
 
+    def onset(self, h, threshold, feature):
+        return float(h.detach().topk(self.k).values[-1])
+
 
 class BatchTopK(Nonlinearity):
     """Training: the `k * n_tokens` largest of the batch per layer; inference: its estimated threshold."""
 
     name = "batchtopk"
+    batch_rule_in_training = True
 
     def make_threshold(self, n_layers, d_sae):
         return torch.zeros(n_layers, d_sae)  # a buffer: estimated, not trained
+
+    def onset(self, h, threshold, feature):
+        return float(threshold[feature].detach())  # the per-token rule's estimated threshold
 
     def __call__(self, h, threshold):
         return threshold_gate(h, threshold)

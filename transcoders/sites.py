@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from transcoders.config import ATTN_OUTPUT as ATTN_OUTPUT  # defined there, for `cfg.is_attention_sae`
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
 
@@ -33,9 +34,6 @@ if TYPE_CHECKING:
 
 MLP_INPUT = "blocks.{layer}.ln2.hook_normalized"
 MLP_OUTPUT = "blocks.{layer}.hook_mlp_out"
-ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
-"""Read and write site of an attention-output SAE set (the attention block's additive contribution
-to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`)."""
 
 
 def post_norm(model: HookedTransformer, layer: int):

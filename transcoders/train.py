@@ -4,7 +4,8 @@ Seed: circuit-tracing appendix, "ML details" (losses in losses.py, activations i
 activation_store.py). One run:
 
 1. Load the model (the bundled one by default) and a token source (the bundled task corpus
-   by default; any `.npy` of token ids [n_seq, n_ctx] or `.txt` of one text per line).
+   by default; any `.npy` of token ids [n_seq, n_ctx] or `.txt` of one text per line). The
+   bundled model and corpus are attrgraph's, found through providers.py (no attrgraph import).
 2. Estimate per-layer scales on the first block: `s_in[l] = sqrt(E||x[l]||^2 / d_model)`, the
    same `s_out[l]` for targets; train on `x / s_in`, `y / s_out` ("we separately normalize the
    activation of each residual stream layer and each MLP output").
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
-from transcoders import sparse_topk
+from transcoders import providers, sparse_topk
 from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import (
     apply_state,
@@ -195,14 +196,9 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
 
 # ---------------------------------------------------------------------- model and corpus
 def load_any_model(name: str, device: str = "cpu"):
-    """The bundled model or a folder via attrgraph (optional import), else a TransformerLens name."""
-    try:
-        from attrgraph.bundled.loading import load_model
-    except ImportError:
-        from transformer_lens import HookedTransformer
-
-        return HookedTransformer.from_pretrained(name, device=device).eval()
-    return load_model(name, device=device)
+    """The model a package provides under `name` (attrgraph: its bundled model "default", a folder or a
+    TransformerLens name; providers.py), else a TransformerLens name."""
+    return providers.load_model(name, device)
 
 
 def model_device(cfg: TrainConfig) -> str:
@@ -215,12 +211,17 @@ def model_device(cfg: TrainConfig) -> str:
 
 
 def corpus_items(corpus: str, seed: int):
-    """An endless (bundled) or finite iterable of texts / token-id lists."""
-    if corpus == "bundled":
-        from attrgraph.bundled.tasks import stream  # optional: only the bundled corpus needs attrgraph
-
-        return (ex.tokens for ex in stream(seed))
+    """A provided corpus (attrgraph's endless "bundled" one; providers.py), or a file's texts / token-id
+    lists."""
+    provided = providers.corpus(corpus, seed)
+    if provided is not None:
+        return provided
     path = Path(corpus)
+    if not path.is_file():
+        raise ConfigError(
+            f"corpus {corpus!r} is no file and no installed package provides it (provided: "
+            f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
+        )
     if path.suffix == ".npy":
         import numpy as np
 

@@ -13,8 +13,8 @@ features). No peer offers this for features that did not fire.
    frozen model gives with every source at zero.
 3. The feature is held off by the sources with the most negative `A[h, s]`: removing one of them
    (in the frozen model) raises `h` by exactly `-A[h, s]`; `gap = threshold - h` says how much
-   excitation it lacks (threshold 0 for ReLU, the JumpReLU threshold, or the k-th largest
-   pre-activation of its layer and position for TopK).
+   excitation it lacks (the set's `onset_layer`: 0 for ReLU, the JumpReLU or BatchTopK threshold, or
+   the k-th largest pre-activation of its layer and position for TopK).
 """
 
 from __future__ import annotations
@@ -135,14 +135,5 @@ def attribute_inactive(
             f"the pre-activation read through the target ({h:.6g}) differs from the encoder's ({exact_h:.6g}); "
             "the transcoders' read site is not one this function understands."
         )
-    threshold = _threshold(rm.tc, layer, feature, pre)
+    threshold = rm.tc.onset_layer(pre, layer, feature)
     return InactiveAttribution(graph, exact_h, threshold, exact_h - float(row.sum()), row)
-
-
-def _threshold(tc, layer: int, feature: int, pre: torch.Tensor) -> float:
-    cfg = tc.cfg
-    if cfg.activation == "jumprelu":
-        return float(tc.threshold[layer, feature])
-    if cfg.activation == "topk":
-        return float(pre.topk(cfg.k).values[-1])
-    return 0.0

@@ -296,6 +296,12 @@ def stream(seed: int = 0, mix: dict[str, float] | None = None) -> Iterator[Examp
         yield GENERATORS[rng.choices(names, weights)[0]](rng)
 
 
+def corpus(seed: int = 0) -> Iterator[tuple[str, ...]]:
+    """`stream(seed)` as word tuples: the corpus "bundled" of `transcoders.train` (the entry point
+    `transcoders.corpora` in pyproject.toml)."""
+    return (ex.tokens for ex in stream(seed))
+
+
 def ioi_pairs(n: int, seed: int = 0) -> list[Example]:
     """IOI examples with their ABC corruptions, for circuit discovery."""
     return generate("ioi", n, seed)

@@ -2,9 +2,11 @@
 
 1. Open FILE and check that it holds something to view (a clear error otherwise), and
    `--dashboards` / `--attn-dashboards` if given, before binding the port.
-2. Bind `--host` (default 127.0.0.1; another address is served with a warning) and `--port`
-   (default 8765; 0 takes a free one); a port in use is one clear line, exit code 2.
-3. Print the URL, optionally open it in a browser (`--open`), serve until Ctrl-C.
+2. Bind `--host` (default 127.0.0.1; another address is served with a warning, an exact Host
+   allowlist, `--allow-host` adds names, and a random token every API call must carry:
+   viewer/access.py) and `--port` (default 8765; 0 takes a free one); a port in use is one clear
+   line, exit code 2.
+3. Print the URL (with the token, once), optionally open it in a browser (`--open`), serve until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ def add_parser(sub) -> None:
         default=None,
         help="the same for attention features (default: those of the attention set each graph was built with)",
     )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name the page may be reached by (the Host header), e.g. this machine's DNS name; repeatable",
+    )
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     p.add_argument("--verbose", action="store_true", help="log every request")
 
@@ -42,7 +51,15 @@ def run(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port {args.port} is not a port; pass 0 to 65535 (0: any free port).")
-    server = make_server(args.file, args.host, args.port, args.dashboards, args.verbose, args.attn_dashboards)
+    server = make_server(
+        args.file,
+        args.host,
+        args.port,
+        args.dashboards,
+        args.verbose,
+        args.attn_dashboards,
+        allow_hosts=tuple(args.allow_host),
+    )
     warn_if_exposed(args.host)
     print(f"serving {args.file} at {server.url} (Ctrl-C to stop)", flush=True)
     if args.open:

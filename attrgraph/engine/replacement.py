@@ -144,14 +144,14 @@ class ReplacementModel:
         sets = transcoder_sets(model, transcoders)
         transcoders = sets.mlp
         sites.check_fits(model, transcoders)
-        if transcoders.cfg.kind == "sae":
+        if transcoders.cfg.is_sae:
             raise TranscoderMismatchError(
                 "attribution needs transcoders that replace the MLP (kind 'plt' or 'clt'), got an SAE; "
                 "load a transcoder set instead."
             )
-        if transcoders.cfg.activation == "batchtopk" and transcoders.training:
+        if not transcoders.per_token:
             raise TranscoderMismatchError(
-                "the BatchTopK set is in training mode, where a feature depends on the other tokens of "
+                f"the {transcoders.cfg.activation} set is in training mode, where a feature depends on the other tokens of "
                 "the batch; call .eval() on it (load_transcoders returns it so) to use its per-token threshold."
             )
         if transcoders.cfg.output_hook != sites.MLP_OUTPUT:

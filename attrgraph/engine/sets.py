@@ -39,7 +39,7 @@ class TranscoderSets:
 
 def _is_attention_set(tc) -> bool:
     cfg = tc.cfg
-    return cfg.kind == "sae" and sites.ATTN_OUTPUT in (cfg.input_hook, cfg.output_hook)
+    return cfg.is_sae and sites.ATTN_OUTPUT in (cfg.input_hook, cfg.output_hook)
 
 
 def transcoder_sets(model: HookedTransformer, sets) -> TranscoderSets:
@@ -73,7 +73,7 @@ def check_attention_set(model: HookedTransformer, attn: SparseCoder, mlp: Sparse
     """Raise `TranscoderMismatchError` unless `attn` is an attention-output SAE set for `model`
     (and was trained for the same model as `mlp`, when both name one)."""
     cfg, mcfg = attn.cfg, model.cfg
-    if cfg.kind != "sae" or cfg.input_hook != sites.ATTN_OUTPUT or cfg.output_hook != sites.ATTN_OUTPUT:
+    if not cfg.is_attention_sae:
         raise TranscoderMismatchError(
             f"the attention set is a {cfg.kind!r} set on {cfg.input_hook!r} -> {cfg.output_hook!r}; it must "
             f"be an SAE set (kind 'sae') reading and writing {sites.ATTN_OUTPUT!r}."
@@ -90,9 +90,9 @@ def check_attention_set(model: HookedTransformer, attn: SparseCoder, mlp: Sparse
         )
     if "blocks.0.hook_attn_out" not in model.hook_dict:
         raise TranscoderMismatchError("this model has no 'blocks.{layer}.hook_attn_out' hooks to replace.")
-    if cfg.activation == "batchtopk" and attn.training:
+    if not attn.per_token:
         raise TranscoderMismatchError(
-            "the attention SAE set (BatchTopK) is in training mode; call .eval() on it first."
+            f"the attention SAE set ({cfg.activation}) is in training mode; call .eval() on it first."
         )
     if mlp is not None and cfg.model_name and mlp.cfg.model_name and cfg.model_name != mlp.cfg.model_name:
         raise TranscoderMismatchError(

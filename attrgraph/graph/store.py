@@ -30,6 +30,7 @@
    Ctrl-C (SIGINT) during a write is held until the next slice of an array (h5py would swallow a
    `KeyboardInterrupt` raised inside its own calls and write on), then stops the write: the old
    file is left as it was, the temporary removed, and `KeyboardInterrupt` raised.
+   (`edit_h5`, in transcoders/h5file.py: the transcoders' dashboards are written the same way.)
    `check_output` finds a folder that cannot be written, a directory, or a file that is not HDF5
    before any work, in one line.
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
@@ -41,18 +42,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import importlib.metadata
-import io
 import json
 import os
-import re
-import shutil
-import signal
-import socket
-import tempfile
-import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -65,14 +57,15 @@ from tqdm import tqdm
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes
 from attrgraph.graph.scores import GraphScores, compute_graph_scores
+from transcoders import h5file
+from transcoders.h5file import remove_stale_temporaries as remove_stale_temporaries
+from transcoders.h5file import stop_if_interrupted
 
 SCHEMA_VERSION = 3
 """Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes;
 3: `nodes/site`, attention features and errors)."""
 READABLE_VERSIONS = (1, 2, 3)
 DEFAULT_NAME = "graph"
-LIBVER = ("v110", "latest")
-"""HDF5 file-format bounds of every write: the 1.10 format checksums all metadata (step 2)."""
 _STR = h5py.string_dtype("utf-8")
 _GZIP = 4  # level of every dataset above 1024 entries, except the adjacency's (see _write_group)
 _SLICE = 1 << 22  # entries per read or write of a large array (progress steps)
@@ -109,7 +102,7 @@ def _write_array(
         ),
     )
     for i in range(0, len(arr), _SLICE):
-        _stop_if_interrupted()  # step 3: a Ctrl-C held since the last slice stops the write here
+        stop_if_interrupted()  # step 3: a Ctrl-C held since the last slice stops the write here
         part = arr[i : i + _SLICE].astype(dtype, copy=False)
         ds[i : i + _SLICE] = part
         if bar is not None:
@@ -143,7 +136,7 @@ def _write_group(
     _write_text(group, "logit_strings", list(graph.logit_strings))
     if scores is None:
         scores = compute_graph_scores(graph)  # of this graph as stored (pruned or not); scores.py
-    _stop_if_interrupted()
+    stop_if_interrupted()
     group.attrs["replacement_score"] = scores.replacement
     group.attrs["completeness_score"] = scores.completeness
     nodes = group.create_group("nodes")
@@ -177,207 +170,9 @@ def _write_group(
     _write_array(group, "logit_probs", graph.logit_probs, np.float32)
 
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
-
-
-def _temp_pattern(path: Path) -> re.Pattern:
-    """Step 3: `.NAME.PID@HOST.XXXXXXXX.tmp` (mkstemp's random part has no dots)."""
-    return re.compile(re.escape(f".{path.name}.") + r"(\d+)@([A-Za-z0-9-]+)\.[^.]+\.tmp")
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Delete the temporaries of `path` whose writer is gone: written on this host by a PID that
-    no longer runs (POSIX only; a live or unknown writer's file is left alone). Returns them."""
-    path = Path(path)
-    if os.name != "posix" or not path.parent.is_dir():
-        return []
-    pattern, host, removed = _temp_pattern(path), _host(), []
-    for entry in path.parent.iterdir():
-        m = pattern.fullmatch(entry.name)
-        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-            continue  # the writer still runs
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError):
-            continue  # a process of another user, or no such PID to ask about
-        with contextlib.suppress(FileNotFoundError):
-            entry.unlink()
-            removed.append(entry)
-    return removed
-
-
-_RESERVE = 1 << 20
-"""Bytes reserved beyond the copy of the old file by a writer that gives no bound of its own."""
-
-
-@contextlib.contextmanager
-def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = _RESERVE):
-    """Open a copy of the HDF5 file `path` (or a new file; with `fresh`, always a new one) for
-    writing; on success the copy is renamed over `path` with the permissions a plain `open` would
-    give, so a crash never leaves a half-written file under the final name. Every writer of HDF5
-    files goes through here (graphs, supernodes, circuits, transcoders' dashboards).
-    `reserve`: a bound on the bytes the writer adds (step 3: a disk without them is refused before
-    HDF5 writes). Missing parent folders are created; stale temporaries of dead writers are
-    removed. A full disk or a folder that cannot be written raises `GraphFileError`; Ctrl-C
-    raises `KeyboardInterrupt` after removing the temporary (step 3)."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = _one_writer(path)
-        lock.__enter__()
-    except OSError as e:
-        raise _write_error(path, e) from None
-    try:
-        with _interrupts_held():
-            remove_stale_temporaries(path)
-            tmp = None
-            try:
-                try:
-                    tmp = _new_temporary(path)
-                    _prepare(tmp, path if path.exists() and not fresh else None, reserve)
-                except OSError as e:
-                    raise _write_error(path, e) from None
-                _stop_if_interrupted()
-                with h5py.File(tmp, "a", libver=LIBVER) as f:
-                    yield f
-                _stop_if_interrupted()  # the last moment the old file can still be kept
-                try:
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files
-                    os.replace(tmp, path)
-                except OSError as e:
-                    raise _write_error(path, e) from None
-            finally:
-                if tmp is not None and os.path.exists(tmp):
-                    os.unlink(tmp)
-    finally:
-        lock.__exit__(None, None, None)
-
-
-def _new_temporary(path: Path) -> str:
-    """Step 3's temporary `.NAME.PID@HOST.XXXXXXXX.tmp`, empty, beside `path`."""
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.{os.getpid()}@{_host()}.", suffix=".tmp", dir=path.parent
-    )
-    os.close(fd)
-    return tmp
-
-
-def _empty_image() -> bytes:
-    """An HDF5 file with nothing in it, made in memory (no HDF5 write to the disk can fail)."""
-    buffer = io.BytesIO()
-    with h5py.File(buffer, "w", libver=LIBVER):
-        pass
-    return buffer.getvalue()
-
-
-def _prepare(tmp: str, old: Path | None, reserve: int) -> None:
-    """Fill the temporary with a copy of `old` (or an empty HDF5 file) and grow it by `reserve`
-    bytes (step 3); every failure here is a plain `OSError` from Python or the kernel."""
-    if old is not None:
-        shutil.copyfile(old, tmp)
-    else:
-        with open(tmp, "wb") as f:
-            f.write(_empty_image())
-    if not hasattr(os, "posix_fallocate"):  # macOS, Windows: no reservation
-        return
-    fd = os.open(tmp, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, os.fstat(fd).st_size + max(int(reserve), 0))
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise  # ENOSPC, EDQUOT, EFBIG: what the write would have met
-    finally:
-        os.close(fd)
-
-
-def _write_error(path: Path, e: OSError) -> GraphFileError:
-    """One line for an `OSError` met while writing `path`."""
-    reason = e.strerror or str(e) or type(e).__name__
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return GraphFileError(
-            f"cannot write {path}: no space left on its disk ({reason}); free some space or write elsewhere "
-            "(the old file, if any, is unchanged)."
-        )
-    if e.errno == errno.EFBIG:
-        return GraphFileError(
-            f"cannot write {path}: the file would pass the size limit ({reason}; see `ulimit -f`); "
-            "raise the limit or write a smaller graph (the old file, if any, is unchanged)."
-        )
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return GraphFileError(
-            f"cannot write in {path.parent} ({reason}); pass an output in a folder you can write."
-        )
-    return GraphFileError(f"cannot write {path} ({reason}); the old file, if any, is unchanged.")
-
-
-_held: list[int] = []  # SIGINTs held by _interrupts_held (step 3)
-
-
-def _stop_if_interrupted() -> None:
-    """Raise the `KeyboardInterrupt` of a Ctrl-C held during a write (step 3)."""
-    if _held:
-        _held.clear()
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Hold SIGINT (record it, raise nothing) while a write runs, so that the write stops at one of
-    its own checkpoints (`_stop_if_interrupted`) instead of inside h5py, which would swallow it.
-    Only where Python's default handler is installed, in the main thread; a SIGINT still held at
-    the end is raised then."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    _held.clear()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    _stop_if_interrupted()
-
-
-@contextlib.contextmanager
-def _one_writer(path: Path):
-    """Step 3: hold an exclusive flock on `.NAME.lock` (the kernel releases it when a writer dies).
-    The holder removes the file when done; a writer that then gets the lock of the removed file
-    (it opened it before the removal) sees that the name no longer leads to it and locks the file
-    there now instead, so two writers never hold the lock of one name at once. Without fcntl
-    (Windows), no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    name = path.parent / f".{path.name}.lock"
-    while True:
-        lock = open(name, "a")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if os.path.samestat(os.fstat(lock.fileno()), os.stat(name)):
-                    break
-            except FileNotFoundError:
-                pass
-        except BaseException:
-            lock.close()
-            raise
-        lock.close()  # removed by the writer before us: lock the file under the name now
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)  # while still holding it
-        lock.close()  # releases the flock
+def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = h5file.RESERVE):
+    """`transcoders.h5file.edit_h5` with `GraphFileError` for what cannot be written (steps 3)."""
+    return h5file.edit_h5(path, fresh, reserve, error=GraphFileError)
 
 
 def check_output(path: str | os.PathLike) -> None:
@@ -399,9 +194,9 @@ def check_output(path: str | os.PathLike) -> None:
     if not folder.is_dir():
         raise GraphFileError(f"{folder} is a file, so {path} cannot be created; pass another output path.")
     try:
-        os.unlink(_new_temporary(folder / path.name))
+        os.unlink(h5file.new_temporary(folder / path.name))
     except OSError as e:
-        raise _write_error(folder / path.name, e) from None
+        raise h5file.write_error(folder / path.name, e, GraphFileError) from None
 
 
 def _is_hdf5(path: Path) -> bool:
@@ -450,7 +245,7 @@ def _size_bound(graph: Graph) -> int:
     text = len(json.dumps(graph.meta, default=str)) + sum(
         len(t.encode()) for t in (*graph.prompt_tokens, *graph.logit_strings)
     )
-    return int(1.05 * (nodes + edges + small + text)) + _RESERVE
+    return int(1.05 * (nodes + edges + small + text)) + h5file.RESERVE
 
 
 def _check_hdf5(path: Path) -> None:

@@ -6,13 +6,16 @@
    kept. Either way `notes` says so, with the stored sizes.
 2. Nodes: index in the view, kind, layer, position, feature, token, activation, logit
    influence, label (feature: its dashboard label, else `L{layer}/F{feature}`), `key` (the
-   supernode key [kind, layer, position, feature], supernodes.py), and for a graph of
+   supernode key [kind, layer, position, feature], supernodes.py), `name` (features:
+   `L{layer}/F{feature}`, `A{layer}/F{feature}` for attention features), `slider_influence`
+   (the page's threshold sliders rank by it: each node's influence in the unpruned graph when
+   the graph stores it, `unpruned_influence`, else the stored influence), and for a graph of
    `attribute_hierarchical` its per-node `attribution`. `row` and `col` place it: rows bottom
    to top are embeddings, layers 0..n_layers-1, logits; columns are prompt positions.
 3. Edges: `[source, target, weight]`, the signed direct effect (rows = targets in the Graph).
 4. Graph-level: prompt tokens, logits with probabilities, replacement and completeness scores
-   (scores.py, of the stored graph), the hierarchical root identity where present, the plain
-   meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py: an
+   (scores.py, of the view drawn; the page recomputes them as its sliders hide nodes and
+   edges), the hierarchical root identity where present, the plain meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py: an
    attention feature's from the attention set's file; a note in `notes` when it has none).
 NaN becomes null, so the result is strict JSON.
 """
@@ -92,10 +95,7 @@ def _node_label(graph: Graph, i: int, kind: str, labels: dict) -> str:
     layer, pos = int(n.layer[i]), int(n.position[i])
     attn = n.site[i] == "attn"
     if kind == "feature":
-        return (
-            labels.get((attn, layer, int(n.feature[i])))
-            or f"{'A' if attn else 'L'}{layer}/F{int(n.feature[i])}"
-        )
+        return labels.get((attn, layer, int(n.feature[i]))) or feature_name(attn, layer, int(n.feature[i]))
     if kind == "embedding":
         return f"emb {graph.prompt_tokens[pos]!r}@{pos}"
     if kind == "error":
@@ -103,12 +103,44 @@ def _node_label(graph: Graph, i: int, kind: str, labels: dict) -> str:
     return ""  # logits: filled by the caller, which knows their rank
 
 
+def has_attention_features(graph: Graph) -> bool:
+    return bool(((graph.nodes.kind == "feature") & (graph.nodes.site == "attn")).any())
+
+
 def _attention_source(graph: Graph, view: Graph) -> DashboardSource | None:
     """The dashboards of the graph's attention-output SAE set, when it has attention features
     (found like the MLP set's, graph/dashboard_lookup.py, from the `attn_transcoder*` provenance)."""
-    if not ((view.nodes.kind == "feature") & (view.nodes.site == "attn")).any():
+    if not has_attention_features(view):
         return None
     return find_dashboards(graph.meta, site="attn")
+
+
+def feature_name(attn: bool, layer: int, feature: int) -> str:
+    """`A{layer}/F{feature}` for an attention feature, `L{layer}/F{feature}` for an MLP-site one."""
+    return f"{'A' if attn else 'L'}{layer}/F{feature}"
+
+
+UNPRUNED_NAMES = ("unpruned_influence", "influence_unpruned", "full_influence")
+"""Where a pruned graph may keep each node's influence in the unpruned graph (issue 21):
+a node field or a meta entry of one of these names."""
+
+
+def unpruned_influence(graph: Graph) -> np.ndarray | None:
+    """Each node's logit influence in the unpruned graph, when the graph stores it (read
+    defensively: a node array or a meta list of the right length, finite), else None."""
+    for key in UNPRUNED_NAMES:
+        value = getattr(graph.nodes, key, None)
+        if value is None:
+            value = graph.meta.get(key)
+        if value is None:
+            continue
+        try:
+            arr = np.asarray(value, np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            continue
+        if arr.shape == (graph.n_nodes,) and np.isfinite(arr).all():
+            return arr
+    return None
 
 
 def graph_payload(
@@ -146,6 +178,8 @@ def graph_payload(
     if attribution is not None and len(attribution) != graph.n_nodes:
         attribution = None  # a stored graph pruned after attribute_hierarchical: no per-node values
     logit_rank = np.cumsum(n.kind == "logit") - 1
+    full = unpruned_influence(graph)
+    slider = full[index] if full is not None else np.asarray(n.influence, np.float64)
     nodes = []
     for i in range(view.n_nodes):
         kind = str(n.kind[i])
@@ -164,7 +198,11 @@ def graph_payload(
             "row": {"embedding": 0, "logit": n_layers + 1}.get(kind, layer + 1),
             "col": pos,
             "label": _node_label(view, i, kind, labels),
+            "slider_influence": json_number(slider[i]),
         }
+        if kind == "feature":
+            node["name"] = feature_name(node["site"] == "attn", layer, node["feature"])
+            node["labelled"] = (node["site"] == "attn", layer, node["feature"]) in labels
         if kind == "logit":
             k = int(logit_rank[i])
             node["label"] = f"logit {view.logit_strings[k]!r} p={float(view.logit_probs[k]):.3f}"
@@ -179,12 +217,13 @@ def graph_payload(
         [int(s), int(t), json_number(w)]
         for t, s, w in zip(A.row[keep], A.col[keep], A.data[keep].astype(np.float64))
     ]
-    scores = compute_graph_scores(graph)
+    scores = compute_graph_scores(view)  # of the graph drawn, not of the stored full graph
     return {
         "kind": "graph",
         "name": name,
         "n_layers": n_layers,
         "stored": {"n_nodes": graph.n_nodes, "n_edges": graph.n_edges},
+        "slider_influence": "unpruned" if full is not None else "stored",
         "notes": notes,
         "prompt_tokens": list(graph.prompt_tokens),
         "row_labels": ["emb"] + [f"L{layer}" for layer in range(n_layers)] + ["logit"],

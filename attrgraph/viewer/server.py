@@ -1,20 +1,32 @@
 """`attrgraph serve FILE`: a local HTTP server for the viewer page (stdlib `http.server`).
 
-1. Bound to 127.0.0.1 unless another host is asked for (the CLI warns then). Requests whose
-   `Host` header names anything but this server's own address (DNS rebinding), and POSTs that
-   are not `application/json` or come from another `Origin` (cross-site forms), are refused.
-2. Routes (GET unless said):
+1. Access (access.py, DESIGN.md "The viewer's security model"): bound to 127.0.0.1 unless
+   another host is asked for. Every request's `Host` is in an exact allowlist (DNS rebinding);
+   beyond loopback a random token, printed once in the URL, is required on every API call.
+   Writes (POST) are `application/json` only, with `Origin` absent or the served origin (never
+   `null`): a cross-site form can send neither.
+2. Connections: a refused request, whatever its body, gets its reply with `Connection: close`
+   and the connection is closed, so an unread body is never parsed as a next request (request
+   smuggling via a `text/plain` form whose body is a whole request); `Transfer-Encoding` is
+   refused. Sockets time out after `SOCKET_TIMEOUT` seconds (a client sending headers and no
+   body holds a thread no longer); the listen backlog is `BACKLOG`.
+3. Routes (GET unless said):
      /                        the page (static/index.html)
-     /static/NAME             a file of static/; a path that leaves that folder is refused (403)
+     /static/NAME             a file of static/; a path that leaves that folder, a symlink
+                              out of it included, is refused (403)
      /api/graphs              {"file", "graphs": [...], "circuits": [...]}
      /api/graph?name=NAME     payload.graph_payload of a stored graph (dashboards.py finds labels)
      /api/circuit?name=NAME   circuit_payload.circuit_payload of a stored circuit
      POST /api/supernodes     supernode_request.py: checked, then stored with
                               supernode_store.save_supernodes (the one atomic writer)
-   Errors are JSON `{"error": sentence}` with 400 (a bad request; nothing written), 403, 404,
-   413 or 500.
-3. Payloads are cached per (kind, name) and file version (size, mtime); a write changes the
-   version, so the next read sees it. Writes take a lock (and edit_h5 its file lock).
+     POST /api/labels         label_request.py: checked, then `transcoders.set_labels` on the
+                              dashboards file that labels those features (the same writer)
+   Every error is JSON `{"error": sentence}`: 400 (a bad request; nothing written), 403, 404,
+   411, 413, 500 or 501, also for what http.server itself refuses and for a file removed while
+   serving.
+4. Payloads are cached per (kind, name) and file version (size, mtime); a write changes the
+   version, so the next read sees it. One build per (kind, name) at a time: concurrent first
+   requests wait for the one build. Writes take a lock (and edit_h5 its file lock).
 """
 
 from __future__ import annotations
@@ -25,28 +37,37 @@ import os
 import socket
 import sys
 import threading
+import traceback
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from attrgraph.errors import AttrgraphError, GraphFileError, ServeError, SupernodeError
+from attrgraph.errors import AttrgraphError, GraphFileError, LabelError, ServeError, SupernodeError
+from attrgraph.viewer.access import LOOPBACK_NAMES, TOKEN_HEADER, WILDCARDS, Access, is_loopback
 
 STATIC = Path(__file__).resolve().parent / "static"
 """The page's files (package data)."""
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = LOOPBACK_NAMES
+SOCKET_TIMEOUT = 20.0
+"""Seconds a connection may sit idle (headers without their body, a kept-alive connection)."""
+BACKLOG = 128
+"""Listen backlog (socketserver's default of 5 resets a page's burst of requests)."""
+WRITES = ("/api/supernodes", "/api/labels")
 
 
-def static_file(url_path: str) -> Path | None:
-    """The file of static/ that a URL path under /static/ names, None when there is no such file.
-    Raises `PermissionError` for a path that would leave static/ (`..`, absolute, backslashes,
-    NUL; after percent-decoding, so `%2e%2e%2f` is caught too)."""
+def static_file(url_path: str, root: Path = STATIC) -> Path | None:
+    """The file of `root` (static/) that a URL path under /static/ names, None when there is no
+    such file. Raises `PermissionError` for a path that would leave `root` (`..`, absolute,
+    backslashes, NUL; after percent-decoding, so `%2e%2e%2f` is caught too; and a symlink whose
+    target lies outside, by the resolved path)."""
     rel = urllib.parse.unquote(url_path)
     parts = rel.replace("\\", "/").split("/")
     if "\0" in rel or "\\" in rel or rel.startswith("/") or any(p in ("..", ".") for p in parts):
         raise PermissionError(url_path)
-    path = (STATIC / rel).resolve()
-    if not path.is_relative_to(STATIC):
+    root = root.resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
         raise PermissionError(url_path)
     return path if path.is_file() else None
 
@@ -76,7 +97,11 @@ class Viewer:
             if given is not None:  # a wrong --dashboards / --attn-dashboards is an error before serving
                 find_dashboards({}, given, site)
         self.lock = threading.Lock()
+        """Held by writes, and briefly around the caches."""
         self.cache: dict[tuple, dict] = {}
+        self.build_locks: dict[tuple[str, str], threading.Lock] = {}
+        self.label_files: dict[str, dict[str, Path | None]] = {}
+        """Per graph, the dashboards file labelling its "mlp" / "attn" features (None: none)."""
 
     def version(self) -> tuple[int, int]:
         st = self.path.stat()
@@ -98,13 +123,24 @@ class Viewer:
 
     def payload(self, kind: str, name: str) -> dict:
         key = (kind, name, self.version())
-        if key not in self.cache:
+        with self.lock:
+            hit = self.cache.get(key)
+            build_lock = self.build_locks.setdefault((kind, name), threading.Lock())
+        if hit is not None:
+            return hit
+        with build_lock:  # one build per graph: the others wait for it, then read the cache
+            with self.lock:
+                hit = self.cache.get(key)
+            if hit is not None:
+                return hit
             have = self.graphs() if kind == "graph" else self.circuits()
             if name not in have:
                 raise LookupError(f"{self.path.name} has no {kind} named {name!r}; it holds {have}.")
-            self.cache = {k: v for k, v in self.cache.items() if k[2] == key[2]}  # drop older versions
-            self.cache[key] = self._build(kind, name)
-        return self.cache[key]
+            built = self._build(kind, name)
+            with self.lock:
+                self.cache = {k: v for k, v in self.cache.items() if k[2] == key[2]}  # drop older versions
+                self.cache[key] = built
+            return built
 
     def _build(self, kind: str, name: str) -> dict:
         if kind == "circuit":
@@ -114,18 +150,24 @@ class Viewer:
         from attrgraph.graph.store import load_graph
         from attrgraph.graph.supernode_store import load_supernodes
         from attrgraph.viewer.dashboards import find_dashboards
-        from attrgraph.viewer.payload import graph_payload
+        from attrgraph.viewer.payload import graph_payload, has_attention_features
 
         graph = load_graph(self.path, name)
         source = find_dashboards(graph.meta, self.dashboards)
         attn = (
-            None
-            if self.attn_dashboards is None
-            else find_dashboards(graph.meta, self.attn_dashboards, "attn")
+            find_dashboards(graph.meta, self.attn_dashboards, "attn")
+            if self.attn_dashboards is not None or has_attention_features(graph)
+            else None
         )
+        files = {
+            site: (Path(src.dashboards.path) if src is not None and src.dashboards is not None else None)
+            for site, src in (("mlp", source), ("attn", attn))
+        }
+        self.label_files[name] = files
         supernodes = load_supernodes(self.path, name)
         payload = graph_payload(graph, name, supernodes, source, attn)
-        return dict(payload, file=self.path.name, editable=True)
+        labels_editable = {site: f is not None for site, f in files.items()}
+        return dict(payload, file=self.path.name, editable=True, labels_editable=labels_editable)
 
     def save_supernodes(self, body: bytes) -> dict:
         from attrgraph.graph.store import load_graph
@@ -138,11 +180,38 @@ class Viewer:
             save_supernodes(self.path, supernodes, name)
         return {"saved": len(supernodes), "graph": name, "file": self.path.name}
 
+    def save_labels(self, body: bytes) -> dict:
+        from attrgraph.graph.store import load_graph
+        from attrgraph.viewer.label_request import check_features, parse_labels
+        from transcoders.dashboard_file import set_labels
+
+        name, labels = parse_labels(body, self.graphs())
+        if name not in self.label_files:
+            self.payload("graph", name)  # finds the dashboards files of its features
+        with self.lock:
+            check_features(load_graph(self.path, name), labels)
+            files = self.label_files[name]
+            for site in sorted({site for site, *_ in labels}):
+                if files.get(site) is None:
+                    raise LabelError(
+                        f"graph {name!r} has no {'attention ' if site == 'attn' else ''}feature dashboards "
+                        f"file to hold labels; serve with {'--attn-dashboards' if site == 'attn' else '--dashboards'}."
+                    )
+            for site in sorted({site for site, *_ in labels}):
+                set_labels(files[site], {(layer, feat): text for s, layer, feat, text in labels if s == site})
+            self.cache = {}  # the labels live in another file: its version is not in the cache key
+        written = {site: str(files[site]) for site in sorted({site for site, *_ in labels})}
+        return {"saved": len(labels), "graph": name, "files": written}
+
 
 class Handler(BaseHTTPRequestHandler):
     server: ViewerServer
     server_version = "attrgraph-viewer"
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.timeout = self.server.socket_timeout  # StreamRequestHandler sets it on the socket
+        super().setup()
 
     def log_message(self, format, *args):  # quiet unless asked: the CLI prints one line per start
         if self.server.verbose:
@@ -155,6 +224,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")  # the token is in the page's URL
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -163,84 +235,157 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(value, allow_nan=False).encode(), "application/json")
 
     def _error(self, status: int, message: str) -> None:
+        """A JSON error; the connection is closed after it, so no unread body follows (step 2)."""
+        self.close_connection = True
         self._json(status, {"error": message})
 
-    def _host_ok(self) -> bool:
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
-        allowed = {self.server.host.lower(), *(LOOPBACK if self.server.host in LOOPBACK else ())}
-        return host in allowed or self.server.host in ("0.0.0.0", "::")
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed request line, an unknown method) as JSON too."""
+        try:
+            short = self.responses.get(code, ("error",))[0]
+        except AttributeError:
+            short = "error"
+        self.close_connection = True
+        if not getattr(self, "command", None):
+            self.command = ""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # a malformed request line: still a status line and headers
+        try:
+            self._json(code, {"error": f"{message or short} (HTTP {code})."})
+        except OSError:
+            pass
+
+    def _refusal(self, api: bool) -> str | None:
+        """Why this request is refused (step 1), or None."""
+        access = self.server.access
+        if not access.host_ok(self.headers.get("Host")):
+            return "refused: this server answers only requests addressed to its own host."
+        if api and access.token is not None:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            given = self.headers.get(TOKEN_HEADER) or (query.get("token") or [None])[0]
+            if not access.token_ok(given):
+                return "refused: this server needs the token of the URL it printed at start."
+        return None
+
+    def _body_pending(self) -> bool:
+        return (
+            bool(self.headers.get("Transfer-Encoding"))
+            or (self.headers.get("Content-Length") or "0").strip() != "0"
+        )
 
     # ------------------------------------------------------------------ routes
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self._body_pending():
+            self.close_connection = True  # a GET's body is never read: never let it be parsed as a request
         url = urllib.parse.urlsplit(self.path)
-        if not self._host_ok():
-            return self._error(403, "refused: this server answers only requests addressed to its own host.")
         route = url.path
-        try:
-            if route in ("/", "/index.html"):
-                return self._file(STATIC / "index.html")
-            if route.startswith("/static/"):
-                try:
-                    path = static_file(route[len("/static/") :])
-                except PermissionError:
-                    return self._error(403, f"refused: {route} leaves the viewer's static folder.")
-                if path is None:
-                    return self._error(404, f"no static file {route}.")
-                return self._file(path)
-            query = urllib.parse.parse_qs(url.query)
-            if route == "/api/graphs":
-                return self._json(200, self.server.viewer.index())
-            if route in ("/api/graph", "/api/circuit"):
-                names = query.get("name", [])
-                if len(names) != 1:
-                    return self._error(400, f"{route} needs one ?name=.")
-                return self._json(200, self.server.viewer.payload(route.rsplit("/", 1)[1], names[0]))
-            return self._error(404, f"no such page {route}.")
-        except LookupError as e:
-            return self._error(404, str(e.args[0]))
-        except AttrgraphError as e:
-            return self._error(500, str(e))
+        refusal = self._refusal(route.startswith("/api/"))
+        if refusal:
+            return self._error(403, refusal)
+        self._guarded(lambda: self._get(route, url.query))
 
     do_HEAD = do_GET
+
+    def _get(self, route: str, query_string: str) -> None:
+        if route in ("/", "/index.html"):
+            return self._file(self.server.static_root / "index.html")
+        if route.startswith("/static/"):
+            try:
+                path = static_file(route[len("/static/") :], self.server.static_root)
+            except PermissionError:
+                return self._error(403, f"refused: {route} leaves the viewer's static folder.")
+            if path is None:
+                return self._error(404, f"no static file {route}.")
+            return self._file(path)
+        query = urllib.parse.parse_qs(query_string)
+        if route == "/api/graphs":
+            return self._json(200, self.server.viewer.index())
+        if route in ("/api/graph", "/api/circuit"):
+            names = query.get("name", [])
+            if len(names) != 1:
+                return self._error(400, f"{route} needs one ?name=.")
+            return self._json(200, self.server.viewer.payload(route.rsplit("/", 1)[1], names[0]))
+        return self._error(404, f"no such page {route}.")
 
     def do_POST(self) -> None:  # noqa: N802
         from attrgraph.viewer.supernode_request import MAX_BODY
 
-        if not self._host_ok():
-            return self._error(403, "refused: this server answers only requests addressed to its own host.")
-        if urllib.parse.urlsplit(self.path).path != "/api/supernodes":
-            return self._error(404, f"no such endpoint {self.path}; POST supernodes to /api/supernodes.")
+        route = urllib.parse.urlsplit(self.path).path
+        # every refusal below closes the connection (_error): the body is never read, never reparsed
+        refusal = self._refusal(True)
+        if refusal:
+            return self._error(403, refusal)
+        if route not in WRITES:
+            return self._error(404, f"no such endpoint {route}; POST to {' or '.join(WRITES)}.")
         origin = self.headers.get("Origin")
-        if origin not in (None, "null") and urllib.parse.urlsplit(origin).netloc != self.headers.get("Host"):
+        if not self.server.access.origin_ok(origin):
             return self._error(403, f"refused: a request from {origin} may not write this file.")
-        if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
-            return self._error(400, "send the supernodes as Content-Type: application/json.")
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+            return self._error(400, "send the request as Content-Type: application/json.")
+        if self.headers.get("Transfer-Encoding"):
+            return self._error(411, "send a Content-Length, not a Transfer-Encoding.")
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
             return self._error(411, "send a Content-Length.")
         if not 0 <= length <= MAX_BODY:
-            self.close_connection = True
             return self._error(413, f"the request has {length} bytes; send at most {MAX_BODY}.")
-        body = self.rfile.read(length)
         try:
-            return self._json(200, self.server.viewer.save_supernodes(body))
-        except SupernodeError as e:
-            return self._error(400, str(e))
+            body = self.rfile.read(length)
+        except OSError:  # a timeout: the client sent headers and no body
+            self.close_connection = True
+            return
+        if len(body) != length:
+            self.close_connection = True
+            return
+        viewer = self.server.viewer
+        write = viewer.save_supernodes if route == "/api/supernodes" else viewer.save_labels
+        self._guarded(lambda: self._json(200, write(body)))
+
+    def _guarded(self, route) -> None:
+        """Run a route; every failure becomes a JSON error (step 3)."""
+        try:
+            route()
+        except (SupernodeError, LabelError) as e:
+            self._error(400, str(e))
+        except LookupError as e:
+            self._error(404, str(e.args[0]))
+        except (FileNotFoundError, GraphFileError) as e:
+            if not self.server.viewer.path.exists():
+                self._error(404, f"the file {self.server.viewer.path.name} is gone: it was moved or removed.")
+            else:
+                self._error(500, str(e))
         except AttrgraphError as e:
-            return self._error(500, str(e))
+            self._error(500, str(e))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 (errors are always JSON; the traceback goes to stderr)
+            traceback.print_exc(file=sys.stderr)
+            self._error(500, f"the server failed: {type(e).__name__}: {e}")
 
     def _file(self, path: Path) -> None:
         self._send(200, path.read_bytes(), CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
 
 
 class ViewerServer(ThreadingHTTPServer):
-    """A `ThreadingHTTPServer` holding a `Viewer`; `url` is where the page is."""
+    """A `ThreadingHTTPServer` holding a `Viewer`; `url` is where the page is (with the token)."""
 
     daemon_threads = True
+    request_queue_size = BACKLOG
 
-    def __init__(self, viewer: Viewer, host: str, port: int, verbose: bool = False):
+    def __init__(
+        self,
+        viewer: Viewer,
+        host: str,
+        port: int,
+        verbose: bool = False,
+        allow_hosts: tuple[str, ...] = (),
+        token: str | None = None,
+        socket_timeout: float = SOCKET_TIMEOUT,
+    ):
         self.viewer, self.host, self.verbose = viewer, host, verbose
+        self.socket_timeout = socket_timeout
+        self.static_root = STATIC
         if ":" in host:
             self.address_family = socket.AF_INET6
         try:
@@ -253,11 +398,15 @@ class ViewerServer(ThreadingHTTPServer):
             raise ServeError(
                 f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --host or --port."
             ) from None
+        self.access = Access.for_server(host, self.server_address[1], allow_hosts, token)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+        if host in WILDCARDS:
+            host = "::1" if ":" in host else "127.0.0.1"
+        query = f"?token={self.access.token}" if self.access.token else ""
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}/{query}"
 
 
 def make_server(
@@ -267,17 +416,24 @@ def make_server(
     dashboards: str | os.PathLike | None = None,
     verbose: bool = False,
     attn_dashboards: str | os.PathLike | None = None,
+    allow_hosts: tuple[str, ...] = (),
+    token: str | None = None,
+    socket_timeout: float = SOCKET_TIMEOUT,
 ) -> ViewerServer:
     """A viewer server for the graph file `path`, bound but not yet serving (call
     `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port.
-    `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found)."""
-    return ViewerServer(Viewer(path, dashboards, attn_dashboards), host, port, verbose)
+    `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found).
+    `allow_hosts`: more names the Host header may give; `token`: the API token (default: a random
+    one when `host` is not loopback, none on loopback)."""
+    viewer = Viewer(path, dashboards, attn_dashboards)
+    return ViewerServer(viewer, host, port, verbose, tuple(allow_hosts), token, socket_timeout)
 
 
 def warn_if_exposed(host: str) -> None:
-    if host not in LOOPBACK:
+    if not is_loopback(host):
         print(
             f"attrgraph serve: warning: listening on {host}, so other machines can read (and write "
-            "supernodes into) this file; the default 127.0.0.1 keeps it to this machine.",
+            "supernodes and labels into) this file with the token of the URL below; the default "
+            "127.0.0.1 keeps it to this machine.",
             file=sys.stderr,
         )

@@ -3,23 +3,37 @@
 //
 // Layout: rows bottom to top (embeddings, layers, logits), columns left to right (positions);
 // nodes sharing a (row, column) cell are spread horizontally and a column is as wide as its
-// fullest cell. Edges are blue when positive, red when negative; width and opacity grow with
-// sqrt(|weight| / max |weight|). Hover a node to highlight its edges and see it in the side
-// panel; click to keep it there; shift-click (or "pin") pins it; pinned nodes can be shown alone
-// and grouped into supernodes, which "save" posts to the server (the whole list of the graph).
+// fullest cell. Features carry their label beside them. Edges are blue when positive, red when
+// negative; width and opacity grow with sqrt(|weight| / max |weight|). Wheel zooms about the
+// cursor, dragging pans; labels never get smaller than MIN_TEXT_PX on screen.
+//
+// What is drawn (recompute):
+// 1. Threshold sliders, as prune.py prunes (appendix rule): features whose `slider_influence`
+//    (the unpruned graph's influence when stored) reaches the node threshold's cumulative share
+//    are kept (find_threshold); on the kept nodes, A = |adjacency| with rows summing to 1, the
+//    influence z = ((I - A)^-1 - I)^T w (w: logit probabilities), edge score A[t, s] (z_t + w_t),
+//    edges above the edge threshold's cutoff kept; features that lost every outgoing edge go.
+// 2. The header's replacement and completeness scores are scores.py's, of that drawn graph.
+// 3. Error nodes can be hidden; supernodes collapsed into one node each with summed edges.
+// The view (graph, selection, pins, thresholds, toggles) lives in the URL hash.
 "use strict";
 (function () {
   const SVG_NS = "http://www.w3.org/2000/svg";
   const EMBEDDED = window.ATTRGRAPH_DATA || null;
+  const TOKEN = new URLSearchParams(location.search).get("token");
   const PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
     "#9a6324", "#469990", "#808000"];
-  const ROW_H = [48, 140], GAP = 14, MIN_COL = 56, MARGIN_L = 58, MARGIN_T = 24, MARGIN_B = 70, N_EDGES_LISTED = 15;
+  const ROW_H = [70, 150], GAP = 18, MIN_COL = 60, MARGIN_L = 58, MARGIN_T = 90, MARGIN_B = 70;
+  const N_EDGES_LISTED = 15, N_RANKED = 40, N_SEARCH = 30, LABEL_CHARS = 26;
+  const LABEL_SIZE = 11, MIN_TEXT_PX = 10, K_MIN = 0.05, K_MAX = 8;
   const HINT = "Hover a node to see it; click to keep it here. Shift-click pins a node.";
 
   const state = {
-    data: null, selected: null, hovered: null, pinned: new Set(), supernodes: [], zoom: 1,
-    incoming: [], outgoing: [], nodeEls: [], edgeEls: [], xy: [], cols: null, size: [0, 0],
-    keyIndex: new Map(), highlighted: [],
+    data: null, selected: null, hovered: null, pinned: new Set(), supernodes: [],
+    nt: 1, et: 1, showErrors: true, collapse: false, onlyPinned: false, query: "",
+    keep: null, keepEdge: null, scores: null, nodes: [], edges: [], nodeEls: new Map(), labelEls: new Map(),
+    edgeEls: [], incoming: new Map(), outgoing: new Map(), xy: [], cols: null, size: [0, 0],
+    keyIndex: new Map(), highlighted: [], cam: { x: 0, y: 0, k: 1 }, view: "",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -51,19 +65,23 @@
   }
 
   const keyStr = (k) => JSON.stringify(k);
+  const short = (t, n = LABEL_CHARS) => (t.length > n ? t.slice(0, n - 1) + "…" : t);
 
   function note(text, isError) {
     $("notes").append(h("p", { class: isError ? "error" : "" }, text));
   }
 
-  function say(text, isError) {
-    const el = $("save-status");
+  function say(text, isError, id = "save-status") {
+    const el = $(id);
+    if (!el) return;
     el.textContent = text;
     el.className = isError ? "error" : "ok";
   }
 
   async function getJSON(url, options) {
-    const r = await fetch(url, options);
+    const opts = Object.assign({}, options || {});
+    if (TOKEN) opts.headers = Object.assign({}, opts.headers || {}, { "X-Attrgraph-Token": TOKEN });
+    const r = await fetch(url, opts);
     let body = null;
     try {
       body = await r.json();
@@ -74,6 +92,62 @@
     return body;
   }
 
+  // ------------------------------------------------------------------ the URL hash
+  function readHash() {
+    const parts = location.hash.slice(1).split("&");
+    const out = { view: decodeURIComponent(parts[0] || "") };
+    for (const p of parts.slice(1)) {
+      const i = p.indexOf("=");
+      if (i > 0) out[p.slice(0, i)] = decodeURIComponent(p.slice(i + 1));
+    }
+    return out;
+  }
+
+  function writeHash() {
+    if (!state.data) return;
+    const parts = [encodeURIComponent(state.view)];
+    if (state.selected !== null) parts.push("sel=" + state.selected);
+    if (state.pinned.size) parts.push("pins=" + [...state.pinned].join("."));
+    if (state.nt < 1) parts.push("nt=" + state.nt);
+    if (state.et < 1) parts.push("et=" + state.et);
+    if (!state.showErrors) parts.push("err=0");
+    if (state.collapse) parts.push("col=1");
+    if (state.onlyPinned) parts.push("only=1");
+    if (state.query) parts.push("q=" + encodeURIComponent(state.query));
+    const hash = "#" + parts.join("&");
+    if (location.hash !== hash) {
+      try {
+        history.replaceState(null, "", hash);
+      } catch (e) { /* a srcdoc frame may refuse; the view still works */ }
+    }
+  }
+
+  function applyHash(hs) {
+    const n = state.data.nodes.length, valid = (i) => Number.isInteger(i) && i >= 0 && i < n;
+    const num = (v, d) => (v === undefined || !isFinite(Number(v)) ? d : Math.min(1, Math.max(0, Number(v))));
+    state.nt = num(hs.nt, 1);
+    state.et = num(hs.et, 1);
+    state.showErrors = hs.err !== "0";
+    state.collapse = hs.col === "1";
+    state.onlyPinned = hs.only === "1";
+    state.query = hs.q || "";
+    state.pinned = new Set((hs.pins || "").split(".").filter((x) => x !== "").map(Number).filter(valid));
+    const sel = hs.sel === undefined ? null : Number(hs.sel);
+    state.selected = valid(sel) ? sel : null;
+    syncControls();
+  }
+
+  function syncControls() {
+    $("node-threshold").value = state.nt;
+    $("edge-threshold").value = state.et;
+    $("node-threshold-value").textContent = state.nt.toFixed(2);
+    $("edge-threshold-value").textContent = state.et.toFixed(2);
+    $("show-errors").checked = state.showErrors;
+    $("collapse").checked = state.collapse;
+    $("only-pinned").checked = state.onlyPinned;
+    $("search").value = state.query;
+  }
+
   // ------------------------------------------------------------------ loading
   async function init() {
     wireControls();
@@ -81,7 +155,8 @@
     if (EMBEDDED) {
       pick.append(h("option", { value: "graph:" + EMBEDDED.name }, EMBEDDED.name));
       pick.disabled = true;
-      render(EMBEDDED);
+      state.view = "graph:" + EMBEDDED.name;
+      render(EMBEDDED, readHash());
       return;
     }
     let index;
@@ -97,26 +172,36 @@
     if (index.circuits.length) {
       pick.append(h("optgroup", { label: "circuits" }, index.circuits.map(option("circuit"))));
     }
-    const wanted = decodeURIComponent(location.hash.slice(1));
-    if (wanted && [...pick.options].some((o) => o.value === wanted)) pick.value = wanted;
-    pick.addEventListener("change", () => load(pick.value));
-    await load(pick.value);
+    const hs = readHash();
+    if (hs.view && [...pick.options].some((o) => o.value === hs.view)) pick.value = hs.view;
+    pick.addEventListener("change", () => load(pick.value, {}));
+    window.addEventListener("hashchange", () => {
+      const next = readHash();
+      if (next.view && next.view !== state.view && [...pick.options].some((o) => o.value === next.view)) {
+        pick.value = next.view;
+        load(next.view, next);
+      } else if (state.data) {
+        applyHash(next);
+        recompute();
+      }
+    });
+    await load(pick.value, hs.view === pick.value ? hs : {});
   }
 
-  async function load(value) {
+  async function load(value, hs, keepCam) {
     const i = value.indexOf(":");
     const kind = value.slice(0, i), name = value.slice(i + 1);
-    history.replaceState(null, "", "#" + encodeURIComponent(value));
+    state.view = value;
     try {
-      render(await getJSON(`api/${kind}?name=${encodeURIComponent(name)}`));
+      render(await getJSON(`api/${kind}?name=${encodeURIComponent(name)}`), hs, keepCam);
     } catch (e) {
       $("notes").replaceChildren();
       note(e.message, true);
     }
   }
 
-  function render(data) {
-    Object.assign(state, { data, selected: null, hovered: null, pinned: new Set(), keyIndex: new Map() });
+  function render(data, hs, keepCam) {
+    Object.assign(state, { data, hovered: null, keyIndex: new Map() });
     data.nodes.forEach((n) => {
       const k = keyStr(n.key);
       if (!state.keyIndex.has(k)) state.keyIndex.set(k, []);
@@ -125,27 +210,178 @@
     state.supernodes = (data.supernodes || []).map((sn, i) => ({
       name: sn.name, members: sn.members, color: PALETTE[i % PALETTE.length],
     }));
+    applyHash(hs || {});
     $("notes").replaceChildren();
     (data.notes || []).forEach((t) => note(t));
     if (data.kind === "graph" && !Object.keys(data.dashboards).length) note(data.dashboards_note);
-    $("summary").textContent = summary(data);
     $("group-controls").style.display = data.kind === "graph" ? "" : "none";
+    $("ranked-box").style.display = data.kind === "graph" ? "" : "none";
     $("save").style.display = data.editable ? "" : "none";
     $("save-status").textContent = "";
     layout(data);
-    draw(data);
-    showDetails(null);
+    if (!keepCam) fit();
+    recompute();
+  }
+
+  // ------------------------------------------------------------------ step 1: thresholds
+  function findThreshold(scores, threshold) {  // prune.py find_threshold
+    if (threshold >= 1 || !scores.length) return -Infinity;
+    const ordered = scores.slice().sort((a, b) => b - a);
+    const total = ordered.reduce((a, b) => a + b, 0);
+    if (total <= 0) return -Infinity;
+    let acc = 0;
+    for (let i = 0; i < ordered.length; i++) {
+      acc += ordered[i];
+      if (acc / total >= threshold) return ordered[i];
+    }
+    return ordered[ordered.length - 1];
+  }
+
+  function logitWeight(n) {
+    return n.kind === "logit" ? n.prob || 0 : 0;
+  }
+
+  // influence z - w over the nodes `keep` and edges `edgeOn` (edges go from lower to higher index)
+  function influence(nodes, edges, keep, edgeOn) {
+    const n = nodes.length, rowSum = new Float64Array(n), z = new Float64Array(n);
+    edges.forEach((e, i) => { if (edgeOn[i]) rowSum[e[1]] += Math.abs(e[2] || 0); });
+    const byTarget = nodes.map(() => []);
+    edges.forEach((e, i) => { if (edgeOn[i]) byTarget[e[1]].push(i); });
+    for (let t = 0; t < n; t++) z[t] = keep[t] ? logitWeight(nodes[t]) : 0;
+    for (let t = n - 1; t >= 0; t--) {  // targets before their sources: z_s = w_s + sum_t A[t, s] z_t
+      if (!keep[t] || rowSum[t] === 0) continue;
+      for (const i of byTarget[t]) {
+        const [src, , w] = edges[i];
+        z[src] += (Math.abs(w || 0) / rowSum[t]) * z[t];
+      }
+    }
+    const infl = new Float64Array(n);
+    for (let i = 0; i < n; i++) infl[i] = keep[i] ? z[i] - logitWeight(nodes[i]) : 0;
+    return { infl, rowSum };
+  }
+
+  function thresholds(data) {
+    const nodes = data.nodes, edges = data.edges, n = nodes.length;
+    const keep = new Array(n).fill(true), edgeOn = new Array(edges.length).fill(true);
+    if (data.kind !== "graph") return { keep, edgeOn, scores: null };
+    const si = (x) => (x.slider_influence === undefined ? x.influence || 0 : x.slider_influence || 0);
+    const cut = findThreshold(nodes.filter((x) => x.kind !== "logit").map(si), state.nt);
+    nodes.forEach((x, i) => { keep[i] = x.kind !== "feature" || si(x) >= cut; });
+    edges.forEach((e, i) => { edgeOn[i] = keep[e[0]] && keep[e[1]]; });
+    if (state.et < 1) {
+      const { infl, rowSum } = influence(nodes, edges, keep, edgeOn);
+      const idx = [], score = [];
+      edges.forEach((e, i) => {
+        if (!edgeOn[i] || !(e[2] || 0)) return;
+        idx.push(i);
+        score.push((Math.abs(e[2]) / rowSum[e[1]]) * (infl[e[1]] + logitWeight(nodes[e[1]])));
+      });
+      const ecut = findThreshold(score, state.et);
+      const hadOut = new Array(n).fill(false);
+      idx.forEach((i) => { hadOut[edges[i][0]] = true; });
+      idx.forEach((i, j) => { if (score[j] < ecut) edgeOn[i] = false; });
+      for (;;) {  // features left without an outgoing edge go (prune.py step 4)
+        const hasOut = new Array(n).fill(false);
+        edges.forEach((e, i) => { if (edgeOn[i] && keep[e[0]] && keep[e[1]]) hasOut[e[0]] = true; });
+        let dropped = false;
+        nodes.forEach((x, i) => {
+          if (keep[i] && x.kind === "feature" && hadOut[i] && !hasOut[i]) { keep[i] = false; dropped = true; }
+        });
+        if (!dropped) break;
+      }
+      edges.forEach((e, i) => { edgeOn[i] = edgeOn[i] && keep[e[0]] && keep[e[1]]; });
+    }
+    return { keep, edgeOn, scores: graphScores(nodes, edges, keep, edgeOn) };
+  }
+
+  // step 2: scores.py on the drawn graph
+  function graphScores(nodes, edges, keep, edgeOn) {
+    const { infl, rowSum } = influence(nodes, edges, keep, edgeOn);
+    const errShare = new Float64Array(nodes.length);
+    edges.forEach((e, i) => {
+      if (edgeOn[i] && nodes[e[0]].kind === "error" && rowSum[e[1]] > 0) errShare[e[1]] += Math.abs(e[2] || 0) / rowSum[e[1]];
+    });
+    let token = 0, error = 0, total = 0, complete = 0;
+    nodes.forEach((x, i) => {
+      if (!keep[i]) return;
+      if (x.kind === "embedding") token += infl[i];
+      if (x.kind === "error") error += infl[i];
+      const out = infl[i] + logitWeight(x);
+      total += out;
+      complete += (1 - errShare[i]) * out;
+    });
+    return {
+      replacement: token + error > 0 ? token / (token + error) : 1,
+      completeness: total > 0 ? complete / total : 1,
+    };
+  }
+
+  // ------------------------------------------------------------------ step 3: what is drawn
+  function recompute() {
+    const data = state.data;
+    if (!data) return;
+    const { keep, edgeOn, scores } = thresholds(data);
+    state.keep = keep;
+    state.keepEdge = edgeOn;
+    state.scores = scores;
+    const shown = data.nodes.map((x, i) => keep[i] && (state.showErrors || x.kind !== "error"));
+    // supernodes collapsed: members map to one pseudo node (id "s{k}") at their mean position
+    const owner = new Map();
+    const nodes = data.nodes.filter((x, i) => shown[i]).map((x) => ({ node: x, id: x.id, xy: state.xy[x.id] }));
+    if (state.collapse && data.kind === "graph") {
+      const pseudo = [];
+      state.supernodes.forEach((sn, k) => {
+        const ids = memberIds(sn).filter((i) => shown[i]);
+        if (!ids.length) return;
+        const id = "s" + k;
+        ids.forEach((i) => owner.set(i, id));
+        const xs = ids.map((i) => state.xy[i][0]), ys = ids.map((i) => state.xy[i][1]);
+        pseudo.push({
+          id, sn, members: ids, color: sn.color,
+          xy: [xs.reduce((a, b) => a + b, 0) / xs.length, ys.reduce((a, b) => a + b, 0) / ys.length],
+          node: { kind: "supernode", label: sn.name, id },
+        });
+      });
+      state.nodes = nodes.filter((x) => !owner.has(x.id)).concat(pseudo);
+    } else {
+      state.nodes = nodes;
+    }
+    const summed = new Map();
+    data.edges.forEach((e, i) => {
+      if (!edgeOn[i] || !shown[e[0]] || !shown[e[1]]) return;
+      const a = owner.get(e[0]) ?? e[0], b = owner.get(e[1]) ?? e[1];
+      if (a === b) return;  // inside one supernode
+      if (a === e[0] && b === e[1]) {
+        summed.set(`e${i}`, { src: a, tgt: b, w: e[2] || 0, index: i });
+        return;
+      }
+      const k = `${a}>${b}`;
+      if (!summed.has(k)) summed.set(k, { src: a, tgt: b, w: 0, index: -1 });
+      summed.get(k).w += e[2] || 0;
+    });
+    state.edges = [...summed.values()];
+    $("summary").textContent = summary(data);
+    draw();
+    if (state.selected !== null && !state.nodeEls.has(state.selected)) state.selected = null;
+    if (state.selected !== null) state.nodeEls.get(state.selected).classList.add("selected");
+    for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("pinned");
+    showDetails(state.selected);
     renderPins();
     renderSupernodes();
+    renderRanked();
+    search(state.query);
+    writeHash();
   }
 
   function summary(d) {
     if (d.kind === "circuit") return `circuit ${d.name}: ${d.method}, ${d.n_edges} edges, ${d.nodes.length} nodes`;
-    const parts = [`${d.nodes.length} nodes, ${d.edges.length} edges`];
+    const nNodes = state.keep.filter(Boolean).length, nEdges = state.keepEdge.filter(Boolean).length;
+    const parts = [`${nNodes} nodes, ${nEdges} edges`];
+    if (nNodes !== d.nodes.length || nEdges !== d.edges.length) parts[0] += ` (of ${d.nodes.length} nodes, ${d.edges.length} edges drawn at thresholds 1)`;
     if (d.stored.n_nodes !== d.nodes.length || d.stored.n_edges !== d.edges.length) {
       parts[0] += ` (stored: ${d.stored.n_nodes} nodes, ${d.stored.n_edges} edges)`;
     }
-    parts.push(`replacement ${fmt(d.scores.replacement)}`, `completeness ${fmt(d.scores.completeness)}`);
+    parts.push(`replacement ${fmt(state.scores.replacement)}`, `completeness ${fmt(state.scores.completeness)}`);
     parts.push("logits " + d.logits.map((l) => `${JSON.stringify(l.token)} ${fmt(l.prob)}`).join(" "));
     const hi = d.hierarchical;
     if (hi) {
@@ -155,7 +391,7 @@
     return parts.join(" · ");
   }
 
-  // ------------------------------------------------------------------ layout and drawing
+  // ------------------------------------------------------------------ layout, camera, drawing
   function layout(data) {
     const nRows = data.row_labels.length, nCols = Math.max(data.col_labels.length, 1);
     const cells = new Map();
@@ -172,15 +408,14 @@
     const x0 = [MARGIN_L];
     for (let c = 0; c < nCols; c++) x0.push(x0[c] + width[c]);
     state.cols = { x0, width };
-    // fit the canvas at first, within reason: the width by zooming out, the height by taller rows
-    const canvas = $("canvas"), W = x0[nCols] + 12;
-    state.zoom = canvas.clientWidth > 4 ? Math.min(1, Math.max(0.5, (canvas.clientWidth - 4) / W)) : 1;
-    const fill = (canvas.clientHeight - 4) / state.zoom - MARGIN_T - MARGIN_B;
+    const canvas = $("canvas"), W = x0[nCols] + 120;  // room for the last column's labels
+    const k = initialZoom(W);
+    const fill = (canvas.clientHeight - 4) / k - MARGIN_T - MARGIN_B;
     state.rowH = Math.min(ROW_H[1], Math.max(ROW_H[0], fill / nRows || 0));
     state.xy = new Array(data.nodes.length);
     const rank = (n) => (n.kind === "error" ? 0 : 1);
-    for (const [k, ids] of cells) {
-      const [row, col] = k.split(",").map(Number);
+    for (const [key, ids] of cells) {
+      const [row, col] = key.split(",").map(Number);
       ids.sort((a, b) => rank(data.nodes[a]) - rank(data.nodes[b]) || a - b);
       const cx = x0[col] + width[col] / 2, y = rowY(row, nRows);
       ids.forEach((id, j) => {
@@ -192,26 +427,57 @@
 
   const rowY = (row, nRows) => MARGIN_T + (nRows - 1 - row) * state.rowH + state.rowH / 2;
 
+  function initialZoom(W) {
+    // fit the width within reason (labels are scaled up to MIN_TEXT_PX on screen, applyCam)
+    const cw = $("canvas").clientWidth || 800;
+    return Math.min(1.6, Math.max(0.5, (cw - 4) / W));
+  }
+
+  function fit() {
+    const k = initialZoom(state.size[0]);
+    state.cam = { x: 0, y: 0, k };
+    applyCam();
+  }
+
+  function applyCam() {
+    const svg = $("graph"), c = state.cam;
+    const cw = $("canvas").clientWidth || 800, ch = $("canvas").clientHeight || 600;
+    svg.setAttribute("viewBox", `${c.x} ${c.y} ${cw / c.k} ${ch / c.k}`);
+    // labels keep at least MIN_TEXT_PX on screen however far out one zooms
+    svg.style.setProperty("--label-size", Math.max(LABEL_SIZE, MIN_TEXT_PX / c.k) + "px");
+  }
+
+  function zoomAt(factor, mx, my) {
+    const c = state.cam, k = Math.min(K_MAX, Math.max(K_MIN, c.k * factor));
+    const ux = c.x + mx / c.k, uy = c.y + my / c.k;
+    state.cam = { x: ux - mx / k, y: uy - my / k, k };
+    applyCam();
+  }
+
   function shape(kind) {
     if (kind === "feature" || kind === "component") return s("circle", { class: "shape", r: 5 });
+    if (kind === "supernode") return s("circle", { class: "shape", r: 8 });
     if (kind === "logit") return s("polygon", { class: "shape", points: "0,-7 7,0 0,7 -7,0" });
     if (kind === "embedding") return s("rect", { class: "shape", x: -5, y: -5, width: 10, height: 10, rx: 2 });
     return s("rect", { class: "shape", x: -4, y: -4, width: 8, height: 8 });
   }
 
-  function applyZoom() {
-    const svg = $("graph"), [W, H] = state.size;
-    svg.setAttribute("width", Math.round(W * state.zoom));
-    svg.setAttribute("height", Math.round(H * state.zoom));
+  function nodeText(x) {
+    if (x.kind === "logit") return x.token !== undefined ? JSON.stringify(x.token) : x.label;
+    if (x.kind === "feature" || x.kind === "supernode" || x.kind === "component") return x.label;
+    return null;
   }
 
-  function draw(data) {
-    const svg = $("graph");
+  function nodeClass(x) {
+    return x.kind + (x.site === "attn" ? " attn" : "") + (x.kind === "feature" && !x.labelled ? " unlabelled" : "");
+  }
+
+  function draw() {
+    const data = state.data, svg = $("graph");
     svg.replaceChildren();
     svg.classList.remove("focus");
     const [W] = state.size, nRows = data.row_labels.length;
-    svg.setAttribute("viewBox", `0 0 ${state.size[0]} ${state.size[1]}`);
-    applyZoom();
+    applyCam();
     const axes = s("g", { class: "axes" });
     data.row_labels.forEach((label, row) => {
       const y = rowY(row, nRows);
@@ -228,50 +494,84 @@
     });
     svg.append(axes);
 
-    state.incoming = data.nodes.map(() => []);
-    state.outgoing = data.nodes.map(() => []);
-    state.edgeEls = new Array(data.edges.length);
+    const pos = new Map(state.nodes.map((x) => [x.id, x.xy]));
+    state.incoming = new Map(state.nodes.map((x) => [x.id, []]));
+    state.outgoing = new Map(state.nodes.map((x) => [x.id, []]));
     let maxW = 1e-30;
-    for (const e of data.edges) maxW = Math.max(maxW, Math.abs(e[2] || 0));
-    const order = data.edges.map((e, i) => i);
-    order.sort((a, b) => Math.abs(data.edges[a][2] || 0) - Math.abs(data.edges[b][2] || 0));
+    for (const e of state.edges) maxW = Math.max(maxW, Math.abs(e.w));
+    const order = state.edges.map((e, i) => i).sort((a, b) => Math.abs(state.edges[a].w) - Math.abs(state.edges[b].w));
     const edges = s("g", { class: "edges" });
+    state.edgeEls = new Array(state.edges.length);
     for (const i of order) {
-      const [src, tgt, w] = data.edges[i];
-      const [sx, sy] = state.xy[src], [tx, ty] = state.xy[tgt];
-      const r = Math.sqrt(Math.abs(w || 0) / maxW), my = (sy + ty) / 2;
+      const e = state.edges[i];
+      const [sx, sy] = pos.get(e.src), [tx, ty] = pos.get(e.tgt);
+      const r = Math.sqrt(Math.abs(e.w) / maxW), my = (sy + ty) / 2;
       const p = s("path", {
-        class: "edge " + ((w || 0) >= 0 ? "pos" : "neg"),
+        class: "edge " + (e.w >= 0 ? "pos" : "neg"),
         d: `M${sx},${sy} C${sx},${my} ${tx},${my} ${tx},${ty}`,
         "stroke-width": (0.4 + 3.6 * r).toFixed(2),
         opacity: (0.12 + 0.78 * r).toFixed(2),
+        "data-src": e.src, "data-tgt": e.tgt,
       });
+      p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
+      p.addEventListener("mouseout", () => edgeTip(null));
       edges.append(p);
       state.edgeEls[i] = p;
-      state.outgoing[src].push(i);
-      state.incoming[tgt].push(i);
+      state.outgoing.get(e.src).push(i);
+      state.incoming.get(e.tgt).push(i);
     }
     svg.append(edges, s("g", { class: "groups" }));
 
-    const nodes = s("g", { class: "nodes" });
-    state.nodeEls = data.nodes.map((n) => {
-      const [x, y] = state.xy[n.id];
-      const g = s("g", { class: "node " + n.kind + (n.site === "attn" ? " attn" : ""), "data-id": n.id, transform: `translate(${x},${y})` });
+    const nodes = s("g", { class: "nodes" }), labels = s("g", { class: "labels" });
+    state.nodeEls = new Map();
+    state.labelEls = new Map();
+    for (const item of state.nodes) {
+      const x = item.node, [px, py] = item.xy;
+      const g = s("g", { class: "node " + nodeClass(x), "data-id": item.id, transform: `translate(${px},${py})` });
       const title = s("title");
-      title.textContent = n.label;
-      g.append(shape(n.kind), title);
-      g.addEventListener("mouseenter", () => hover(n.id));
+      title.textContent = x.name ? `${x.label} (${x.name})` : x.label;
+      const sh = shape(x.kind);
+      if (item.color) sh.style.stroke = item.color;
+      g.append(sh, title);
+      g.addEventListener("mouseenter", () => hover(item.id));
       g.addEventListener("mouseleave", () => hover(null));
       g.addEventListener("click", (ev) => {
         ev.stopPropagation();
-        if (ev.shiftKey) togglePin(n.id);
-        else select(state.selected === n.id ? null : n.id);
+        if (state.dragged) return;
+        if (ev.shiftKey && typeof item.id === "number") togglePin(item.id);
+        else select(state.selected === item.id ? null : item.id);
       });
       nodes.append(g);
-      return g;
-    });
-    svg.append(nodes);
-    svg.onclick = () => select(null);
+      state.nodeEls.set(item.id, g);
+      const text = nodeText(x);
+      if (text) {
+        const t = s("text", { class: "nlabel " + nodeClass(x), x: px + 7, y: py - 7, transform: `rotate(-30 ${px + 7} ${py - 7})`, "data-id": item.id });
+        t.textContent = short(text);
+        labels.append(t);
+        state.labelEls.set(item.id, t);
+      }
+    }
+    svg.append(nodes, labels);
+  }
+
+  function edgeTip(e, ev) {
+    const tip = $("edge-tip");
+    if (!e) {
+      tip.style.display = "none";
+      return;
+    }
+    const name = (id) => nodeById(id).label;
+    tip.textContent = `${name(e.src)} → ${name(e.tgt)}: ${fmt(e.w, 4)}${e.index < 0 ? " (summed)" : ""}`;
+    const box = $("canvas").getBoundingClientRect();
+    tip.style.left = `${(ev ? ev.clientX : box.left) - box.left + 12}px`;
+    tip.style.top = `${(ev ? ev.clientY : box.top) - box.top + 12}px`;
+    tip.style.display = "block";
+  }
+
+  function nodeById(id) {
+    if (typeof id === "number") return state.data.nodes[id];
+    const item = state.nodes.find((x) => x.id === id);
+    return item ? item.node : { label: String(id), kind: "supernode" };
   }
 
   // ------------------------------------------------------------------ focus and details
@@ -282,11 +582,12 @@
   }
 
   function select(id) {
-    if (state.selected !== null) state.nodeEls[state.selected].classList.remove("selected");
+    if (state.selected !== null && state.nodeEls.has(state.selected)) state.nodeEls.get(state.selected).classList.remove("selected");
     state.selected = id;
-    if (id !== null) state.nodeEls[id].classList.add("selected");
+    if (id !== null && state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("selected");
     refreshFocus();
     showDetails(id);
+    writeHash();
   }
 
   function refreshFocus() {
@@ -294,66 +595,108 @@
     state.highlighted = [];
     const id = state.hovered !== null ? state.hovered : state.selected;
     const svg = $("graph");
-    svg.classList.toggle("focus", id !== null);
-    if (id === null) return;
-    const mark = (el) => {
-      el.classList.add("hl");
-      state.highlighted.push(el);
+    svg.classList.toggle("focus", id !== null && state.nodeEls.has(id));
+    if (id === null || !state.nodeEls.has(id)) return;
+    const mark = (nid) => {
+      for (const el of [state.nodeEls.get(nid), state.labelEls.get(nid)]) {
+        if (el) {
+          el.classList.add("hl");
+          state.highlighted.push(el);
+        }
+      }
     };
-    mark(state.nodeEls[id]);
-    for (const e of state.incoming[id]) {
-      mark(state.edgeEls[e]);
-      mark(state.nodeEls[state.data.edges[e][0]]);
+    mark(id);
+    for (const e of state.incoming.get(id)) {
+      state.edgeEls[e].classList.add("hl");
+      state.highlighted.push(state.edgeEls[e]);
+      mark(state.edges[e].src);
     }
-    for (const e of state.outgoing[id]) {
-      mark(state.edgeEls[e]);
-      mark(state.nodeEls[state.data.edges[e][1]]);
+    for (const e of state.outgoing.get(id)) {
+      state.edgeEls[e].classList.add("hl");
+      state.highlighted.push(state.edgeEls[e]);
+      mark(state.edges[e].tgt);
     }
+  }
+
+  function where(x) {
+    const d = state.data;
+    if (d.kind !== "graph" || x.kind === "supernode") return "";
+    const layer = x.kind === "embedding" ? "emb" : x.kind === "logit" ? "logit" : `${x.site === "attn" ? "A" : "L"}${x.layer}`;
+    return `${layer} @${x.position} ${JSON.stringify(d.prompt_tokens[x.position] ?? "")}`;
   }
 
   function showDetails(id) {
     const box = $("details");
-    if (id === null || id === undefined) {
+    if (id === null || id === undefined || !state.nodeEls.has(id)) {
       box.replaceChildren(h("p", { class: "hint" }, HINT));
       return;
     }
-    const d = state.data, n = d.nodes[id];
+    const d = state.data, n = nodeById(id);
     const kv = h("dl", { class: "kv" });
     const add = (k, v) => {
       if (v !== undefined && v !== null && v !== "") kv.append(h("dt", {}, k), h("dd", {}, v));
     };
-    if (d.kind === "graph") {
+    if (n.kind === "supernode") {
+      const item = state.nodes.find((x) => x.id === id);
+      add("supernode", `${item.members.length} nodes: ` + item.members.map((i) => d.nodes[i].label).join(", "));
+    } else if (d.kind === "graph") {
       add("kind", n.kind);
       add("layer", n.kind === "embedding" ? "embeddings" : n.kind === "logit" ? "logits" : n.layer);
       add("position", `${n.position} ${JSON.stringify(d.prompt_tokens[n.position])}`);
-      if (n.kind === "feature") add("feature", `L${n.layer}/F${n.feature}`);
+      if (n.kind === "feature") add("feature", n.name || `${n.site === "attn" ? "A" : "L"}${n.layer}/F${n.feature}`);
       if (n.kind === "logit") add("probability", fmt(n.prob));
       add("activation", fmt(n.activation));
       add("influence", fmt(n.influence, 4));
+      if (n.slider_influence !== undefined && d.slider_influence === "unpruned") add("influence (unpruned)", fmt(n.slider_influence, 4));
       if ("attribution" in n) add("attribution", fmt(n.attribution, 4));
       const sn = supernodeOf(n);
       if (sn) add("supernode", sn.name);
     } else {
       add("position", d.col_labels[n.col]);
     }
-    const pin = h("button", { id: "pin-toggle", onclick: () => togglePin(id) }, state.pinned.has(id) ? "unpin" : "pin");
-    box.replaceChildren(
-      h("h3", { class: "node-label" }, n.label), pin, kv,
-      edgeList("incoming", state.incoming[id], (e) => d.edges[e][0]),
-      edgeList("outgoing", state.outgoing[id], (e) => d.edges[e][1]),
-    );
+    const parts = [h("h3", { class: "node-label" }, n.label)];
+    if (typeof id === "number") parts.push(h("button", { id: "pin-toggle", onclick: () => togglePin(id) }, state.pinned.has(id) ? "unpin" : "pin"));
+    if (d.kind === "graph" && n.kind === "feature" && d.labels_editable && d.labels_editable[n.site === "attn" ? "attn" : "mlp"]) {
+      parts.push(labelEditor(n));
+    }
+    parts.push(kv,
+      edgeList("incoming", state.incoming.get(id), (e) => state.edges[e].src),
+      edgeList("outgoing", state.outgoing.get(id), (e) => state.edges[e].tgt));
+    box.replaceChildren(...parts);
     if (d.kind === "graph" && n.kind === "feature") box.append(dashboard(d.dashboards[`${n.site === "attn" ? "A" : ""}${n.layer}/${n.feature}`]));
   }
 
+  function labelEditor(n) {
+    const input = h("input", { id: "label-edit", maxlength: "200", value: n.labelled ? n.label : "", placeholder: "label this feature" });
+    const saveLabel = async () => {
+      const body = JSON.stringify({
+        graph: state.data.name,
+        labels: [{ site: n.site === "attn" ? "attn" : "mlp", layer: n.layer, feature: n.feature, label: input.value }],
+      });
+      try {
+        const r = await getJSON("api/labels", { method: "POST", headers: { "Content-Type": "application/json" }, body });
+        const hs = readHash();
+        await load(state.view, hs, true);
+        say(`saved the label of ${n.name} to ${Object.values(r.files).join(", ")}.`, false, "label-status");
+      } catch (e) {
+        say(e.message, true, "label-status");
+      }
+    };
+    input.addEventListener("keydown", (ev) => { if (ev.key === "Enter") saveLabel(); });
+    return h("div", {}, h("div", { id: "label-editor" }, input, h("button", { id: "label-save", onclick: saveLabel }, "save label")),
+      h("div", { id: "label-status", role: "status" }));
+  }
+
   function edgeList(title, idx, other) {
-    const d = state.data, w = (e) => Math.abs(d.edges[e][2] || 0);
+    const w = (e) => Math.abs(state.edges[e].w);
     const sorted = idx.slice().sort((a, b) => w(b) - w(a));
     const ul = h("ul", { class: "edges-list" });
     for (const e of sorted.slice(0, N_EDGES_LISTED)) {
-      const weight = d.edges[e][2], o = other(e);
-      const title = d.edge_labels ? d.edge_labels[e] : d.nodes[o].label;
-      ul.append(h("li", { onclick: () => select(o), title },
-        h("span", { class: "w " + ((weight || 0) >= 0 ? "pos" : "neg") }, fmt(weight, 4)), d.nodes[o].label));
+      const weight = state.edges[e].w, o = other(e), on = nodeById(o);
+      const name = state.data.edge_labels && state.edges[e].index >= 0 ? state.data.edge_labels[state.edges[e].index] : on.label;
+      ul.append(h("li", { onclick: () => select(o), title: name },
+        h("span", { class: "w " + (weight >= 0 ? "pos" : "neg") }, fmt(weight, 4)), on.label,
+        h("span", { class: "where" }, where(on))));
     }
     if (sorted.length > N_EDGES_LISTED) ul.append(h("li", { class: "hint" }, `… and ${sorted.length - N_EDGES_LISTED} more`));
     return h("div", {}, h("h4", {}, `${title} edges (${idx.length})`), ul);
@@ -401,13 +744,45 @@
     return h("div", { class: "logits" }, pairs.map(([t, v]) => h("span", {}, `${JSON.stringify(t)} ${fmt(v)}   `)));
   }
 
+  // ------------------------------------------------------------------ search and the ranked list
+  function search(q) {
+    state.query = q;
+    const svg = $("graph"), needle = q.trim().toLowerCase();
+    const matches = [];
+    for (const [id, el] of state.nodeEls) {
+      const x = nodeById(id);
+      const hit = needle !== "" && [x.label, x.name, x.token].some((t) => typeof t === "string" && t.toLowerCase().includes(needle));
+      el.classList.toggle("match", hit);
+      const lab = state.labelEls.get(id);
+      if (lab) lab.classList.toggle("match", hit);
+      if (hit) matches.push(id);
+    }
+    svg.classList.toggle("searching", needle !== "");
+    $("search-count").textContent = needle ? `${matches.length} match${matches.length === 1 ? "" : "es"}` : "";
+    state.matches = matches;
+    $("search-results").replaceChildren(...(needle ? [h("li", { class: "hint" }, "Search results")] : []),
+      ...matches.slice(0, N_SEARCH).map((id) => h("li", { onclick: () => select(id) }, nodeById(id).label,
+        h("span", { class: "where" }, where(nodeById(id))))));
+  }
+
+  function renderRanked() {
+    const d = state.data;
+    if (d.kind !== "graph") return;
+    const si = (x) => (x.slider_influence === undefined ? x.influence || 0 : x.slider_influence || 0);
+    const feats = d.nodes.filter((x) => x.kind === "feature" && state.nodeEls.has(x.id));
+    feats.sort((a, b) => si(b) - si(a) || a.id - b.id);
+    $("ranked").replaceChildren(...feats.slice(0, N_RANKED).map((x) => h("li", { "data-id": x.id, onclick: () => select(x.id), title: `${x.label} (${x.name})` },
+      h("span", { class: "w" }, fmt(si(x), 4)), x.label, h("span", { class: "where" }, `${x.name} @${x.position}`))));
+  }
+
   // ------------------------------------------------------------------ pins and supernodes
   function togglePin(id) {
     if (state.pinned.has(id)) state.pinned.delete(id);
     else state.pinned.add(id);
-    state.nodeEls[id].classList.toggle("pinned", state.pinned.has(id));
+    if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.toggle("pinned", state.pinned.has(id));
     renderPins();
     if (state.selected === id || (state.selected === null && state.hovered === id)) showDetails(id);
+    writeHash();
   }
 
   function renderPins() {
@@ -417,20 +792,62 @@
       h("button", { onclick: () => togglePin(id), title: "unpin" }, "×"))));
     $("group").disabled = state.pinned.size === 0;
     applyOnlyPinned();
+    drawPinnedPane();
   }
 
   function applyOnlyPinned() {
-    const on = $("only-pinned").checked, svg = $("graph");
+    const on = state.onlyPinned, svg = $("graph");
     svg.classList.toggle("only-pinned", on);
     if (!on || !state.data) return;
-    state.nodeEls.forEach((el, id) => el.classList.toggle("off", !state.pinned.has(id)));
+    for (const [id, el] of state.nodeEls) {
+      el.classList.toggle("off", !state.pinned.has(id));
+      const lab = state.labelEls.get(id);
+      if (lab) lab.classList.toggle("off", !state.pinned.has(id));
+    }
     state.edgeEls.forEach((el, i) => {
-      const [a, b] = state.data.edges[i];
-      el.classList.toggle("off", !(state.pinned.has(a) && state.pinned.has(b)));
+      const e = state.edges[i];
+      el.classList.toggle("off", !(state.pinned.has(e.src) && state.pinned.has(e.tgt)));
     });
     svg.querySelectorAll("g.group").forEach((g) => {
       g.classList.toggle("off", !g.dataset.ids.split(",").some((id) => state.pinned.has(Number(id))));
     });
+  }
+
+  // the pinned nodes and the drawn edges between them, in their own pane (same relative layout)
+  function drawPinnedPane() {
+    const pane = $("pinned-pane"), svg = $("pinned-graph");
+    const ids = [...state.pinned].filter((id) => state.nodeEls.has(id));
+    pane.classList.toggle("on", ids.length > 0);
+    svg.replaceChildren();
+    if (!ids.length) return;
+    const set = new Set(ids);
+    const xs = ids.map((id) => state.xy[id][0]), ys = ids.map((id) => state.xy[id][1]);
+    const x0 = Math.min(...xs) - 30, y0 = Math.min(...ys) - 60;
+    svg.setAttribute("viewBox", `${x0} ${y0} ${Math.max(...xs) - x0 + 200} ${Math.max(...ys) - y0 + 30}`);
+    svg.setAttribute("preserveAspectRatio", "xMidYMid meet");
+    let maxW = 1e-30;
+    const edges = state.edges.filter((e) => set.has(e.src) && set.has(e.tgt));
+    edges.forEach((e) => { maxW = Math.max(maxW, Math.abs(e.w)); });
+    const ge = s("g", {});
+    for (const e of edges) {
+      const [sx, sy] = state.xy[e.src], [tx, ty] = state.xy[e.tgt], my = (sy + ty) / 2, r = Math.sqrt(Math.abs(e.w) / maxW);
+      const p = s("path", { class: "pedge " + (e.w >= 0 ? "pos" : "neg"), d: `M${sx},${sy} C${sx},${my} ${tx},${my} ${tx},${ty}`,
+        "stroke-width": (0.6 + 3.4 * r).toFixed(2), opacity: (0.3 + 0.6 * r).toFixed(2) });
+      p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
+      p.addEventListener("mouseout", () => edgeTip(null));
+      ge.append(p);
+    }
+    const gn = s("g", {});
+    for (const id of ids) {
+      const x = state.data.nodes[id], [px, py] = state.xy[id];
+      const g = s("g", { class: "pnode " + nodeClass(x), "data-id": id, transform: `translate(${px},${py})` });
+      g.append(shape(x.kind));
+      g.addEventListener("click", () => select(id));
+      const t = s("text", { class: "nlabel", x: px + 7, y: py - 7, transform: `rotate(-30 ${px + 7} ${py - 7})` });
+      t.textContent = short(x.label, 34);
+      gn.append(g, t);
+    }
+    svg.append(ge, gn);
   }
 
   const memberIds = (sn) => sn.members.flatMap((k) => state.keyIndex.get(keyStr(k)) || []);
@@ -453,12 +870,17 @@
     state.supernodes.push({
       name, members: ids.map((id) => state.data.nodes[id].key), color: PALETTE[state.supernodes.length % PALETTE.length],
     });
-    for (const id of ids) state.nodeEls[id].classList.remove("pinned");
+    for (const id of ids) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.remove("pinned");
     state.pinned.clear();
     $("group-name").value = "";
     say(`grouped ${ids.length} nodes into ${JSON.stringify(name)}; not saved yet.`);
-    renderPins();
-    renderSupernodes();
+    if (state.collapse) recompute();
+    else {
+      renderPins();
+      renderSupernodes();
+      showDetails(state.selected);  // its pin button said "unpin" for a node no longer pinned
+      writeHash();
+    }
   }
 
   function renderSupernodes() {
@@ -473,7 +895,8 @@
           title: "remove", onclick: () => {
             state.supernodes.splice(i, 1);
             say(`removed ${JSON.stringify(sn.name)}; not saved yet.`);
-            renderSupernodes();
+            if (state.collapse) recompute();
+            else renderSupernodes();
           },
         }, "×"));
     }));
@@ -485,25 +908,26 @@
     const layer = $("graph").querySelector("g.groups");
     if (!layer) return;
     layer.replaceChildren();
-    state.nodeEls.forEach((el) => {
+    for (const [id, el] of state.nodeEls) {
+      if (typeof id !== "number") continue;
       el.classList.remove("member");
       el.querySelector(".shape").style.stroke = "";
-    });
+    }
     for (const sn of state.supernodes) {
-      const ids = memberIds(sn);
+      const ids = memberIds(sn).filter((id) => state.nodeEls.has(id));
       if (!ids.length) continue;
       const xs = ids.map((id) => state.xy[id][0]), ys = ids.map((id) => state.xy[id][1]);
       const x = Math.min(...xs) - 10, y = Math.min(...ys) - 10;
       const g = s("g", { class: "group" });
       g.dataset.ids = ids.join(",");
       g.append(s("rect", { x, y, width: Math.max(...xs) + 10 - x, height: Math.max(...ys) + 10 - y, rx: 6, stroke: sn.color }));
-      const t = s("text", { x, y: y - 3, fill: sn.color });
+      const t = s("text", { x, y: y + Math.max(...ys) - Math.min(...ys) + 34, fill: sn.color });
       t.textContent = sn.name;
       g.append(t);
       layer.append(g);
       for (const id of ids) {
-        state.nodeEls[id].classList.add("member");
-        state.nodeEls[id].querySelector(".shape").style.stroke = sn.color;
+        state.nodeEls.get(id).classList.add("member");
+        state.nodeEls.get(id).querySelector(".shape").style.stroke = sn.color;
       }
     }
     applyOnlyPinned();
@@ -525,18 +949,68 @@
     }
   }
 
+  // ------------------------------------------------------------------ controls
   function wireControls() {
-    $("only-pinned").addEventListener("change", applyOnlyPinned);
+    const slider = (id, key) => $(id).addEventListener("input", () => {
+      state[key] = Number($(id).value);
+      $(id + "-value").textContent = state[key].toFixed(2);
+      recompute();
+    });
+    slider("node-threshold", "nt");
+    slider("edge-threshold", "et");
+    $("show-errors").addEventListener("change", () => { state.showErrors = $("show-errors").checked; recompute(); });
+    $("collapse").addEventListener("change", () => { state.collapse = $("collapse").checked; recompute(); });
+    $("only-pinned").addEventListener("change", () => { state.onlyPinned = $("only-pinned").checked; applyOnlyPinned(); writeHash(); });
+    $("search").addEventListener("input", () => { search($("search").value); writeHash(); });
+    $("search").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && state.matches && state.matches.length) select(state.matches[0]);
+    });
     $("pin-clear").addEventListener("click", () => {
-      for (const id of state.pinned) state.nodeEls[id].classList.remove("pinned");
+      for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.remove("pinned");
       state.pinned.clear();
       renderPins();
+      showDetails(state.selected);
+      writeHash();
     });
     $("group").addEventListener("click", group);
     $("save").addEventListener("click", save);
-    $("zoom-in").addEventListener("click", () => { state.zoom = Math.min(4, state.zoom * 1.25); applyZoom(); });
-    $("zoom-out").addEventListener("click", () => { state.zoom = Math.max(0.25, state.zoom / 1.25); applyZoom(); });
+    const centre = () => [($("canvas").clientWidth || 800) / 2, ($("canvas").clientHeight || 600) / 2];
+    $("zoom-in").addEventListener("click", () => zoomAt(1.25, ...centre()));
+    $("zoom-out").addEventListener("click", () => zoomAt(1 / 1.25, ...centre()));
+    $("zoom-fit").addEventListener("click", fit);
+    const svg = $("graph");
+    svg.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      const box = svg.getBoundingClientRect();
+      zoomAt(Math.exp(-ev.deltaY * 0.0015), ev.clientX - box.left, ev.clientY - box.top);
+    }, { passive: false });
+    let drag = null;
+    svg.addEventListener("mousedown", (ev) => {
+      if (ev.button !== 0) return;
+      drag = { x: ev.clientX, y: ev.clientY, cam: Object.assign({}, state.cam) };
+      state.dragged = false;
+    });
+    window.addEventListener("mousemove", (ev) => {
+      if (!drag) return;
+      const dx = ev.clientX - drag.x, dy = ev.clientY - drag.y;
+      if (Math.abs(dx) + Math.abs(dy) > 3) {
+        state.dragged = true;
+        svg.classList.add("dragging");
+      }
+      if (state.dragged) {
+        state.cam = { x: drag.cam.x - dx / drag.cam.k, y: drag.cam.y - dy / drag.cam.k, k: drag.cam.k };
+        applyCam();
+      }
+    });
+    window.addEventListener("mouseup", () => {
+      drag = null;
+      svg.classList.remove("dragging");
+      setTimeout(() => { state.dragged = false; }, 0);
+    });
+    svg.addEventListener("click", () => { if (!state.dragged) select(null); });
+    window.addEventListener("resize", () => { if (state.data) applyCam(); });
   }
 
+  window.attrgraphViewer = state;  // for tests and the console: the view's state, read-only by convention
   init();
 })();

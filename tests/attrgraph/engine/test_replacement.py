@@ -1,14 +1,18 @@
 """The local replacement model: reproduces the logits, is affine in its sources, refuses misfits."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import UnsupportedModelError
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_model, tiny_transcoders
+from transcoders import sites
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
 from transcoders.plt import PerLayerTranscoder
+from transcoders.sae import SAE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,6 +61,21 @@ def test_mismatched_transcoders_are_refused():
     ):
         with pytest.raises(TranscoderMismatchError):
             ReplacementModel(model, PerLayerTranscoder(cfg))
+
+
+def test_a_set_whose_tokens_depend_on_their_batch_is_refused_until_eval():
+    """BatchTopK in training mode couples the tokens of a batch (its batch rule); in eval mode it is
+    per token (its estimated threshold). Asked of the set (`per_token`), not of its name."""
+    model = tiny_model("gpt2")
+    cfg = TranscoderConfig(kind="plt", n_layers=2, d_model=16, d_sae=8, activation="batchtopk", k=2)
+    mlp = PerLayerTranscoder(cfg).init_weights(torch.Generator().manual_seed(0)).train()
+    acfg = dataclasses.replace(cfg, kind="sae", input_hook=sites.ATTN_OUTPUT, output_hook=sites.ATTN_OUTPUT)
+    attn = SAE(acfg).train()
+    with pytest.raises(TranscoderMismatchError, match="batchtopk set is in training mode"):
+        ReplacementModel(model, mlp)
+    with pytest.raises(TranscoderMismatchError, match=r"attention SAE set \(batchtopk\) is in training"):
+        ReplacementModel(model, [tiny_transcoders(model), attn])
+    ReplacementModel(model, [mlp.eval(), attn.eval()])
 
 
 def test_logit_softcap_is_refused():

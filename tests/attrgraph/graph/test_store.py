@@ -247,7 +247,7 @@ def test_writers_of_one_file_at_the_same_time_take_turns(tmp_path):
 
 
 def test_only_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path, make_random_graph):
-    from attrgraph.graph.store import _host
+    from transcoders.h5file import host_tag as _host
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

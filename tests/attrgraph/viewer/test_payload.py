@@ -124,3 +124,29 @@ def load_dashboards_labels(name):
     from transcoders.paths import BUNDLED
 
     return load_dashboards(BUNDLED[name] / "dashboards.h5").labels()
+
+
+def test_feature_names_say_a_for_attention_and_sliders_read_stored_unpruned_influence():
+    from attrgraph.viewer.payload import graph_payload
+    from tests.attrgraph.ag_helpers import random_graph
+
+    graph = random_graph(3)
+    graph.nodes.influence = np.linspace(0.0, 0.5, graph.n_nodes)
+    feats = np.flatnonzero(graph.nodes.kind == "feature")
+    graph.nodes.site = np.where(np.isin(np.arange(graph.n_nodes), feats[:2]), "attn", graph.nodes.site)
+    data = graph_payload(graph, "g")
+    names = {n["id"]: n["name"] for n in data["nodes"] if n["kind"] == "feature"}
+    for i in feats:
+        letter = "A" if i in feats[:2] else "L"
+        assert names[int(i)] == f"{letter}{graph.nodes.layer[i]}/F{graph.nodes.feature[i]}"
+    assert data["slider_influence"] == "stored"
+    assert [n["slider_influence"] for n in data["nodes"]] == [
+        float(f"{x:.6g}") for x in graph.nodes.influence
+    ]
+    full = np.linspace(1.0, 2.0, graph.n_nodes)
+    graph.meta["unpruned_influence"] = full.tolist()  # as a pruned graph may remember it (issue 21)
+    data = graph_payload(graph, "g")
+    assert data["slider_influence"] == "unpruned"
+    assert [n["slider_influence"] for n in data["nodes"]] == [float(f"{x:.6g}") for x in full]
+    graph.meta["unpruned_influence"] = [1.0, 2.0]  # the wrong length: not used
+    assert graph_payload(graph, "g")["slider_influence"] == "stored"

@@ -53,7 +53,7 @@ def sha(path) -> str:
 
 @contextlib.contextmanager
 def served(path, **kwargs):
-    """A viewer server for `path` on a free port of 127.0.0.1, serving in a thread."""
+    """A viewer server for `path` on a free port (of 127.0.0.1 unless `host=`), serving in a thread."""
     from attrgraph.viewer.server import make_server
 
     server = make_server(path, port=0, **kwargs)
@@ -68,9 +68,9 @@ def served(path, **kwargs):
 
 
 def request(server, method: str, url: str, body=None, headers=None) -> tuple[int, bytes]:
-    """A raw request (http.client sends the path as given: no normalisation of `..`)."""
-    host, port = server.server_address[:2]
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    """A raw request (http.client sends the path as given: no normalisation of `..`) to 127.0.0.1."""
+    port = server.server_address[1]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
         heads = {"Content-Type": "application/json"} if data is not None else {}

@@ -1,0 +1,16 @@
+"""The set class of each kind, and an untrained set of one: `build_transcoders(cfg)`."""
+
+from __future__ import annotations
+
+from transcoders.base import SparseCoder
+from transcoders.clt import CrossLayerTranscoder
+from transcoders.config import TranscoderConfig
+from transcoders.plt import PerLayerTranscoder
+from transcoders.sae import SAE
+
+CLASSES: dict[str, type[SparseCoder]] = {"sae": SAE, "plt": PerLayerTranscoder, "clt": CrossLayerTranscoder}
+
+
+def build_transcoders(cfg: TranscoderConfig) -> SparseCoder:
+    """An untrained (zero) set of the class `cfg.kind` names; call `.init_weights()` to initialize."""
+    return CLASSES[cfg.kind](cfg)
