@@ -38,6 +38,11 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
 from __future__ import annotations
 
 import importlib
+import warnings
+
+# as in transcoders/__init__.py: transformer_lens's
+# tqdm.auto warns "IProgress not found" in a Jupyter kernel without ipywidgets, then uses its text bar
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 __version__ = "0.1.0"
 

@@ -168,26 +168,43 @@ def write_task(result: dict, out: Path = RESULTS) -> None:
             f"| {r['hard']:.3f} | {r['kl']:.4f} | {r['seconds']:.1f} | {r['steps'] or ''} |"
         )
     (out / f"circuits_{task}.md").write_text("\n".join(lines) + "\n")
+    plot_task(result, out)
 
+
+STYLES = {  # method -> (marker, line style, x offset in decades): coinciding curves stay visible
+    "eap": ("o", "-", 0.0),
+    "peap": ("s", "-", -0.02),
+    "peap-auto": ("^", "--", 0.02),
+    "ep": ("D", ":", 0.0),
+    "hap": ("v", "-.", 0.0),
+}
+
+
+def plot_task(result: dict, out: Path = RESULTS) -> None:
+    """circuits_{task}.png: normalized faithfulness against circuit size, one line per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    task = result["task"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, key, label in (
-        (axes[0], "edges", "edges"),
-        (axes[1], "edges_expanded", "edges (position-expanded)"),
+        (axes[0], "edges", "edges in the circuit"),
+        (axes[1], "edges_expanded", "edges, position-expanded (non-positional edges x positions)"),
     ):
         for method in dict.fromkeys(r["method"] for r in result["rows"]):
+            marker, ls, shift = STYLES.get(method, ("o", "-", 0.0))
             pts = sorted((r[key], r["normalized"]) for r in result["rows"] if r["method"] == method)
-            ax.plot(*zip(*pts), marker="o", label=method)
+            x, y = zip(*pts)
+            ax.plot([v * 10**shift for v in x], y, marker=marker, ls=ls, label=method)
         ax.set_xscale("log")
         ax.set_xlabel(label)
-        ax.set_ylabel("normalized faithfulness")
-        ax.axhline(1.0, color="grey", lw=0.5)
-        ax.set_title(task)
-        ax.legend()
+        ax.axhline(1.0, color="grey", lw=0.8, label="the full model")
+    axes[0].set_ylabel("normalized faithfulness (evaluation pairs)")
+    axes[0].set_title(f"{task}: one sample of {result['n']} discovery + {result['n']} evaluation pairs")
+    axes[1].set_title("the same, counting non-positional edges per position")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / f"circuits_{task}.png", dpi=120)
     plt.close(fig)
@@ -225,7 +242,12 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default="ioi,greater-than")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for small models)")
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="folder for the results files")
+    p.add_argument("--replot", action="store_true", help="only redraw the figures from the stored JSON files")
     args = p.parse_args(argv)
+    if args.replot:
+        for task in args.tasks.split(","):
+            plot_task(json.loads((args.out_dir / f"circuits_{task}.json").read_text()), args.out_dir)
+        return 0
     torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model = load_model(args.model)

@@ -50,11 +50,16 @@ def main(argv=None) -> int:
         help="results path without suffix (default: benchmarks/results/hierarchical_vs_standard, "
         "with _abs appended under --absolute)",
     )
+    ap.add_argument("--replot", action="store_true", help="only redraw the figure from the stored JSON")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = str(
             ROOT / "benchmarks" / "results" / f"hierarchical_vs_standard{'_abs' if args.absolute else ''}"
         )
+    if args.replot:
+        stored = json.loads(Path(args.out).with_suffix(".json").read_text())
+        plot(stored["rows"], stored["meta"].get("n_prompts", args.n), Path(args.out), args.absolute)
+        return 0
     torch.set_num_threads(args.threads)
     from attrgraph.bundled.loading import load_model
     from attrgraph.bundled.tasks import ioi_pairs
@@ -174,12 +179,18 @@ def main(argv=None) -> int:
     lines += ["", f"model-based check (prompt 0): {json.dumps(check)}"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    plot(rows, args.n, out, args.absolute)
+    return 0
+
+
+def plot(rows: list[dict], n: int, out: Path, absolute: bool = False) -> None:
+    """`out`.png: logit difference recovered against features kept, both methods, with the root at 1."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
     ax.plot(
         [r["std_nodes"] for r in rows],
         [r["std_recovered"] for r in rows],
@@ -188,16 +199,23 @@ def main(argv=None) -> int:
         label="standard (one pass, then threshold)",
     )
     ax.plot(
-        [r["hier_nodes"] for r in rows], [r["hier_recovered"] for r in rows], "s-", ms=3, label="hierarchical"
+        [r["hier_nodes"] for r in rows],
+        [r["hier_recovered"] for r in rows],
+        "s--",
+        ms=3,
+        label="hierarchical",
     )
+    ax.axhline(1.0, color="grey", lw=0.8, label="the whole logit difference")
     ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(0, None)
     ax.set_xlabel("features kept (mean over prompts)")
-    ax.set_ylabel("logit difference recovered")
-    ax.set_title(f"IOI, bundled model ({args.n} prompts, 30 thresholds)")
+    ax.set_ylabel("logit difference recovered (mean)")
+    rule = "|attr| >= tau" if absolute else "attr >= tau"
+    ax.set_title(f"IOI, bundled model ({n} prompts, {len(rows)} thresholds, {rule})", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)
-    return 0
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,17 @@ Public API:
   check_fits(model, tc), collect, mlp_input sites.py
   load_transcoders, save_transcoders        formats/
   compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
-  load_dashboards, set_labels               dashboard_file.py (the HDF5 file; user labels)
+  load_dashboards, set_labels, dashboard_text   dashboard_file.py (the HDF5 file; user labels; text form)
   AttrgraphError, TranscoderError, ...      errors.py (AttrgraphError: the root of both packages' errors)
 """
 
 import importlib
+import warnings
+
+# transformer_lens imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not
+# found" and then uses the text bar it would use anyway: the warning says nothing to a user of this
+# package, and in a notebook it was the first output. Only that message from tqdm is filtered.
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 # Public names, imported on first use (`__getattr__`), so that `import transcoders.errors` or
 # `transcoders.h5file` loads neither torch nor the set classes (attrgraph's torch-free graph store and
@@ -21,7 +27,7 @@ _EXPORTS = {
     "transcoders.build": ["CLASSES", "build_transcoders"],
     "transcoders.clt": ["CrossLayerTranscoder"],
     "transcoders.config": ["TranscoderConfig"],
-    "transcoders.dashboard_file": ["load_dashboards", "set_labels"],
+    "transcoders.dashboard_file": ["dashboard_text", "load_dashboards", "set_labels"],
     "transcoders.dashboards": ["DashboardConfig", "compute_dashboards"],
     "transcoders.errors": [
         "AttrgraphError",

@@ -393,6 +393,26 @@ class Dashboards:
         }
 
 
+def dashboard_text(d: dict, n_examples: int = 4, n_logits: int = 4, name: str | None = None) -> str:
+    """One feature's dashboard (`Dashboards.feature`) as a few lines of plain text, for notebooks and
+    terminals: a header (name, label, share of tokens it is active on, largest activation), its top
+    examples with the active token in [brackets] and each token's activation after it when nonzero,
+    and the top and bottom logits of its direct path."""
+    head = name or f"L{d['layer']}/F{d['feature']}"
+    lines = [f"{head}  {d['label']!r}  active on {100 * d['frequency']:.2f}% of tokens, max {d['max']:.3g}"]
+    for e in d["top"][:n_examples]:
+        words = []
+        for j, (t, a) in enumerate(zip(e["tokens"], e["acts"])):
+            w = f"[{t}]" if j == e["center"] else t
+            words.append(f"{w}:{a:.2g}" if a > 0 else w)
+        lines.append(f"  {e['act']:7.3g}  " + " ".join(words))
+    if d["top_logits"]:
+        up = ", ".join(f"{t} {v:+.2f}" for t, v in d["top_logits"][:n_logits])
+        down = ", ".join(f"{t} {v:+.2f}" for t, v in d["bottom_logits"][:n_logits])
+        lines.append(f"  logits up: {up} | down: {down}")
+    return "\n".join(lines)
+
+
 def load_dashboards(path: str | os.PathLike) -> Dashboards:
     """Read a dashboards file (checks its format and schema version)."""
     return Dashboards(path)

@@ -353,7 +353,7 @@ def _chunks(sequences, chunk_seqs: int, max_seqs: int):
 @torch.no_grad()
 def accumulate(model, tc, sequences, cfg: DashboardConfig) -> DashboardAccumulator:
     """Run the streaming pass over `sequences` (see `_chunks`)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from transcoders.sites import collect
 

@@ -503,7 +503,7 @@ def dist_barrier() -> None:
 
 
 def _progress(total: int, start: int, enabled: bool):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, initial=start, disable=not enabled, desc="train", mininterval=5.0)
 

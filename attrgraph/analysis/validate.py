@@ -38,7 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import spsolve_triangular
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
 from attrgraph.analysis.stats import loglog_pearson, nan_stat, spearman

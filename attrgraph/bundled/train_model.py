@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.bundled import tasks
 from attrgraph.bundled.paths import BUNDLED

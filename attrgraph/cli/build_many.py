@@ -289,7 +289,7 @@ def build_many(
     `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
     `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
     result is handled. The failures sidecar is left only when some prompt failed."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from attrgraph.graph.store import list_graphs, save_graph
     from transcoders.config import check_device

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.precision import compute_dtype, numpy_dtype

@@ -77,7 +77,7 @@ import scipy.sparse as sp
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.csr_rows import CsrRowWriter

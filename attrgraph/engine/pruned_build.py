@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.engine.attribute import StandardSetup, standard_setup
 from attrgraph.engine.targets import Target

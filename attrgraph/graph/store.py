@@ -52,7 +52,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import scipy.sparse as sp
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from attrgraph.errors import GraphError
 from attrgraph.graph.graph import Nodes
