@@ -64,9 +64,21 @@ def test_estimates_keep_totals_and_each_percentile_in_its_true_bin():
 
 # ------------------------------------------------------------------------- files from the bundled dashboards
 def bundled_graph(seed=0):
+    from transcoders import load_dashboards
+    from transcoders.paths import BUNDLED
+
     g = layered_graph(seed)
     # as `attrgraph build` records it; the hand-built graph uses layers 0-1 of default-plt's 4
     g.meta.update(transcoders="default-plt", n_layers=4)
+    # a graph `attrgraph build` stores holds features that fired: move any feature the bundled
+    # dashboards saw dead (never active on their tokens) to the next live one of its layer
+    d = load_dashboards(BUNDLED["default-plt"] / "dashboards.h5")
+    n = g.nodes
+    for i in np.flatnonzero(n.kind == "feature"):
+        f = int(n.feature[i])
+        while d.feature(int(n.layer[i]), f)["count"] == 0:
+            f += 1
+        n.feature[i] = f
     return g
 
 

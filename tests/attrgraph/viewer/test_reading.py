@@ -69,7 +69,8 @@ def test_features_carry_their_dashboard_labels_readable_at_default_zoom(browser,
     with served(ioi_file) as server:
         open_page(browser, server, "graph:ioi", ioi.n_nodes)
         labels = {
-            int(t.get_attribute("data-id")): t.text
+            # textContent: WebDriver's .text is empty for a label panned out of the window
+            int(t.get_attribute("data-id")): t.get_attribute("textContent")
             for t in browser.find_elements(By.CSS_SELECTOR, "#graph text.nlabel.feature")
         }
         assert sorted(labels) == feats.tolist()
