@@ -64,6 +64,12 @@ def layered_graph(
     )
 
 
+def linked_only(g: Graph) -> Graph:
+    """`g` without the feature and error nodes that have no link (the export leaves them out)."""
+    D = g.dense() != 0
+    return g.subgraph(np.isin(g.nodes.kind, ("embedding", "logit")) | D.any(0) | D.any(1))
+
+
 def by_id(data: dict) -> dict:
     return {n["node_id"]: n for n in data["nodes"]}
 
@@ -106,7 +112,7 @@ def test_node_ids_and_fields_follow_circuit_tracer():
 
 
 def test_links_are_the_signed_adjacency_and_name_existing_nodes():
-    g = layered_graph(1)
+    g = linked_only(layered_graph(1))
     data, _ = graph_to_json(g)
     index = {d["node_id"]: i for i, d in enumerate(data["nodes"])}
     A = g.dense()
@@ -388,7 +394,7 @@ def test_load_reads_circuit_tracer_0_5_files(tmp_path):
 
 # ------------------------------------------------------------------------- supernodes, labels, pruning
 def test_supernodes_go_to_qparams_and_name_their_members(tmp_path):
-    g = layered_graph(5)
+    g = linked_only(layered_graph(5))
     feats = np.flatnonzero(g.nodes.kind == "feature")
     ghost = NodeKey("feature", 1, 0, 999)
     sn = [
@@ -418,7 +424,12 @@ def test_thresholds_prune_like_create_graph_files(tmp_path):
     pruned = prune_graph(g, 0.5, 0.9)
     assert len(data["nodes"]) == pruned.n_nodes < g.n_nodes and len(data["links"]) == pruned.n_edges
     assert data["metadata"]["node_threshold"] == 0.5
-    assert data["metadata"]["pruning_settings"] == {"node_threshold": 0.5, "edge_threshold": 0.9}
+    assert data["metadata"]["pruning_settings"] == {
+        "node_threshold": 0.5,
+        "edge_threshold": 0.9,
+        "prune_rule": "circuit-tracer",
+        "influence": "unpruned graph",
+    }
     index = json.loads((tmp_path / "graph-metadata.json").read_text())
     assert index["graphs"][0]["node_threshold"] == 0.5  # the frontend's pruning slider starts there
     # shares are those of the unpruned graph, so the slider at 0.5 keeps every exported feature...
