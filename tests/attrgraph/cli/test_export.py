@@ -214,7 +214,9 @@ def test_stored_pruned_graph_exports_as_its_unpruned_graph_with_thresholds(tmp_p
     assert export(f"{streamed}:graph", "-o", tmp_path / "e", "--slug", "s") == 0
     e = json.loads((tmp_path / "e" / "s.json").read_text())
     assert [n["node_id"] for n in e["nodes"]] == [n["node_id"] for n in a["nodes"]]
-    assert [(x["source"], x["target"]) for x in e["links"]] == [(x["source"], x["target"]) for x in a["links"]]
+    assert [(x["source"], x["target"]) for x in e["links"]] == [
+        (x["source"], x["target"]) for x in a["links"]
+    ]
     for x, y in zip(e["nodes"] + e["links"], a["nodes"] + a["links"]):
         key = "weight" if "weight" in x else "influence"
         assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7)

@@ -646,3 +646,81 @@ def test_attention_nodes_have_their_own_types_and_round_trip(tmp_path):
     for field in ("kind", "layer", "position", "feature", "token", "site"):
         np.testing.assert_array_equal(getattr(h.nodes, field), getattr(g.nodes, field), err_msg=field)
     assert (h.adjacency != g.adjacency.astype(np.float32)).nnz == 0  # links are float32
+
+
+# ------------------------------------------------------------------------- linkless nodes, fallback ids
+def test_no_feature_or_error_node_without_a_link_is_exported(tmp_path):
+    """The appendix's rule on the hand-built graph of test_prune.py at (0.95, 0.8) keeps the error R
+    with both its edges pruned: it is not exported, nor is any linkless node of an unpruned graph;
+    embeddings are, linked or not (E0 lost its only edge), as circuit-tracer's exporter does."""
+    from tests.attrgraph.graph.test_prune import hand_graph
+
+    p = prune_graph(hand_graph(), 0.95, 0.8, rule="appendix")
+    assert (p.nodes.kind == "error").sum() == 1
+    data = json.loads(export_json(p, tmp_path / "a").path.read_text())
+    kinds = sorted(n["feature_type"] for n in data["nodes"])
+    assert kinds == ["cross layer transcoder"] * 3 + ["embedding"] * 2 + ["logit"]
+    g = layered_graph(3)
+    D = g.dense() != 0
+    has_link = D.any(0) | D.any(1) | np.isin(g.nodes.kind, ("embedding", "logit"))
+    assert not has_link.all()  # the case this test is about
+    data, _ = graph_to_json(g)
+    assert len(data["nodes"]) == has_link.sum()
+    linked_ids = {x["source"] for x in data["links"]} | {x["target"] for x in data["links"]}
+    for node in data["nodes"]:
+        assert node["feature_type"] in ("embedding", "logit") or node["node_id"] in linked_ids
+
+
+def test_load_reads_feature_ids_of_other_generators(tmp_path):
+    """A feature whose node_id is not `{layer}_{feature}_{pos}` takes its index from `feature`, the
+    Cantor pairing of (layer, feature): layer 2, feature 5 -> (2 + 5)(2 + 5 + 1)/2 + 5 = 33; an
+    attention feature's index is offset by ATTN_INDEX_OFFSET (layer 1, feature 3 -> 13)."""
+    from attrgraph.graph.neuronpedia import ATTN_INDEX_OFFSET
+
+    base = dict(token_prob=0.0, is_target_logit=False, clerp="", activation=1.0, influence=0.5)
+    nodes = [
+        {**base, "node_id": "emb-0", "feature": 0, "layer": "E", "ctx_idx": 0, "feature_type": "embedding"},
+        {**base, "node_id": "sae/feat-a", "feature": 33, "layer": "2", "ctx_idx": 1,
+         "feature_type": "cross layer transcoder"},
+        {**base, "node_id": "9_9_9", "feature": 33, "layer": "2", "ctx_idx": 0,
+         "feature_type": "cross layer transcoder"},  # an id of the usual shape naming another layer
+        {**base, "node_id": "attn-b", "feature": ATTN_INDEX_OFFSET + 13, "layer": "1", "ctx_idx": 1,
+         "feature_type": "attention sae"},
+        {**base, "node_id": "out", "feature": 7, "layer": "4", "ctx_idx": 1, "feature_type": "logit",
+         "token_prob": 0.9},
+    ]  # fmt: skip
+    links = [{"source": "emb-0", "target": x, "weight": 1.0} for x in ("sae/feat-a", "attn-b", "9_9_9")]
+    links += [{"source": x, "target": "out", "weight": 2.0} for x in ("sae/feat-a", "attn-b", "9_9_9")]
+    meta = {"slug": "x", "scan": "s", "transcoder_list": [], "prompt_tokens": ["a", "b"], "prompt": "a b"}
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"metadata": meta, "qParams": {}, "nodes": nodes, "links": links}))
+    g = load_json(path)
+    f = g.nodes.mask("feature")
+    got = sorted(
+        zip(
+            g.nodes.site[f],
+            g.nodes.layer[f].tolist(),
+            g.nodes.feature[f].tolist(),
+            g.nodes.position[f].tolist(),
+        )
+    )
+    assert got == [("attn", 1, 3, 1), ("mlp", 2, 5, 0), ("mlp", 2, 5, 1)]
+    assert g.n_edges == 6
+
+
+def test_a_graph_pruned_before_shares_were_stored_still_gets_a_slider(tmp_path):
+    """A pruned graph without `unpruned_share` (files written before) is exported with its shares in
+    the pruned graph, says so, and keeps its node threshold for the slider."""
+    p = prune_graph(layered_graph(4), 0.7, 0.95, rule="appendix")
+    p.nodes.unpruned_share[:] = np.nan
+    del p.meta["prune_rule"]
+    data = json.loads(export_json(p, tmp_path).path.read_text())
+    assert data["metadata"]["node_threshold"] == 0.7
+    assert data["metadata"]["pruning_settings"] == {
+        "node_threshold": 0.7,
+        "edge_threshold": 0.95,
+        "prune_rule": "appendix",
+        "influence": "pruned graph",
+    }
+    with pytest.raises(ExportError, match="already pruned .appendix rule.*its rule cannot change"):
+        export_json(p, tmp_path, prune_rule="circuit-tracer")

@@ -347,6 +347,7 @@ def hand_graph():
 def test_both_rules_on_a_hand_built_graph(thresholds, rule):
     g = hand_graph()
     p = prune_graph(g, *thresholds, rule=rule)
+
     def key(n, i):
         return str(n.kind[i]), int(n.layer[i]), int(n.position[i]), int(n.feature[i])
 
