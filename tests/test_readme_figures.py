@@ -382,3 +382,12 @@ def test_activation_store_memory(readme):
         f"{final['peak_rss_mb']:.0f} MB peak RSS for 10M tokens end to end ({final['wall_s'] / 60:.0f} min",
     )
     quoted(readme, f"never held more than {final['max_disk_at_once_mb']:.0f} MB of them on disk")
+
+
+def test_export_vs_circuit_tracer(readme):
+    rows = load(RESULTS / "export_vs_circuit_tracer.json")["rows"]
+    assert all(r["node_jaccard"] == 1.0 and r["link_jaccard"] == 1.0 for r in rows)
+    assert all(r["slider"][0] == r["slider"][1] for r in rows)
+    quoted(readme, f"(Jaccard 1.000 in all {len(rows)} comparisons)")
+    quoted(readme, f"edge weights within {sci(max(r['max_weight_diff'] for r in rows), 1)}")
+    quoted(readme, f"cumulative influence within {sci(max(r['max_influence_diff'] for r in rows), 1)}")

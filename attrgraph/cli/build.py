@@ -8,11 +8,15 @@
    longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
    what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
 2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
-3. `prune_graph` with `--node-threshold` / `--edge-threshold`, taking the influence `attribute`
-   computed. Steps 2-3 of the standard method without `--full` (and with a node threshold below
-   1) are one step, `attribute_pruned` (engine/pruned_build.py): the same pruned graph without
-   ever holding the full one, whose edges are most of a long prompt's memory; `--json` then gives
-   the full graph's sizes and scores only, under "full".
+3. `prune_graph` with `--node-threshold` / `--edge-threshold` and `--prune-rule` (default
+   circuit-tracer's: error nodes pruned by influence like features, features left without inputs
+   dropped, what the Neuronpedia export draws; `appendix`: the circuit-tracing appendix's, error
+   nodes never pruned; graph/prune.py step 5), taking the influence `attribute` computed. The
+   stored graph keeps its thresholds, rule and every node's influence in the unpruned graph, so
+   `attrgraph export` of it needs no options. Steps 2-3 of the standard method without `--full`
+   (and with a node threshold below 1) are one step, `attribute_pruned` (engine/pruned_build.py):
+   the same pruned graph without ever holding the full one, whose edges are most of a long
+   prompt's memory; `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
    (missing folders are created; an output that cannot be written, and options that make no
@@ -70,6 +74,14 @@ def add_build_options(
     )
     p.add_argument("--node-threshold", type=float, default=0.8)
     p.add_argument("--edge-threshold", type=float, default=0.98)
+    p.add_argument(
+        "--prune-rule",
+        choices=("circuit-tracer", "appendix"),
+        default="circuit-tracer",
+        help="circuit-tracer (default): error nodes pruned by influence like features, features "
+        "without inputs dropped, as circuit-tracer's prune_graph; appendix: the circuit-tracing "
+        "appendix's rule, error nodes never pruned",
+    )
     p.add_argument("--max-logits", type=int, default=None, help="most logit targets (default 10)")
     p.add_argument(
         "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
@@ -195,7 +207,14 @@ def run(args) -> int:
     if method == "standard" and not args.full and args.node_threshold < 1:
         # the full graph is never held: its rows are streamed into pruning (engine/pruned_build.py)
         pruned = attribute_pruned(
-            model, tc, tokens, args.node_threshold, args.edge_threshold, batch_size=args.batch_size, **options
+            model,
+            tc,
+            tokens,
+            args.node_threshold,
+            args.edge_threshold,
+            batch_size=args.batch_size,
+            rule=args.prune_rule,
+            **options,
         )
         pruned.meta.update(graph_sources(vars(args)))
         t2 = time.perf_counter()
@@ -226,6 +245,7 @@ def run(args) -> int:
             args.edge_threshold,
             progress=progress,
             influence=graph.nodes.influence,
+            rule=args.prune_rule,
         )
         t3 = time.perf_counter()
         name = save_graph(pruned, args.output, args.name)
@@ -253,7 +273,8 @@ def run(args) -> int:
     print(f"full:   {full['n_nodes']} nodes, {full['n_edges']} edges, {full['n_features']} features")
     print(
         f"pruned: {small['n_nodes']} nodes, {small['n_edges']} edges, {small['n_features']} features "
-        f"(node threshold {args.node_threshold}, edge threshold {args.edge_threshold})"
+        f"(node threshold {args.node_threshold}, edge threshold {args.edge_threshold}, "
+        f"{args.prune_rule} rule)"
     )
     print(format_summary(small, title="pruned graph"))
     print(f"wrote {args.output}:/graphs/{name}" + (f" and {name}_full" if args.full else ""))

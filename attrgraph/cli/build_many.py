@@ -53,6 +53,7 @@ BUILD_OPTIONS = (
     "attn_transcoders",
     "node_threshold",
     "edge_threshold",
+    "prune_rule",
     "max_logits",
     "logit_prob",
     "batch_size",
@@ -138,7 +139,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.engine.targets import logit_difference, logit_target
-    from attrgraph.graph.prune import prune_graph
+    from attrgraph.graph.prune import DEFAULT_RULE, prune_graph
 
     check_prompt_text(item["prompt"])
     tokens = to_tokens(model, item["prompt"], strict=options["strict"], truncate=options["truncate"])
@@ -158,6 +159,7 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
             options["node_threshold"],
             options["edge_threshold"],
             batch_size=options["batch_size"],
+            rule=options.get("prune_rule", DEFAULT_RULE),
             **kwargs,
         )
         pruned.meta.update(meta)
@@ -165,7 +167,11 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
     graph.meta.update(meta)
     pruned = prune_graph(
-        graph, options["node_threshold"], options["edge_threshold"], influence=graph.nodes.influence
+        graph,
+        options["node_threshold"],
+        options["edge_threshold"],
+        influence=graph.nodes.influence,
+        rule=options.get("prune_rule", DEFAULT_RULE),
     )
     out = {f"{item['name']}_full": graph} if options["full"] else {}
     out[item["name"]] = pruned

@@ -2,8 +2,13 @@
 circuit-tracer's local frontend and Neuronpedia (graph/neuronpedia.py).
 
 1. Pick the graphs: NAME, or every graph in FILE; check them all before writing anything.
-2. For each, its supernodes (supernode_store.py) go to `qParams.supernodes`; with `--node-threshold`
-   / `--edge-threshold` it is pruned first, as circuit-tracer's `create_graph_files` does.
+2. For each, its supernodes (supernode_store.py) go to `qParams.supernodes`. A pruned graph (what
+   `attrgraph build` stores) is written as it is, with the thresholds, rule and unpruned influence
+   it stored: the same file as its unpruned graph with those thresholds; other thresholds or
+   another rule for it are refused (it is never pruned twice). An unpruned graph with
+   `--node-threshold` / `--edge-threshold` is pruned first by `--prune-rule`, circuit-tracer's
+   by default (as its `create_graph_files` does; `appendix` keeps every error node that has a
+   link); the rule goes to the file's `metadata.pruning_settings`.
 3. Fill the feature files from `--dashboards PATH`, else from the dashboards of the graph's
    transcoder set when they are found (graph/dashboard_lookup.py; one warning line when not: the
    files then have no examples); attention features' from `--attn-dashboards PATH`, else its
@@ -32,6 +37,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--node-threshold", type=float, default=None, help="prune before export (e.g. 0.8)")
     p.add_argument("--edge-threshold", type=float, default=None, help="prune before export (e.g. 0.98)")
+    p.add_argument(
+        "--prune-rule",
+        choices=("circuit-tracer", "appendix"),
+        default=None,
+        help="rule of that pruning: circuit-tracer (default; errors pruned by influence, features "
+        "without inputs dropped) or appendix (error nodes never pruned)",
+    )
     p.add_argument(
         "--dashboards",
         default=None,
@@ -62,8 +74,8 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 
 def run(args) -> int:
-    from attrgraph.graph.neuronpedia import export_json
-    from attrgraph.graph.store import list_graphs, load_graph
+    from attrgraph.graph.neuronpedia import check_export_options, export_json
+    from attrgraph.graph.store import list_graphs, load_graph, load_meta
     from attrgraph.graph.supernode_store import load_supernodes
 
     path, name = split_spec(args.file)
@@ -80,6 +92,13 @@ def run(args) -> int:
         raise ExportError(
             f"--slug names one graph but {path} holds {len(chosen)}; pick one with {path}:NAME."
         )
+    for graph_name in chosen:  # before anything is written
+        try:
+            check_export_options(
+                load_meta(path, graph_name), args.node_threshold, args.edge_threshold, args.prune_rule
+            )
+        except ExportError as e:
+            raise ExportError(f"{path}:{graph_name}: {e}") from None
     from attrgraph.graph.dashboard_lookup import find_dashboards
 
     given = {}  # read once, and before anything is written
@@ -95,6 +114,7 @@ def run(args) -> int:
             supernodes=load_supernodes(path, graph_name),
             node_threshold=args.node_threshold,
             edge_threshold=args.edge_threshold,
+            prune_rule=args.prune_rule,
             dashboards=given["mlp"],
             feature_url=args.feature_url,
             attn_dashboards=given["attn"],

@@ -7,6 +7,10 @@
    viewer/access.py) and `--port` (default 8765; 0 takes a free one); a port in use is one clear
    line, exit code 2.
 3. Print the URL (with the token, once), optionally open it in a browser (`--open`), serve until Ctrl-C.
+Pruning: a graph is shown as stored, pruned by `attrgraph build` with the rule it records
+(circuit-tracer's by default; `build --prune-rule appendix` keeps every error node); an unpruned
+graph too large to draw is shown pruned at 0.8 / 0.98 by `prune_graph`'s default rule,
+circuit-tracer's (viewer/payload.py, graph/prune.py step 5).
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from __future__ import annotations
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="view the graphs (and circuits) of a file in a browser, on 127.0.0.1")
-    p.add_argument("file", help="HDF5 file written by `attrgraph build` (or `attrgraph circuit --out`)")
+    p.add_argument(
+        "file",
+        help="HDF5 file written by `attrgraph build` (or `attrgraph circuit --out`); graphs are shown as "
+        "stored (pruned by build's --prune-rule, circuit-tracer's by default), a large unpruned one "
+        "pruned by circuit-tracer's rule",
+    )
     p.add_argument(
         "--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free port)"
     )

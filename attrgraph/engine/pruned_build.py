@@ -12,9 +12,11 @@ logit influence, which one pass over the rows from the last block of nodes to th
    about `chunk_edges` edges (a row has at most as many edges as there are sources at or before
    its position); each group's rows are added to the influence solve and dropped. A block's rows
    only read lower blocks, so every node's influence is final once the blocks above it are done.
-3. Node pruning (prune.select_nodes) on that influence; the rows of the kept features and of the
-   targets computed again, restricted to the kept nodes: the node-pruned graph.
-4. Edge pruning (prune.prune_graph_edges), as `prune_graph` does.
+3. Node pruning (prune.select_nodes, by `rule`) on that influence; the rows of the kept features
+   and of the targets computed again, restricted to the kept nodes: the node-pruned graph, whose
+   nodes carry their influence in the full graph and its cumulative share (`unpruned_influence`,
+   `unpruned_share`), as `prune_graph` records them.
+4. Edge pruning and the rule's last step (prune.prune_graph_edges), as `prune_graph` does.
 
 The result is `prune_graph(attribute(...))`: the same steps on the same rows (a row computed in
 another batch agrees to float32 rounding). Cost: the rows of every target once, as `attribute`,
@@ -38,7 +40,7 @@ from tqdm import tqdm
 from attrgraph.engine.attribute import StandardSetup, standard_setup
 from attrgraph.engine.targets import Target
 from attrgraph.graph.graph import Graph
-from attrgraph.graph.prune import prune_graph_edges, select_nodes
+from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph_edges, select_nodes
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import InfluenceSolve, StreamedInfluence, layer_blocks
 
@@ -69,10 +71,12 @@ def attribute_pruned(
     progress: bool = False,
     backend: str = "auto",
     chunk_edges: int = CHUNK_EDGES,
+    rule: str = DEFAULT_RULE,
 ) -> Graph:
-    """`prune_graph(attribute(model, transcoders, prompt, ...), node_threshold, edge_threshold)`
+    """`prune_graph(attribute(model, transcoders, prompt, ...), node_threshold, edge_threshold, rule=rule)`
     (module docstring, steps 1-4), with `attribute`'s options; the full graph is never held.
     A `node_threshold` of 1 keeps every node, so step 3 computes every row a second time."""
+    check_rule(rule)
     t0 = time.perf_counter()
     setup = standard_setup(
         model,
@@ -93,16 +97,18 @@ def attribute_pruned(
     scores = scores_from_shares(kind, full.influence, full.error_share, w)
 
     t1 = time.perf_counter()
-    keep = select_nodes(kind, full.influence, node_threshold)  # step 3
+    keep = select_nodes(kind, full.influence, node_threshold, rule)  # step 3
     kept = np.flatnonzero(keep)
     n_src, n_cols = setup.n_src, setup.sources.n_columns
     with_rows = kept[kept >= n_src] - n_src  # injections of the kept features and of every target
     rows = setup.rows([setup.injections[i] for i in with_rows], batch_size, stats=stats)
     rows = sp.csr_array((rows.data, rows.indices, rows.indptr), shape=(len(with_rows), n_cols))
-    rows = rows[:, kept[kept < n_cols]]  # every embedding and error node is kept: they come first
-    indptr = np.concatenate([np.zeros(n_src, rows.indptr.dtype), rows.indptr])
+    rows = rows[:, kept[kept < n_cols]]  # the kept sources (embeddings, errors, features) come first
+    indptr = np.concatenate([np.zeros(int((kept < n_src).sum()), rows.indptr.dtype), rows.indptr])
     nodes = setup.nodes.select(kept)
     nodes.influence = full.influence[kept]
+    nodes.unpruned_influence = full.influence[kept]
+    nodes.unpruned_share = influence_shares(full.influence)[kept]
     pruned = setup.graph(
         nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats, t0
     )
@@ -114,7 +120,7 @@ def attribute_pruned(
         unpruned_n_features=int((kind == "feature").sum()),
         attribution_seconds=round(t1 - t0, 4),
     )
-    out = prune_graph_edges(pruned, edge_threshold, progress, node_threshold)  # step 4
+    out = prune_graph_edges(pruned, edge_threshold, progress, node_threshold, rule)  # step 4
     out.meta["pruning_seconds"] = round(time.perf_counter() - t1, 4)
     return out
 

@@ -46,6 +46,8 @@ NODE_FIELDS: dict[str, type] = {
     "token": np.int64,
     "influence": np.float64,
     "site": np.str_,
+    "unpruned_influence": np.float64,
+    "unpruned_share": np.float64,
 }
 SITES: tuple[str, ...] = ("attn", "mlp")
 """Sites of feature and error nodes, in their order within a layer (module docstring, step 3)."""
@@ -73,11 +75,19 @@ class Nodes:
     site: np.ndarray = None  # type: ignore[assignment]
     """"mlp" or "attn" for feature and error nodes, "" otherwise (default: "mlp" on every feature
     and error node)."""
+    unpruned_influence: np.ndarray = None  # type: ignore[assignment]
+    """In a pruned graph: the node's logit influence in the unpruned graph it was pruned from
+    (prune.py), float64; NaN in an unpruned graph and in graphs pruned before this was kept."""
+    unpruned_share: np.ndarray = None  # type: ignore[assignment]
+    """In a pruned graph: circuit-tracer's cumulative influence of the node in the unpruned graph
+    (prune.influence_shares: the running share of the sorted influence up to the node), what its
+    export writes as node `influence`; NaN where `unpruned_influence` is."""
 
     def __post_init__(self):
         n = len(self.kind)
-        if self.influence is None:
-            self.influence = np.full(n, np.nan)
+        for name in ("influence", "unpruned_influence", "unpruned_share"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, np.nan))
         if self.site is None:
             kind = np.asarray(self.kind).astype(np.str_)
             self.site = np.where((kind == "feature") | (kind == "error"), "mlp", "")

@@ -16,10 +16,14 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    error", ids `A{layer}_{feature}_{pos}` and `A{layer}_-1_{pos}`, and feature index
    `ATTN_INDEX_OFFSET + cantor(layer, feature)` (so their feature files never collide with MLP
    features'); clerp default `A{layer}/F{feature}`, label key `("attn", layer, feature)`.
-   `activation` is the Graph's. `influence` is circuit-tracer's cumulative share: nodes sorted by
-   logit influence (streamed_influence.logit_influence, the numbers prune_graph prunes by),
+   `activation` is the Graph's. `influence` is circuit-tracer's cumulative share
+   (prune.influence_shares): nodes sorted by logit influence (the numbers prune_graph prunes by),
    descending; a node's value is the running sum up to it over the total, so the frontend's
-   slider at `t` keeps the nodes that make up `t`.
+   slider at `t` keeps the nodes that make up `t`. For a pruned graph these are the shares in
+   the unpruned graph, as circuit-tracer writes them: those prune_graph stored
+   (`nodes.unpruned_share`), or, for a graph pruned here, those of the graph pruned.
+   A feature or error node without a link is not exported (circuit-tracer's
+   `create_used_nodes_and_edges`); embeddings and logits always are.
 2. Links: one per nonzero `adjacency[t, s]`: `{"source": id(s), "target": id(t), "weight":
    adjacency[t, s]}`, the signed direct effect of source on target (float32, shortest repr).
 3. `clerp` of a feature, the first there is of: `labels[(layer, feature)]` (passed in), the
@@ -27,8 +31,10 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
    `L{layer}/F{feature}` (for attention features: the attention set's dashboards, keys
    `("attn", layer, feature)`, `A{layer}/F{feature}`). Supernodes go to `qParams.supernodes` as `[name, *member node_ids]`
    (members the graph lacks are dropped); their members and the logits are pinned.
-4. metadata: slug, scan, prompt_tokens, prompt, node_threshold (the viewer's pruning default,
-   only when the export prunes), pruning_settings (the thresholds the graph was pruned with),
+4. metadata: slug, scan, prompt_tokens, prompt, node_threshold (the frontend's slider default:
+   the node threshold the graph was pruned with), pruning_settings (`node_threshold`,
+   `edge_threshold`, `prune_rule`, and `influence`: "unpruned graph", or "pruned graph" for a graph
+   pruned before the unpruned shares were stored),
    generation_settings (the Graph's plain `meta`), info.generator; with `feature_url` (the URL
    the folder will be served from), `feature_details.feature_json_base_url` =
    `{feature_url}/features/<set>`, where Neuronpedia fetches `{base}/{index}.json` (Neuronpedia's
@@ -47,7 +53,11 @@ writes and serves); Neuronpedia's graph schema (the same file, extra keys allowe
 6. `load_json` reads nodes by feature_type, layer, ctx_idx and ids (old `0_{layer}_{pos}` error
    ids too), sorts them into `NODE_ORDER` (and the graph.py order of sites) and rebuilds the
    adjacency from the links; influence is recomputed (logit_influence), since the file holds
-   only cumulative shares.
+   only cumulative shares. A feature whose node_id is not `{layer}_{feature}_{pos}` (Neuronpedia
+   ids of other generators) takes its index from `feature` (inverse Cantor pairing). A file with
+   `pruning_settings` (our export of a pruned graph) reads as that pruned graph: meta `pruned`,
+   thresholds, rule, and the file's shares as `unpruned_share`, so exporting it again writes the
+   same nodes, influence and slider and pruning it again is refused.
 """
 
 from __future__ import annotations
@@ -77,7 +87,7 @@ from attrgraph.graph.neuronpedia_features import (
     feature_files,
     feature_index,
 )
-from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import Supernode, node_key
 
@@ -122,13 +132,23 @@ def _uncantor(z: int) -> tuple[int, int]:
 
 
 def cumulative_influence(graph: Graph) -> np.ndarray:
-    """[n_nodes] circuit-tracer's node `influence`: running share of the sorted logit influence (step 1)."""
-    influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
-    order = np.argsort(-influence, kind="stable")
-    total = influence.sum()
-    out = np.zeros(graph.n_nodes)
-    out[order] = np.cumsum(influence[order]) / (total if total > 0 else 1.0)
-    return out
+    """[n_nodes] circuit-tracer's node `influence` computed on `graph` itself: running share of the
+    sorted logit influence (step 1)."""
+    return influence_shares(logit_influence(graph.adjacency, graph.logit_weights()).influence)
+
+
+def linked(graph: Graph, share: np.ndarray | None = None) -> tuple[Graph, np.ndarray | None]:
+    """`graph` without its feature and error nodes that have no link (step 1), and `share` on the
+    nodes left."""
+    A = graph.adjacency
+    nz = A.data != 0
+    has = np.zeros(graph.n_nodes, bool)
+    has[A.indices[nz]] = True
+    has[np.repeat(np.arange(graph.n_nodes), np.diff(A.indptr))[nz]] = True
+    keep = has | np.isin(graph.nodes.kind, ("embedding", "logit"))
+    if keep.all():
+        return graph, share
+    return graph.subgraph(keep), None if share is None else np.asarray(share)[keep]
 
 
 def _node_ids(graph: Graph) -> list[str]:
@@ -194,9 +214,10 @@ def graph_to_json(
     clerps below supernode names (step 3); `feature_url`: where the export folder will be served
     (metadata.feature_details, step 4)."""
     _check_slug(slug)
+    share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
+    graph, share = linked(graph, share)
     n = graph.nodes
     ids = _node_ids(graph)
-    share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
     activation = _short(n.activation)
     group = {}
     for sn in supernodes:
@@ -289,6 +310,9 @@ def graph_to_json(
     if meta.get("pruned") or node_threshold is not None:
         metadata["pruning_settings"] = {
             k: float(meta[k]) for k in ("node_threshold", "edge_threshold") if k in meta
+        } | {
+            "prune_rule": str(meta.get("prune_rule", "appendix")),
+            "influence": "pruned graph" if influence is None else "unpruned graph",
         }
     q = {
         "pinnedIds": list(dict.fromkeys(pinned)),
@@ -339,20 +363,27 @@ def export_json(
     dashboards: str | os.PathLike | Dashboards | None = None,
     feature_url: str | None = None,
     attn_dashboards: str | os.PathLike | Dashboards | None = None,
+    prune_rule: str | None = None,
 ) -> JsonExport:
     """Write `graph` into the folder `out_dir` as circuit-tracer's local frontend reads it (step 5).
 
-    With `node_threshold` / `edge_threshold` the graph is pruned first (prune.prune_graph, 1.0 for the
-    one not given) and node influence is the cumulative share in the unpruned graph, as circuit-tracer's
-    `create_graph_files` does; without them it is exported as it is. `dashboards` (a path or a loaded
-    `transcoders.Dashboards`; default: those of the graph's transcoder set, when there are some) fill
-    the feature files and the clerps (neuronpedia_features.py), `attn_dashboards` (default: those of
-    its attention set) its attention features'; `feature_url` is the URL the folder will be served
-    from, for Neuronpedia (metadata.feature_details)."""
+    An unpruned graph with `node_threshold` / `edge_threshold` is pruned first (prune.prune_graph,
+    1.0 for the one not given) by `prune_rule`, circuit-tracer's by default (what its
+    `create_graph_files` does); without them it is exported as it is. A pruned graph (what
+    `attrgraph build` stores) is exported as it is, with the thresholds, rule and unpruned
+    influence it stored: the same file as exporting its unpruned graph with those thresholds;
+    asking it for other thresholds or another rule raises `ExportError` (it is never pruned twice).
+    `dashboards` (a path or a loaded `transcoders.Dashboards`; default: those of the graph's
+    transcoder set, when there are some) fill the feature files and the clerps
+    (neuronpedia_features.py), `attn_dashboards` (default: those of its attention set) its
+    attention features'; `feature_url` is the URL the folder will be served from, for Neuronpedia
+    (metadata.feature_details)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
     _check_slug(slug)
+    graph, share, node_threshold = _pruned_for_export(graph, node_threshold, edge_threshold, prune_rule)
+    graph, share = linked(graph, share)
     found = export_dashboards(graph, dashboards, attn_dashboards)
     user, auto = {}, {}
     for site, d in found.items():
@@ -361,15 +392,6 @@ def export_json(
             user.update(u)
             auto.update(a)
     labels = {**user, **(labels or {})}  # labels passed here first, then the user's in the dashboards
-    share = None
-    if node_threshold is not None or edge_threshold is not None:
-        nt = 1.0 if node_threshold is None else node_threshold
-        et = 1.0 if edge_threshold is None else edge_threshold
-        full = cumulative_influence(graph)
-        pruned = prune_graph(graph, nt, et)
-        where = {k: i for i, k in enumerate(_keys(graph))}
-        share = full[[where[k] for k in _keys(pruned)]]
-        graph, node_threshold = pruned, nt
     data, dropped = graph_to_json(
         graph, slug, scan, supernodes, labels, share, node_threshold, auto, feature_url
     )
@@ -399,20 +421,57 @@ def export_json(
     )
 
 
+def check_export_options(
+    meta: dict, node_threshold: float | None, edge_threshold: float | None, prune_rule: str | None
+) -> None:
+    """Raise `ExportError` in one line when export_json would refuse these options for a graph
+    with this `meta`: other thresholds or another rule for a pruned graph, a rule without
+    thresholds for an unpruned one."""
+    if prune_rule is not None:
+        check_rule(prune_rule)
+    if meta.get("pruned"):
+        stored = {
+            "node threshold": meta.get("node_threshold"),
+            "edge threshold": meta.get("edge_threshold"),
+            "rule": meta.get("prune_rule", "appendix"),  # graphs pruned before rules had names
+        }
+        asked = {"node threshold": node_threshold, "edge threshold": edge_threshold, "rule": prune_rule}
+        differ = [k for k, v in asked.items() if v is not None and v != stored[k]]
+        if differ:
+            raise ExportError(
+                f"this graph is already pruned ({stored['rule']} rule, node threshold {stored['node threshold']}, "
+                f"edge threshold {stored['edge threshold']}), its {' and '.join(differ)} cannot change; "
+                "export it without pruning options, or export the unpruned graph (`attrgraph build --full`)."
+            )
+    elif node_threshold is None and edge_threshold is None and prune_rule is not None:
+        raise ExportError(f"prune rule {prune_rule} needs a node or edge threshold: this graph is unpruned.")
+
+
+def _pruned_for_export(
+    graph: Graph, node_threshold: float | None, edge_threshold: float | None, prune_rule: str | None
+) -> tuple[Graph, np.ndarray | None, float | None]:
+    """(the graph to export, its nodes' cumulative shares or None to compute them on it, the
+    slider's node threshold): export_json's pruning rules."""
+    meta = graph.meta
+    check_export_options(meta, node_threshold, edge_threshold, prune_rule)
+    if meta.get("pruned"):
+        share = graph.nodes.unpruned_share
+        nt = meta.get("node_threshold")
+        return graph, None if np.isnan(share).any() else share, None if nt is None else float(nt)
+    if node_threshold is None and edge_threshold is None:
+        return graph, None, None
+    nt = 1.0 if node_threshold is None else node_threshold
+    et = 1.0 if edge_threshold is None else edge_threshold
+    pruned = prune_graph(graph, nt, et, rule=prune_rule or DEFAULT_RULE)
+    return pruned, pruned.nodes.unpruned_share, nt
+
+
 def _feature_dir(scan: str) -> Path:
     """Where the frontend looks for a scan's feature files, relative to the served folder."""
     local = scan.startswith("./data/")  # a local scan: the frontend reads `{scan}/{index}.json` from DIR
     parts = [p for p in scan[len("./data/") :].split("/") if p not in ("", ".", "..")] if local else [scan]
     parts = [re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in parts]
     return Path(*parts) if local and parts else Path("features", *parts)
-
-
-def _keys(graph: Graph) -> list[tuple]:
-    n, rank = graph.nodes, np.cumsum(graph.nodes.kind == "logit") - 1
-    return [
-        ("logit", int(rank[i])) if n.kind[i] == "logit" else tuple(node_key(graph, i))
-        for i in range(graph.n_nodes)
-    ]
 
 
 def _read_index(path: Path) -> dict:
@@ -552,7 +611,13 @@ def _graph_from_json(data: dict) -> Graph:
         if r[0] == "embedding":
             prompt_ids[r[2]] = r[4]
     meta = dict(meta_json.get("generation_settings") or {})
-    meta.update({k: v for k, v in (meta_json.get("pruning_settings") or {}).items()})
+    settings = meta_json.get("pruning_settings")
+    if isinstance(settings, dict):  # attrgraph's export of a pruned graph: pruned once already
+        meta.update(
+            pruned=True,
+            **{k: float(settings[k]) for k in ("node_threshold", "edge_threshold") if k in settings},
+            prune_rule=str(settings.get("prune_rule", "appendix")),
+        )
     meta.update(source="json", slug=str(meta_json.get("slug", "")), scan=str(meta_json.get("scan", "")))
     try:
         graph = Graph(
@@ -569,4 +634,8 @@ def _graph_from_json(data: dict) -> Graph:
         raise GraphFileError(f"the nodes do not form a graph: {e}") from None
     influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
     graph.nodes.influence = influence.astype(np.float32)
+    shares = [r[6].get("influence") for r in rows]
+    if isinstance(settings, dict) and settings.get("influence") == "unpruned graph":
+        if all(isinstance(x, (int, float)) for x in shares):
+            graph.nodes.unpruned_share = np.asarray(shares, np.float64)
     return graph

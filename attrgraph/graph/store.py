@@ -2,12 +2,14 @@
 
 1. Layout (schema version 3): `/graphs/<name>/` holds the node table (`nodes/<field>`; `kind` and
    `site` as fixed-length ASCII; `site` only in graphs with attention nodes, a missing one means
-   site "mlp" on every feature and error node), the adjacency as CSR with rows = targets
+   site "mlp" on every feature and error node; `unpruned_influence` and `unpruned_share` only in
+   pruned graphs that know them, missing means NaN), the adjacency as CSR with rows = targets
    (`adjacency/{data,indices,indptr}`, attribute `shape`; `indices` int32 while the node count fits
    in it, as in memory, else int64), `prompt_ids`, `logit_tokens`, `logit_probs`, and attributes:
    `schema_version`, `library_version`, `created`, `replacement_score` and `completeness_score`
    (scores.py, of the graph as stored), `meta` (JSON of plain values: model and transcoder
-   identity, options, thresholds) and `prompt_tokens`, `logit_strings` (JSON lists of strings).
+   identity, options, and for a pruned graph `pruned`, `node_threshold`, `edge_threshold`,
+   `prune_rule`) and `prompt_tokens`, `logit_strings` (JSON lists of strings).
    Named arrays and plain attributes only; nothing is pickled.
 2. Checksums: every dataset is chunked with the fletcher32 filter (after gzip, so the stored bytes
    are checked; the edge values are not gzipped: float32 values shrink by about 10% at a fifth
@@ -65,6 +67,10 @@ SCHEMA_VERSION = 3
 """Bumped whenever the layout above changes incompatibly (2: checksums, strings in attributes;
 3: `nodes/site`, attention features and errors)."""
 READABLE_VERSIONS = (1, 2, 3)
+OPTIONAL_NODE_FIELDS = ("unpruned_influence", "unpruned_share")
+"""Node fields stored only when some value is not NaN (step 1): a pruned graph's influence in
+the graph it was pruned from (prune.py); files without them read as NaN, and readers that do not
+know them skip them, so adding them changed no schema version."""
 DEFAULT_NAME = "graph"
 _STR = h5py.string_dtype("utf-8")
 _GZIP = 4  # level of every dataset above 1024 entries, except the adjacency's (see _write_group)
@@ -144,6 +150,8 @@ def _write_group(
         values = getattr(graph.nodes, f.name)
         if f.name == "site" and not (values == "attn").any():
             continue  # step 1: the default, as in files of version 2
+        if f.name in OPTIONAL_NODE_FIELDS and np.isnan(values).all():
+            continue  # step 1: only pruned graphs have them
         if f.name in ("kind", "site"):  # validated kinds (NODE_ORDER) and sites: plain ASCII
             _write_array(nodes, f.name, np.char.encode(values.astype(str), "ascii"))
         else:
@@ -379,7 +387,8 @@ def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) ->
     node_values = {
         fld.name: _read(g["nodes"], fld.name, f"{where}/nodes")
         for fld in fields(Nodes)
-        if fld.name != "site" or "site" in g["nodes"]  # step 1: missing means "mlp"
+        # step 1: a missing site means "mlp", missing unpruned_* NaN
+        if fld.name not in ("site", *OPTIONAL_NODE_FIELDS) or fld.name in g["nodes"]
     }
     if "site" in node_values:
         site = node_values["site"]
@@ -438,3 +447,21 @@ def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) ->
         logit_strings=logit_strings,
         meta=meta,
     )
+
+
+def load_meta(path: str | os.PathLike, name: str) -> dict:
+    """The plain `meta` of graph `name` in `path` (thresholds, rule, identity) without its arrays;
+    a file `load_graph` would refuse may still answer here, so load the graph to check it."""
+    path = Path(path)
+    with _open(path) as f:
+        try:
+            if name not in _names(f):
+                raise GraphFileError(f"{path} has no graph named {name!r}; it holds {_names(f)}.")
+            g = f["graphs"][name]
+            if int(g.attrs.get("schema_version", 0)) == 1:
+                return json.loads(g.attrs.get("meta", "{}"))
+            return _read_text(g, "meta", f"{path}:/graphs/{name}", dict)
+        except GraphFileError:
+            raise
+        except _H5_ERRORS as e:
+            raise _corrupt(f"{path}:/graphs/{name}", e) from None

@@ -9,6 +9,8 @@
    that, with variable-length strings and plain arrays, read the same.
 3. A missing, foreign, truncated or damaged file, or a group lacking a part or with parts that
    do not fit together, raises `GraphFileError` in one sentence (never an h5py error).
+4. "None saved" (an empty list) only when no `/supernodes/<graph name>` link exists; a group
+   whose link exists but that cannot be opened or read is damage, an error.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def save_supernodes(
     _check_file(path, "write the graph with save_graph first")
     try:
         with h5py.File(path, "r") as f:
-            has_graph = graph_name in f.get("graphs", {})
+            has_graph = "graphs" in f and graph_name in f["graphs"]
     except _H5_ERRORS as e:
         raise _damaged(str(path), e) from None
     if not has_graph:
@@ -101,7 +103,9 @@ def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[
     where = f"{path}:/supernodes/{graph_name}"
     try:
         with h5py.File(path, "r") as f:
-            if graph_name not in f.get("supernodes", {}):
+            # step 4: links are looked up without opening what they name, so a group that cannot
+            # be opened raises below instead of reading as "none saved" (h5py's get() would)
+            if "supernodes" not in f or graph_name not in f["supernodes"]:
                 return []
             return _read(f["supernodes"][graph_name], where)
     except GraphFileError:

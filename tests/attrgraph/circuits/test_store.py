@@ -145,3 +145,31 @@ def test_listing_and_saving_into_bad_files_raise_one_sentence(tmp_path):
     assert text.read_text() == "x"  # not overwritten
     with pytest.raises(GraphFileError, match="does not exist"):
         list_circuits(tmp_path / "nothing.h5")
+
+
+def test_a_flipped_byte_in_a_saved_circuit_raises_never_reads_as_none(tmp_path):
+    """A circuit saved into a file holding another; each byte the save wrote, flipped in turn:
+    listing and reading give the circuit or raise GraphFileError, never "none saved"."""
+    path = tmp_path / "c.h5"
+    c0, s0 = circuit(False)
+    save_circuit(c0, path, "plain", s0)
+    before = path.read_bytes()
+    c, s = circuit(True, seed=1)
+    save_circuit(c, path, "pos", s)
+    after = path.read_bytes()
+    errors = 0
+    flipped = tmp_path / "flip.h5"
+    for i in [i for i in range(len(after)) if i >= len(before) or after[i] != before[i]]:
+        data = bytearray(after)
+        data[i] ^= 0xFF
+        flipped.write_bytes(bytes(data))
+        try:
+            names = list_circuits(flipped)
+            back, back_s = load_circuit(flipped, "pos")
+        except GraphFileError as e:
+            assert "\n" not in str(e)
+            errors += 1
+            continue
+        assert names == ["plain", "pos"], f"byte {i}: {names}"
+        assert torch.equal(back.flat(), c.flat()) and torch.equal(back_s.flat(), s.flat()), f"byte {i}"
+    assert errors > 0

@@ -54,7 +54,13 @@ def test_export_one_graph(graph_file, tmp_path, capsys):
     assert [g["slug"] for g in json.loads((out / "graph-metadata.json").read_text())["graphs"]] == ["graph"]
     assert data["qParams"]["supernodes"][0][0] == "first two" and len(data["qParams"]["supernodes"][0]) == 3
     assert data["metadata"]["scan"] == "./data/features/tiny-clt"
-    assert data["metadata"]["pruning_settings"] == {"node_threshold": 0.8, "edge_threshold": 0.98}
+    assert data["metadata"]["pruning_settings"] == {
+        "node_threshold": 0.8,
+        "edge_threshold": 0.98,
+        "prune_rule": "circuit-tracer",
+        "influence": "unpruned graph",
+    }
+    assert data["metadata"]["node_threshold"] == 0.8  # the frontend's slider
     stored = load_graph(graph_file, "graph")
     back = load_json(out / "graph.json")
     assert (back.adjacency != stored.adjacency).nnz == 0
@@ -64,9 +70,10 @@ def test_export_one_graph(graph_file, tmp_path, capsys):
 
 def test_circuit_tracer_reads_what_the_command_writes(graph_file, tmp_path):
     out = tmp_path / "site"
-    assert export(graph_file, "-o", out, "--node-threshold", "0.9", "--edge-threshold", "0.98") == 0
+    assert export(f"{graph_file}:graph_full", "-o", out, "--node-threshold", "0.9") == 0
+    assert export(f"{graph_file}:graph", "-o", out) == 0
     report = run_peer(CHECK, out)
-    assert [g["slug"] for g in report["graphs"]] == ["graph", "graph_full"]
+    assert [g["slug"] for g in report["graphs"]] == ["graph_full", "graph"]
     assert report["feature_files"] > 0
 
 
@@ -100,6 +107,8 @@ def test_slug_and_scan(graph_file, tmp_path):
         ("output is a file", "is a file; pass a folder to write into"),
         ("slug for two", "--slug names one graph but"),
         ("missing file", "does not exist or is not a file"),
+        ("prune the pruned", ":graph: this graph is already pruned (circuit-tracer rule, node threshold 0.8"),
+        ("rule without thresholds", "needs a node or edge threshold: this graph is unpruned"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(graph_file, tmp_path, capsys, case, match):
@@ -114,6 +123,11 @@ def test_bad_input_is_one_line_and_exit_code_2(graph_file, tmp_path, capsys, cas
         out.write_text("x")
     elif case == "slug for two":
         extra = ["--slug", "x"]
+    elif case == "prune the pruned":  # checked for every graph before graph_full is written
+        extra = ["--node-threshold", "0.9", "--edge-threshold", "0.98"]
+    elif case == "rule without thresholds":
+        spec += ":graph_full"
+        extra = ["--prune-rule", "appendix"]
     else:
         spec = str(tmp_path / "nothing.h5")
     assert export(spec, "-o", out, *extra) == 2
@@ -170,3 +184,50 @@ def test_bad_dashboards_path_is_one_line(graph_file, tmp_path, capsys):
     assert export(graph_file, "-o", tmp_path / "site", "--attn-dashboards", tmp_path / "nope.h5") == 2
     err = capsys.readouterr().err
     assert "nope.h5 does not exist" in err and err.count("\n") == 1 and not (tmp_path / "site").exists()
+
+
+def strip_time(data: dict) -> dict:
+    data["metadata"]["info"].pop("create_time_ms")
+    return data
+
+
+@pytest.mark.parametrize("rule", ["circuit-tracer", "appendix"])
+def test_stored_pruned_graph_exports_as_its_unpruned_graph_with_thresholds(tmp_path, rule):
+    """What `build` stores, exported with no options, is the file of its unpruned graph exported with
+    the thresholds and rule it was pruned with: the same nodes, links, influence and slider (the
+    whole file, but for the creation time and the `pruned` flag in generation_settings)."""
+    path = tmp_path / "g.h5"
+    assert main(["build", "When Mary and John went to the store", "-o", str(path), "--full", "--json",
+                 "--prune-rule", rule]) == 0  # fmt: skip
+    stored = load_graph(path, "graph")
+    assert stored.meta["prune_rule"] == rule and not np.isnan(stored.nodes.unpruned_share).any()
+    assert export(f"{path}:graph", "-o", tmp_path / "a", "--slug", "s") == 0
+    args = ["--node-threshold", "0.8", "--edge-threshold", "0.98", "--prune-rule", rule]
+    assert export(f"{path}:graph_full", "-o", tmp_path / "b", "--slug", "s", *args) == 0
+    a, b = (strip_time(json.loads((tmp_path / d / "s.json").read_text())) for d in "ab")
+    assert a["metadata"]["node_threshold"] == 0.8 and a["metadata"]["pruning_settings"]["prune_rule"] == rule
+    assert a["nodes"] == b["nodes"] and a["links"] == b["links"] and a["metadata"] == b["metadata"]
+    # `build` without --full streams the rows into pruning (engine/pruned_build.py): the same file
+    streamed = tmp_path / "streamed.h5"
+    assert main(["build", "When Mary and John went to the store", "-o", str(streamed), "--json",
+                 "--prune-rule", rule]) == 0  # fmt: skip
+    assert export(f"{streamed}:graph", "-o", tmp_path / "e", "--slug", "s") == 0
+    e = json.loads((tmp_path / "e" / "s.json").read_text())
+    assert [n["node_id"] for n in e["nodes"]] == [n["node_id"] for n in a["nodes"]]
+    assert [(x["source"], x["target"]) for x in e["links"]] == [
+        (x["source"], x["target"]) for x in a["links"]
+    ]
+    for x, y in zip(e["nodes"] + e["links"], a["nodes"] + a["links"]):
+        key = "weight" if "weight" in x else "influence"
+        assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7)
+    assert e["metadata"]["node_threshold"] == 0.8
+    # the same options as stored change nothing (never pruned twice); the JSON read back is that graph
+    assert export(f"{path}:graph", "-o", tmp_path / "c", "--slug", "s", *args) == 0
+    assert strip_time(json.loads((tmp_path / "c" / "s.json").read_text())) == a
+    from attrgraph.graph.neuronpedia import export_json
+
+    back = load_json(tmp_path / "a" / "s.json")
+    d = strip_time(json.loads(export_json(back, tmp_path / "d", slug="s").path.read_text()))
+    assert d["nodes"] == a["nodes"] and d["links"] == a["links"]
+    with pytest.raises(Exception, match="already pruned"):
+        prune_graph(back)

@@ -68,11 +68,19 @@ def test_custom_targets_and_thresholds_of_one():
     tc = tiny_transcoders(model)
     targets = [logit_difference(model, 5, 9)]
     full = attribute(model, tc, TOKENS, targets=targets)
-    for thresholds in ((1.0, 1.0), (0.5, 0.8)):
-        want = prune_graph(full, *thresholds)
-        got = attribute_pruned(model, tc, TOKENS, *thresholds, targets=targets, chunk_edges=100)
-        assert_same_pruned_graph(want, got)
-    assert attribute_pruned(model, tc, TOKENS, 1.0, 1.0, targets=targets).n_edges == full.n_edges
+    for rule in ("circuit-tracer", "appendix"):
+        for thresholds in ((1.0, 1.0), (0.5, 0.8)):
+            want = prune_graph(full, *thresholds, rule=rule)
+            got = attribute_pruned(
+                model, tc, TOKENS, *thresholds, targets=targets, chunk_edges=100, rule=rule
+            )
+            assert_same_pruned_graph(want, got)
+            assert got.meta["prune_rule"] == rule
+            np.testing.assert_allclose(got.nodes.unpruned_influence, want.nodes.unpruned_influence, rtol=1e-5)
+            np.testing.assert_allclose(got.nodes.unpruned_share, want.nodes.unpruned_share, rtol=1e-5)
+    # the appendix's rule at 1 keeps every node and edge (circuit-tracer's drops features without inputs)
+    kept = attribute_pruned(model, tc, TOKENS, 1.0, 1.0, targets=targets, rule="appendix")
+    assert kept.n_edges == full.n_edges
 
 
 def test_each_group_of_rows_holds_at_most_chunk_edges(monkeypatch):

@@ -64,6 +64,12 @@ def layered_graph(
     )
 
 
+def linked_only(g: Graph) -> Graph:
+    """`g` without the feature and error nodes that have no link (the export leaves them out)."""
+    D = g.dense() != 0
+    return g.subgraph(np.isin(g.nodes.kind, ("embedding", "logit")) | D.any(0) | D.any(1))
+
+
 def by_id(data: dict) -> dict:
     return {n["node_id"]: n for n in data["nodes"]}
 
@@ -106,7 +112,7 @@ def test_node_ids_and_fields_follow_circuit_tracer():
 
 
 def test_links_are_the_signed_adjacency_and_name_existing_nodes():
-    g = layered_graph(1)
+    g = linked_only(layered_graph(1))
     data, _ = graph_to_json(g)
     index = {d["node_id"]: i for i, d in enumerate(data["nodes"])}
     A = g.dense()
@@ -388,7 +394,7 @@ def test_load_reads_circuit_tracer_0_5_files(tmp_path):
 
 # ------------------------------------------------------------------------- supernodes, labels, pruning
 def test_supernodes_go_to_qparams_and_name_their_members(tmp_path):
-    g = layered_graph(5)
+    g = linked_only(layered_graph(5))
     feats = np.flatnonzero(g.nodes.kind == "feature")
     ghost = NodeKey("feature", 1, 0, 999)
     sn = [
@@ -418,7 +424,12 @@ def test_thresholds_prune_like_create_graph_files(tmp_path):
     pruned = prune_graph(g, 0.5, 0.9)
     assert len(data["nodes"]) == pruned.n_nodes < g.n_nodes and len(data["links"]) == pruned.n_edges
     assert data["metadata"]["node_threshold"] == 0.5
-    assert data["metadata"]["pruning_settings"] == {"node_threshold": 0.5, "edge_threshold": 0.9}
+    assert data["metadata"]["pruning_settings"] == {
+        "node_threshold": 0.5,
+        "edge_threshold": 0.9,
+        "prune_rule": "circuit-tracer",
+        "influence": "unpruned graph",
+    }
     index = json.loads((tmp_path / "graph-metadata.json").read_text())
     assert index["graphs"][0]["node_threshold"] == 0.5  # the frontend's pruning slider starts there
     # shares are those of the unpruned graph, so the slider at 0.5 keeps every exported feature...
@@ -518,12 +529,20 @@ def test_circuit_tracer_validates_and_serves_the_folder(tmp_path):
 
 
 @pytest.mark.slow  # ~15 s: circuit-tracer imports transformer-lens
-def test_same_nodes_influence_and_links_as_circuit_tracers_exporter(tmp_path):
-    """circuit-tracer's create_graph_files on the same graph (in its node order) and thresholds:
-    every node both keep has the same id, fields and cumulative influence; every link both keep has
-    the same weight; and load_json reads its file back into exactly our adjacency entries."""
-    g = layered_graph(9, n_pos=6)
+@pytest.mark.parametrize("seed, thresholds", [(9, (0.8, 0.98)), (11, (0.6, 0.9)), (12, (0.9, 0.99))])
+def test_same_nodes_influence_and_links_as_circuit_tracers_exporter(tmp_path, seed, thresholds):
+    """circuit-tracer's create_graph_files on the same graph (in its node order) and thresholds,
+    against both of our paths (the unpruned graph exported with the thresholds, and the graph
+    pruned, stored and exported with no options): the same node set and link set, every node with
+    the same fields and cumulative influence (float32 rounding), every link the same weight, the
+    same slider; and load_json reads its file back into exactly our adjacency entries."""
+    from attrgraph.graph.store import load_graph, save_graph
+
+    g = layered_graph(seed, n_pos=6)
     n = g.nodes
+    # circuit-tracer 0.5.0 names error (layer, pos) `0_{layer}_{pos}`, which is also the id of
+    # feature `layer` of layer 0 at pos: keep feature indices above the layers, so ids are unique
+    n.feature[n.kind == "feature"] += N_LAYERS
     order = np.concatenate([np.flatnonzero(n.kind == k) for k in ("feature", "error", "embedding", "logit")])
     np.savez(
         tmp_path / "g.npz",
@@ -537,38 +556,45 @@ def test_same_nodes_influence_and_links_as_circuit_tracers_exporter(tmp_path):
         logit_strings=np.array(g.logit_strings),
         logit_probs=g.logit_probs,
     )
-    run_peer(CT_EXPORT, tmp_path / "g.npz", tmp_path / "ct", "ct", 0.8, 0.98)
+    run_peer(CT_EXPORT, tmp_path / "g.npz", tmp_path / "ct", "ct", *thresholds)
     theirs = json.loads((tmp_path / "ct" / "ct.json").read_text())
-    ours = json.loads(
-        export_json(
-            g, tmp_path / "ours", slug="ours", node_threshold=0.8, edge_threshold=0.98
-        ).path.read_text()
-    )
+    nt, et = thresholds
+    save_graph(prune_graph(g, nt, et), tmp_path / "g.h5", "pruned")
+    paths = {
+        "unpruned with thresholds": export_json(
+            g, tmp_path / "a", slug="a", node_threshold=nt, edge_threshold=et
+        ),
+        "stored pruned, no options": export_json(load_graph(tmp_path / "g.h5"), tmp_path / "b", slug="b"),
+    }
 
     def key(node):  # circuit-tracer 0.5.0 names errors `0_{layer}_{pos}`, we `{layer}_-1_{pos}`
         if "error" in node["feature_type"]:
             return f"err {node['layer']} {node['ctx_idx']}"
         return node["node_id"]
 
-    mine, ct = ({key(d): d for d in data["nodes"]} for data in (ours, theirs))
-    common = set(mine) & set(ct)
-    assert len(common) >= 0.8 * len(ct)  # the two prune a little differently (errors, no-input features)
-    for k in common:
-        a, b = mine[k], ct[k]
-        for field in ("feature", "layer", "ctx_idx", "feature_type", "is_target_logit"):
-            assert a[field] == b[field], (k, field)
-        if b["influence"] is not None:
-            assert a["influence"] == pytest.approx(b["influence"], rel=1e-4, abs=1e-6), k
-        if b["feature_type"] in ("cross layer transcoder", "logit"):
-            assert a["activation" if b["activation"] is not None else "token_prob"] == pytest.approx(
-                b["activation"] if b["activation"] is not None else b["token_prob"], rel=1e-6
-            )
-    rename = {d["node_id"]: key(d) for d in theirs["nodes"]} | {d["node_id"]: key(d) for d in ours["nodes"]}
-    w_mine = {(rename[l["source"]], rename[l["target"]]): l["weight"] for l in ours["links"]}
-    w_ct = {(rename[l["source"]], rename[l["target"]]): l["weight"] for l in theirs["links"]}
-    shared = set(w_mine) & set(w_ct)
-    assert len(shared) >= 0.8 * len(w_ct)
-    assert all(w_mine[e] == pytest.approx(w_ct[e], rel=1e-6) for e in shared)
+    ct = {key(d): d for d in theirs["nodes"]}
+    assert 0 < sum(d["feature_type"] == "mlp reconstruction error" for d in theirs["nodes"]) < N_LAYERS * 6
+    for label, res in paths.items():
+        ours = json.loads(res.path.read_text())
+        mine = {key(d): d for d in ours["nodes"]}
+        assert set(mine) == set(ct), label
+        assert ours["metadata"]["node_threshold"] == theirs["metadata"]["node_threshold"] == nt, label
+        for k in ct:
+            a, b = mine[k], ct[k]
+            for field in ("feature", "layer", "ctx_idx", "feature_type", "is_target_logit"):
+                assert a[field] == b[field], (label, k, field)
+            if b["influence"] is not None:
+                assert a["influence"] == pytest.approx(b["influence"], rel=1e-6, abs=1e-7), (label, k)
+            if b["feature_type"] in ("cross layer transcoder", "logit"):
+                assert a["activation" if b["activation"] is not None else "token_prob"] == pytest.approx(
+                    b["activation"] if b["activation"] is not None else b["token_prob"], rel=1e-6
+                )
+        # (one id may name an error in theirs and a feature in ours: rename each file's own ids)
+        r_mine, r_ct = ({d["node_id"]: key(d) for d in data["nodes"]} for data in (ours, theirs))
+        w_mine = {(r_mine[x["source"]], r_mine[x["target"]]): x["weight"] for x in ours["links"]}
+        w_ct = {(r_ct[x["source"]], r_ct[x["target"]]): x["weight"] for x in theirs["links"]}
+        assert set(w_mine) == set(w_ct), label
+        assert all(w_mine[e] == pytest.approx(w_ct[e], rel=1e-6) for e in w_ct), label
     # their file, loaded here, holds our adjacency entries between the nodes it kept
     h = load_json(tmp_path / "ct" / "ct.json")
     key_of = {
@@ -635,3 +661,81 @@ def test_attention_nodes_have_their_own_types_and_round_trip(tmp_path):
     for field in ("kind", "layer", "position", "feature", "token", "site"):
         np.testing.assert_array_equal(getattr(h.nodes, field), getattr(g.nodes, field), err_msg=field)
     assert (h.adjacency != g.adjacency.astype(np.float32)).nnz == 0  # links are float32
+
+
+# ------------------------------------------------------------------------- linkless nodes, fallback ids
+def test_no_feature_or_error_node_without_a_link_is_exported(tmp_path):
+    """The appendix's rule on the hand-built graph of test_prune.py at (0.95, 0.8) keeps the error R
+    with both its edges pruned: it is not exported, nor is any linkless node of an unpruned graph;
+    embeddings are, linked or not (E0 lost its only edge), as circuit-tracer's exporter does."""
+    from tests.attrgraph.graph.test_prune import hand_graph
+
+    p = prune_graph(hand_graph(), 0.95, 0.8, rule="appendix")
+    assert (p.nodes.kind == "error").sum() == 1
+    data = json.loads(export_json(p, tmp_path / "a").path.read_text())
+    kinds = sorted(n["feature_type"] for n in data["nodes"])
+    assert kinds == ["cross layer transcoder"] * 3 + ["embedding"] * 2 + ["logit"]
+    g = layered_graph(3)
+    D = g.dense() != 0
+    has_link = D.any(0) | D.any(1) | np.isin(g.nodes.kind, ("embedding", "logit"))
+    assert not has_link.all()  # the case this test is about
+    data, _ = graph_to_json(g)
+    assert len(data["nodes"]) == has_link.sum()
+    linked_ids = {x["source"] for x in data["links"]} | {x["target"] for x in data["links"]}
+    for node in data["nodes"]:
+        assert node["feature_type"] in ("embedding", "logit") or node["node_id"] in linked_ids
+
+
+def test_load_reads_feature_ids_of_other_generators(tmp_path):
+    """A feature whose node_id is not `{layer}_{feature}_{pos}` takes its index from `feature`, the
+    Cantor pairing of (layer, feature): layer 2, feature 5 -> (2 + 5)(2 + 5 + 1)/2 + 5 = 33; an
+    attention feature's index is offset by ATTN_INDEX_OFFSET (layer 1, feature 3 -> 13)."""
+    from attrgraph.graph.neuronpedia import ATTN_INDEX_OFFSET
+
+    base = dict(token_prob=0.0, is_target_logit=False, clerp="", activation=1.0, influence=0.5)
+    nodes = [
+        {**base, "node_id": "emb-0", "feature": 0, "layer": "E", "ctx_idx": 0, "feature_type": "embedding"},
+        {**base, "node_id": "sae/feat-a", "feature": 33, "layer": "2", "ctx_idx": 1,
+         "feature_type": "cross layer transcoder"},
+        {**base, "node_id": "9_9_9", "feature": 33, "layer": "2", "ctx_idx": 0,
+         "feature_type": "cross layer transcoder"},  # an id of the usual shape naming another layer
+        {**base, "node_id": "attn-b", "feature": ATTN_INDEX_OFFSET + 13, "layer": "1", "ctx_idx": 1,
+         "feature_type": "attention sae"},
+        {**base, "node_id": "out", "feature": 7, "layer": "4", "ctx_idx": 1, "feature_type": "logit",
+         "token_prob": 0.9},
+    ]  # fmt: skip
+    links = [{"source": "emb-0", "target": x, "weight": 1.0} for x in ("sae/feat-a", "attn-b", "9_9_9")]
+    links += [{"source": x, "target": "out", "weight": 2.0} for x in ("sae/feat-a", "attn-b", "9_9_9")]
+    meta = {"slug": "x", "scan": "s", "transcoder_list": [], "prompt_tokens": ["a", "b"], "prompt": "a b"}
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"metadata": meta, "qParams": {}, "nodes": nodes, "links": links}))
+    g = load_json(path)
+    f = g.nodes.mask("feature")
+    got = sorted(
+        zip(
+            g.nodes.site[f],
+            g.nodes.layer[f].tolist(),
+            g.nodes.feature[f].tolist(),
+            g.nodes.position[f].tolist(),
+        )
+    )
+    assert got == [("attn", 1, 3, 1), ("mlp", 2, 5, 0), ("mlp", 2, 5, 1)]
+    assert g.n_edges == 6
+
+
+def test_a_graph_pruned_before_shares_were_stored_still_gets_a_slider(tmp_path):
+    """A pruned graph without `unpruned_share` (files written before) is exported with its shares in
+    the pruned graph, says so, and keeps its node threshold for the slider."""
+    p = prune_graph(layered_graph(4), 0.7, 0.95, rule="appendix")
+    p.nodes.unpruned_share[:] = np.nan
+    del p.meta["prune_rule"]
+    data = json.loads(export_json(p, tmp_path).path.read_text())
+    assert data["metadata"]["node_threshold"] == 0.7
+    assert data["metadata"]["pruning_settings"] == {
+        "node_threshold": 0.7,
+        "edge_threshold": 0.95,
+        "prune_rule": "appendix",
+        "influence": "pruned graph",
+    }
+    with pytest.raises(ExportError, match="already pruned .appendix rule.*its rule cannot change"):
+        export_json(p, tmp_path, prune_rule="circuit-tracer")

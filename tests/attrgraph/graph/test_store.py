@@ -330,3 +330,28 @@ def test_int64_indices_still_load_and_bad_ones_are_found(tmp_path, make_random_g
         f["graphs/graph/adjacency/indices"][3] = 2**32 + 1  # 1 after a cast to int32
     with pytest.raises(GraphFileError, match="outside"):
         load_graph(path)
+
+
+def test_a_pruned_graph_keeps_its_rule_thresholds_and_unpruned_influence(make_random_graph, tmp_path):
+    """What the export needs of a pruned graph survives the file bit for bit; an unpruned graph
+    stores no such fields (files keep the layout older readers know) and reads them as NaN."""
+    from attrgraph.graph.prune import prune_graph
+
+    g = make_random_graph(5, n_feat=40)
+    p = prune_graph(g, 0.7, 0.95)
+    path = tmp_path / "g.h5"
+    save_graph(p, path, "pruned")
+    save_graph(g, path, "full")
+    back = load_graph(path, "pruned")
+    assert {k: back.meta[k] for k in ("pruned", "node_threshold", "edge_threshold", "prune_rule")} == {
+        "pruned": True,
+        "node_threshold": 0.7,
+        "edge_threshold": 0.95,
+        "prune_rule": "circuit-tracer",
+    }
+    np.testing.assert_array_equal(back.nodes.unpruned_influence, p.nodes.unpruned_influence)
+    np.testing.assert_array_equal(back.nodes.unpruned_share, p.nodes.unpruned_share)
+    assert not np.isnan(back.nodes.unpruned_share).any()
+    with h5py.File(path) as f:
+        assert "unpruned_share" in f["graphs/pruned/nodes"] and "unpruned_share" not in f["graphs/full/nodes"]
+    assert np.isnan(load_graph(path, "full").nodes.unpruned_share).all()

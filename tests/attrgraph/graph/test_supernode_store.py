@@ -130,3 +130,58 @@ def test_saving_into_a_bad_file_raises_one_sentence(stored, tmp_path):
     with pytest.raises(GraphFileError) as e:
         save_supernodes(cut, sns, "ioi")
     assert "\n" not in str(e.value)
+
+
+def test_supernodes_mixing_attention_and_mlp_members_keep_every_site(tmp_path):
+    """A supernode with an attention and an MLP feature of the same (layer, position, feature)
+    beside an MLP-only one: every member comes back with its own site."""
+    from attrgraph.graph.supernodes import NodeKey, Supernode
+
+    g = layered_graph(0)
+    path = tmp_path / "g.h5"
+    save_graph(g, path, "ioi")
+    mixed = Supernode("mixed", (NodeKey("feature", 1, 2, 7, "attn"), NodeKey("feature", 1, 2, 7, "mlp")))
+    mlp = Supernode("mlp only", (NodeKey("feature", 0, 1, 3, "mlp"), NodeKey("error", 0, 1, -1, "mlp")))
+    attn = Supernode("attn err", (NodeKey("error", 1, 3, -1, "attn"),))
+    save_supernodes(path, [mlp, mixed, attn], "ioi")
+    back = load_supernodes(path, "ioi")
+    assert back == [mlp, mixed, attn]
+    assert [m.site for m in back[1].members] == ["attn", "mlp"]
+
+
+def flipped_copies(before: bytes, after: bytes, tmp_path):
+    """One file per byte of `after` that saving changed or added (against `before`), that byte
+    XORed with 0xFF."""
+    n = len(before)
+    offsets = [i for i in range(len(after)) if i >= n or after[i] != before[i]]
+    path = tmp_path / "flip.h5"
+    for i in offsets:
+        data = bytearray(after)
+        data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        yield i, path
+
+
+def test_a_flipped_byte_in_saved_supernodes_raises_never_reads_as_none(tmp_path):
+    """Nine supernodes saved beside a graph; each byte the save wrote, flipped in turn: reading
+    gives the nine groups or raises GraphFileError, never an empty list ("none saved") or other
+    groups. A graph without supernodes still reads as []."""
+    g = layered_graph(0)
+    feats = np.flatnonzero(g.nodes.kind == "feature")
+    path = tmp_path / "g.h5"
+    save_graph(g, path, "ioi")
+    assert load_supernodes(path, "ioi") == []
+    before = path.read_bytes()
+    sns = [supernode(g, f"group {i}", feats[3 * i : 3 * i + 3]) for i in range(9)]
+    save_supernodes(path, sns, "ioi")
+    outcomes = {"same": 0, "error": 0}
+    for i, flipped in flipped_copies(before, path.read_bytes(), tmp_path):
+        try:
+            got = load_supernodes(flipped, "ioi")
+        except GraphFileError as e:
+            assert "\n" not in str(e)
+            outcomes["error"] += 1
+            continue
+        assert got == sns, f"byte {i}: {len(got)} groups read without an error"
+        outcomes["same"] += 1
+    assert outcomes["error"] > 0
