@@ -128,10 +128,10 @@ a node field or a meta entry of one of these names."""
 def unpruned_influence(graph: Graph) -> np.ndarray | None:
     """Each node's logit influence in the unpruned graph, when the graph stores it (read
     defensively: a node array or a meta list of the right length, finite), else None."""
-    for key in UNPRUNED_NAMES:
-        value = getattr(graph.nodes, key, None)
-        if value is None:
-            value = graph.meta.get(key)
+    # graphs pruned before prune_graph kept it hold NaN in the node field: look on
+    for value in [getattr(graph.nodes, key, None) for key in UNPRUNED_NAMES] + [
+        graph.meta.get(key) for key in UNPRUNED_NAMES
+    ]:
         if value is None:
             continue
         try:
