@@ -34,6 +34,10 @@ class NonFiniteError(TranscoderError, FloatingPointError):
     """NaN or inf met during training; the last good checkpoint is kept."""
 
 
+class StalledRankError(TranscoderError, TimeoutError):
+    """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
+
+
 class StaleLayersError(TranscoderError, FileExistsError):
     """A save target that already holds per-layer files beyond the set's layers (a larger old save)."""
 
