@@ -72,3 +72,28 @@ def test_a_stalled_rank_stops_the_run_naming_it(tmp_path):
     assert "not answering: rank 1 (last seen: joined)" in message and "--dist-timeout" in message
     assert not (tmp_path / "run" / "transcoders").exists()
     print(f"stalled run stopped after {elapsed:.1f} s (model load included)")
+
+
+def _finishing_worker(rank: int, root: str, port: str) -> None:
+    """Both ranks run the CLI (feature-sharded); each records whether rank 0's manifest (written
+    after its evaluation, the last thing rank 0 does) existed when its own run() returned."""
+    import torch
+
+    from transcoders.train import main
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+    )
+    torch.set_num_threads(1)
+    code = main([*CLI, "--parallel", "features", "--out", f"{root}/run"])
+    done = Path(root, "run", "transcoders", "manifest.json").exists()
+    Path(root, f"rank{rank}.txt").write_text(f"{code} {done}")
+
+
+def test_ranks_end_together_after_rank_0_evaluates(tmp_path):
+    """Rank 1 used to leave (destroying its end of the process group) while rank 0 still evaluated;
+    now no rank returns before rank 0's manifest is written, and both exit cleanly."""
+    mp.start_processes(
+        _finishing_worker, args=(str(tmp_path), _free_port()), nprocs=2, join=True, start_method="spawn"
+    )
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["0 True", "0 True"]
