@@ -92,6 +92,14 @@ class ClusterError(AttrgraphError, ConnectionError):
     """Ray that is not installed, or a Ray cluster address that cannot be reached."""
 
 
+class ResumeError(AttrgraphError, ValueError):
+    """A graph already in a build-many output that was built from another prompt, target, option or set."""
+
+
+class OutputBusyError(AttrgraphError, OSError):
+    """An output file that another build-many run is writing."""
+
+
 class SparsityError(AttrgraphError, ValueError):
     """A target sparsity (or kept fraction) outside the open interval (0, 1)."""
 

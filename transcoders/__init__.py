@@ -36,6 +36,7 @@ _EXPORTS = {
         "DashboardFileError",
         "NonFiniteError",
         "StaleLayersError",
+        "StalledRankError",
         "TranscoderError",
         "TranscoderMismatchError",
         "TranscoderNotFoundError",

@@ -4,8 +4,11 @@
    per-layer scales `scale.in` / `scale.out`, the step each feature last fired, and Adam's
    moments flattened to `opt.<param name>.<exp_avg|exp_avg_sq|step>`.
 2. `meta.json` holds the step, both configs, the parameter order and Adam's hyperparameters.
-3. A checkpoint is written to `<dir>.tmp` and renamed over `<dir>`, so an interrupted write
-   (or a NaN that stops training) never replaces the last good one.
+3. A checkpoint is written to `<dir>.tmp`, the last one renamed to `<dir>.old`, `<dir>.tmp`
+   renamed to `<dir>` and `<dir>.old` removed, so an interrupted write (or a NaN that stops
+   training) never replaces the last good one. A kill between the two renames leaves only
+   `<dir>.old`: `resume_folder` then resumes from it; a kill before its removal leaves both, and
+   the next write removes the stale `<dir>.old` first.
 """
 
 from __future__ import annotations
@@ -61,9 +64,21 @@ def write_checkpoint(folder: Path, tensors: dict, step: int, cfg, tc_cfg, order:
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)  # left by a kill after the last write's renames
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_folder(folder: Path) -> Path | None:
+    """The checkpoint to resume from (step 3): `folder`, else `<folder>.old` when a kill between the
+    renames left only that, else None (a fresh run)."""
+    folder = Path(folder)
+    old = folder.with_name(folder.name + ".old")
+    for candidate in (folder, old):
+        if (candidate / "meta.json").exists() and (candidate / "state.safetensors").exists():
+            return candidate
+    return None
 
 
 def read_checkpoint(folder: Path) -> tuple[dict, dict]:

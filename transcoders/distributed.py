@@ -23,6 +23,15 @@
    rank picks the same global top-k from them (ties broken by the lower global index), and
    keeps its own entries among them. The kept entries and their gradients are those of the
    one-process activation.
+Timeouts and the end of a run: every collective waits at most `timeout_s` (`--dist-timeout`,
+default `DEFAULT_TIMEOUT_S` = 600 s, instead of gloo's 30 minutes). Each rank records in the
+process group's store where it is (`mark`: joined, step t); a rank whose collective times out
+records that too, waits up to `GRACE_S` (at most the timeout) for the others to record theirs, and raises
+`StalledRankError` naming the ranks that did not (a rank stopped, hung or dead never does), with
+where they were last seen. A run ends together (`finish_together`): the other ranks wait in the
+store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
+barrier and only then destroy the process group, so no rank tears down its gloo connections while
+another still holds them.
 3. Checkpoints hold the full, unsharded state: `gather_state` all-gathers every sharded
    tensor along its feature axis (rank 0 writes it), and `shard_state` slices a full state for
    a rank, so a checkpoint written with N ranks resumes with any number of ranks.
@@ -31,14 +40,16 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from transcoders.errors import ConfigError
+from transcoders.errors import ConfigError, StalledRankError
 from transcoders.losses import aux_mse
 from transcoders.nonlinearity import LOG_THRESHOLD
 
@@ -60,16 +71,85 @@ class Dist:
         return self.world > 1
 
 
-def init_from_env() -> bool:
-    """Join the process group torchrun describes (env RANK / WORLD_SIZE); False when not under torchrun."""
+DEFAULT_TIMEOUT_S = 600.0
+"""How long a collective waits for the other ranks (`--dist-timeout`); gloo's own default is 30 min."""
+GRACE_S = 10.0
+"""After a timeout, how long a rank waits for the others to report theirs before naming the silent ones."""
+_PROGRESS = "transcoders/progress/"
+_FINISHED = "transcoders/finished"
+
+
+def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Join the process group torchrun describes (env RANK / WORLD_SIZE), every collective waiting at
+    most `timeout_s`; False when not under torchrun."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.is_initialized()
+    if not timeout_s > 0:
+        raise ConfigError(f"dist_timeout {timeout_s} is not a positive number of seconds; pass e.g. 600.")
+    timeout = datetime.timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl")
+        dist.init_process_group("nccl", timeout=timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
+    mark(Dist(dist.get_rank(), dist.get_world_size(), "data"), "joined")
     return True
+
+
+def mark(d: Dist, where: str) -> None:
+    """Record in the process group's store where this rank is (read when a collective times out)."""
+    if d.active:
+        _store().set(f"{_PROGRESS}{d.rank}", where)
+
+
+def _store():
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def is_timeout(e: BaseException) -> bool:
+    """A collective that gave up waiting (gloo: "Timed out waiting ...", nccl: "... timeout")."""
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def stalled_error(d: Dist, e: BaseException, timeout_s: float) -> StalledRankError:
+    """The `StalledRankError` for collective timeout `e`: the ranks that did not report a timeout of
+    their own within `GRACE_S` (those waiting on the same stalled rank do), with where they were last."""
+    store = _store()
+    key = f"{_PROGRESS}{d.rank}"
+    here = store.get(key).decode() if store.check([key]) else "?"
+    store.set(key, f"timed out at {here}")
+    deadline = time.monotonic() + min(GRACE_S, timeout_s)
+    while True:
+        seen = {}
+        for r in range(d.world):
+            k = f"{_PROGRESS}{r}"
+            seen[r] = store.get(k).decode() if store.check([k]) else "not joined"
+        silent = {r: w for r, w in seen.items() if not w.startswith("timed out")}
+        if not silent or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    who = ", ".join(f"rank {r} (last seen: {w})" for r, w in sorted(silent.items())) or "none"
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+    return StalledRankError(
+        f"rank {d.rank} waited more than {timeout_s:g} s in a collective at {here} ({first}); "
+        f"not answering: {who}; a rank stopped, hung or died (raise --dist-timeout if a step is just slow)."
+    )
+
+
+def finish_together(d: Dist) -> None:
+    """The end of a run: rank 0 says it is done (after saving and evaluating); the others wait for
+    it in the store, then all pass one barrier, so every rank destroys the process group together."""
+    if not d.active:
+        return
+    store = _store()
+    if d.main:
+        store.set(_FINISHED, "1")
+    else:
+        store.wait([_FINISHED], datetime.timedelta(days=7))  # rank 0 evaluates: no collective timeout
+    dist.barrier()
 
 
 def current(parallel: str) -> Dist:

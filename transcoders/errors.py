@@ -41,6 +41,10 @@ class NonFiniteError(TranscoderError, FloatingPointError):
     it is loaded."""
 
 
+class StalledRankError(TranscoderError, TimeoutError):
+    """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
+
+
 class StaleLayersError(TranscoderError, FileExistsError):
     """A save target that already holds per-layer files beyond the set's layers (a larger old save)."""
 

@@ -48,6 +48,7 @@ from transcoders.activation_store import ActivationStore, pack_sequences
 from transcoders.checkpoint import (
     apply_state,
     read_checkpoint,
+    resume_folder,
     save_checkpoint,
     state_tensors,
     write_checkpoint,
@@ -77,6 +78,7 @@ RESUME_FREE = (
     "parallel",
     "splice_with",
     "device",
+    "dist_timeout",
 )  # options a resumed run may change
 
 
@@ -141,6 +143,8 @@ class TrainConfig:
     """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
     device: str = "cpu"
     """Where the model and the set run: cpu, cuda, cuda:N or mps (under torchrun, plain cuda means each rank's LOCAL_RANK GPU)."""
+    dist_timeout: float = tdist.DEFAULT_TIMEOUT_S
+    """Under torchrun: seconds a collective waits for the other ranks before the run stops with StalledRankError naming the ranks that did not answer (gloo's own default is 30 minutes)."""
     splice_with: tuple[str, ...] = ()
     """Sets (bundled names or folders) spliced in together with the trained one for a second held-out CE loss recovered in the manifest (metrics "spliced_with"), e.g. default-plt for an attention SAE."""
 
@@ -331,8 +335,8 @@ def train(
     tc.to(device)
     tc.nonlinearity.begin_training(tc)  # JumpReLU: the optimizer sees log(theta)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
-    if (ckpt / "meta.json").exists():
-        meta, state = read_checkpoint(ckpt)
+    if (resume := resume_folder(ckpt)) is not None:  # checkpoint.py step 3: or checkpoint.old
+        meta, state = read_checkpoint(resume)
         saved = meta["train_config"]
         differs = [
             k
@@ -397,6 +401,7 @@ def train(
     for x, y in store.batches(step):
         if step >= total or (stop_after is not None and step >= stop_after):
             break
+        tdist.mark(d, f"step {step}")  # read when a collective times out (distributed.py)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, cfg.lr)
         if d.mode == "data" and not store.sliced:  # this rank's rows of the global batch
@@ -568,18 +573,31 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # Adam moments of rarely active features decay into slow denormals
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    launched = tdist.init_from_env()  # under torchrun: join the process group
+    launched = tdist.init_from_env(cfg.dist_timeout)  # under torchrun: join the process group
     try:
+        d = tdist.current(cfg.parallel)
         model = load_any_model(cfg.model, model_device(cfg))
-        tc, info = train(cfg, model=model)
-        if tdist.current(cfg.parallel).main:
+        tc, info = _train_naming_stalls(cfg, model, d)
+        if d.main:
             _save_and_report(model, tc, info, cfg, argv)
+        tdist.finish_together(d)  # the others wait for rank 0's evaluation, then all end at once
     finally:
         if launched:
             import torch.distributed as dist
 
             dist.destroy_process_group()
     return 0
+
+
+def _train_naming_stalls(cfg: TrainConfig, model, d):
+    """`train`, with a collective that timed out (a rank stalled or died) turned into a
+    `StalledRankError` naming the ranks that did not answer (distributed.py)."""
+    try:
+        return train(cfg, model=model)
+    except RuntimeError as e:
+        if d.active and tdist.is_timeout(e):
+            raise tdist.stalled_error(d, e, cfg.dist_timeout) from None
+        raise
 
 
 def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None) -> None:

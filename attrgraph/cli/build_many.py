@@ -10,19 +10,28 @@
    and transcoders once and keep them; each builds, prunes and returns graphs one prompt at a time.
 3. One writer: the driver stores every result with `save_graph` (atomic: a crash never leaves a
    half-written file), the pruned graph as NAME (and with `--full` the unpruned one as NAME_full,
-   written first, so NAME present means the prompt is done).
-4. Resumable: prompts whose NAME is already in the output are skipped, so a rerun after a crash
-   builds only what is missing. A worker that dies is restarted by Ray and its prompt retried
-   (by Ray, then by the driver, `ATTEMPTS` times in all); results are written by name, once.
+   written first, so NAME present means the prompt is done). One run per output at a time: a run
+   holds an flock on `.GRAPHS.h5.build-many.lock` (released by the kernel if the driver dies) and
+   a second run on the same output stops at once with `OutputBusyError`.
+4. Resumable, keyed on what was built (build_key.py): every graph records its prompt's token ids,
+   target ids, options and the model and transcoder fingerprints; a prompt whose NAME is already
+   in the output is skipped when that record equals this run's, else (another prompt under that
+   name, another option or set) the run is refused in one line with `ResumeError` (`--resume`, the
+   default) or the graph is rebuilt and replaced (`--overwrite`). A worker that dies is restarted
+   by Ray and its prompt retried (by Ray, then by the driver, `ATTEMPTS` times in all); results
+   are written by name, once.
 5. Failures: a prompt that cannot be built (a line that is not a JSON object or lacks "prompt",
-   an empty prompt, an unknown target token, a duplicate name, a worker that died on it every
-   attempt) is recorded with its line number and error in the sidecar `GRAPHS.h5.failures.jsonl`
-   (rewritten each run: it lists the prompts of the last run that are not in the file; absent when
-   none failed) and the rest go on; the exit code is then 1.
+   an empty prompt, an unknown target token, a duplicate name, with `--full` a name that is another
+   prompt's NAME_full, a worker that died on it every attempt) is recorded with its line number and
+   error in the sidecar `GRAPHS.h5.failures.jsonl` and the rest go on; the exit code is then 1. The
+   sidecar is removed when a run starts and written at the first failure, so it lists the prompts
+   of the last run that are not in the file and exists only when one failed (also after a killed
+   driver: no empty file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -37,7 +46,7 @@ from attrgraph.cli.build import (
     graph_sources,
     load_sets,
 )
-from attrgraph.errors import ClusterError, OptionError
+from attrgraph.errors import ClusterError, OptionError, OutputBusyError, ResumeError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Read by Ray at import: "0" keeps every Ray process of a local cluster on 127.0.0.1."""
@@ -77,6 +86,17 @@ def add_parser(sub) -> None:
         "--address", default=None, help="a running Ray cluster (host:port or 'auto'); default: a local one"
     )
     add_build_options(p, threads_default=1, threads_help="torch CPU threads per worker (default 1)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="default: skip graphs already built the same way, refuse the run if one was built differently",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rebuild and replace graphs in the output that were built differently (or by another prompt)",
+    )
     p.add_argument("--json", action="store_true", help="print the run's counts as one JSON object")
     p.add_argument("--no-progress", action="store_true")
 
@@ -86,16 +106,22 @@ def failures_path(output: str | os.PathLike) -> Path:
     return Path(f"{output}.failures.jsonl")
 
 
-def read_prompts(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+def _is_token(value) -> bool:
+    """A target token of a JSONL line: a string or an int (JSON true/false are no ids)."""
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def read_prompts(path: str | os.PathLike, full: bool = False) -> tuple[list[dict], list[dict]]:
     """Parse a prompts file into work items `{line, name, prompt, target}` and failures
     `{line, name, error}` (lines that are not usable: not a JSON object, no string "prompt",
-    unknown keys, a bad name or target, a name used before). Blank lines are skipped."""
+    unknown keys, a bad name or target, a name used before, with `full` a name that is or has
+    another prompt's NAME_full). Blank lines are skipped."""
     path = Path(path)
     if not path.is_file():
         raise OptionError(
             f"prompts file {str(path)!r} does not exist; pass a JSONL file of {{'prompt': ...}}."
         )
-    items, failures, seen = [], [], set()
+    items, failures, seen = [], [], {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
@@ -118,23 +144,37 @@ def read_prompts(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
                     error = f"name {name!r} is not a non-empty string without '/'; pick a plain name."
                 elif name in seen:
                     error = f"name {name!r} is used by an earlier line; give every prompt its own name."
+                elif full and (clash := _full_clash(name, seen)):
+                    error = clash
                 elif not (
                     target is None
-                    or isinstance(target, str | int)
-                    or (isinstance(target, list) and len(target) == 2)
+                    or _is_token(target)
+                    or (isinstance(target, list) and len(target) == 2 and all(map(_is_token, target)))
                 ):
                     error = f'target {target!r} is neither one token nor two; write " Mary" or [" Mary", " John"].'
             if error is not None:
                 failures.append({"line": n, "name": name if isinstance(name, str) else None, "error": error})
                 continue
-            seen.add(name)
+            seen[name] = n
             items.append({"line": n, "name": name, "prompt": row["prompt"], "target": target})
     return items, failures
+
+
+def _full_clash(name: str, seen: dict) -> str | None:
+    """With --full, NAME_full holds NAME's unpruned graph: a name that is, or whose NAME_full is,
+    an earlier line's graph would overwrite it."""
+    if name.endswith("_full") and name.removesuffix("_full") in seen:
+        other = name.removesuffix("_full")
+        return f"name {name!r} is where --full stores the unpruned graph of {other!r} (line {seen[other]}); rename one."
+    if f"{name}_full" in seen:
+        return f"with --full the unpruned graph of {name!r} would overwrite {name}_full (line {seen[name + '_full']}); rename one."
+    return None
 
 
 def build_graphs(model, tc, item: dict, options: dict) -> dict:
     """Attribute and prune one work item with `attrgraph build`'s options: {name: graph} to store,
     the unpruned graph (with `full`) before the pruned one."""
+    from attrgraph.cli.build_key import FINGERPRINTS, build_record
     from attrgraph.engine.attribute import attribute
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
@@ -150,6 +190,11 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
     elif target is not None:
         kwargs["targets"] = [logit_target(model, target)]
     meta = dict(**graph_sources(options), line=item["line"])
+
+    def record(graph) -> dict:  # build_key.py: what was built, with the fingerprints the graph records
+        prints = {k: graph.meta.get(k) for k in FINGERPRINTS}
+        return {**meta, "build": build_record(model, tokens, item, options, prints)}
+
     if method == "standard" and not options["full"] and options["node_threshold"] < 1:
         # as `attrgraph build`: the full graph's rows are streamed into pruning, never held
         pruned = attribute_pruned(
@@ -162,10 +207,10 @@ def build_graphs(model, tc, item: dict, options: dict) -> dict:
             rule=options.get("prune_rule", DEFAULT_RULE),
             **kwargs,
         )
-        pruned.meta.update(meta)
+        pruned.meta.update(record(pruned))
         return {item["name"]: pruned}
     graph = attribute(model, tc, tokens, method=method, batch_size=options["batch_size"], **kwargs)
-    graph.meta.update(meta)
+    graph.meta.update(record(graph))
     pruned = prune_graph(
         graph,
         options["node_threshold"],
@@ -200,6 +245,22 @@ class GraphWorker:
     def ready(self):
         """None once loaded, else the user's mistake that stopped the loading."""
         return self.error
+
+    def records(self, items: list[dict]) -> list[dict]:
+        """build_key.py: the record each item's build would store, or `{"error": ...}` when it cannot
+        be built (its build then fails again and is recorded)."""
+        from attrgraph.cli.build_key import fingerprints, item_record
+
+        if self.error is not None:
+            raise self.error
+        prints = fingerprints(self.model, self.tc)
+        out = []
+        for item in items:
+            try:
+                out.append(item_record(self.model, item, self.options, prints))
+            except Exception as e:
+                out.append({"error": f"{type(e).__name__}: {e}"})
+        return out
 
     def build(self, item: dict) -> dict:
         t0 = time.perf_counter()
@@ -282,6 +343,62 @@ def _start_ray(workers: int, address: str | None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def one_run(output: str | os.PathLike):
+    """Step 3: hold `.NAME.build-many.lock` beside the output for the run (flock; the kernel drops it
+    when the driver dies); a second run on the same output raises `OutputBusyError` at once.
+    Without fcntl (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output.parent / f".{output.name}.build-many.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise OutputBusyError(
+                f"another build-many run (pid {holder}) is writing {output}; wait for it to end or pass another -o."
+            ) from None
+        try:
+            lock.truncate(0)
+            lock.write(str(os.getpid()))
+            lock.flush()
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _stale(output, present: list[dict], records: list[dict], overwrite: bool) -> list[dict]:
+    """Step 4: the items in `present` (already in `output`) whose stored build record differs from
+    this run's `records`; refused with `ResumeError` unless `overwrite`. An item whose record could
+    not be computed is returned too (its build fails again and is recorded)."""
+    from attrgraph.cli.build_key import differences
+    from attrgraph.graph.store import load_meta
+
+    stored = load_meta(output)
+    stale, why = [], []
+    for item, record in zip(present, records):
+        if "error" in record:
+            stale.append(item)
+            continue
+        diff = differences(stored[item["name"]].get("build"), record)
+        if diff:
+            stale.append(item)
+            why.append(f"{item['name']}: {', '.join(diff)}")
+    if why and not overwrite:
+        more = f"; and {len(why) - 2} more" if len(why) > 2 else ""
+        raise ResumeError(
+            f"{len(why)} graph(s) in {output} were built differently from this run ({'; '.join(why[:2])}{more}); "
+            "pass --overwrite to rebuild them, or another -o."
+        )
+    return stale
+
+
 def build_many(
     prompts: str | os.PathLike,
     output: str | os.PathLike,
@@ -290,30 +407,37 @@ def build_many(
     address: str | None = None,
     progress: bool = True,
     on_result=None,
+    overwrite: bool = False,
 ) -> dict:
-    """Build every prompt of `prompts` not yet in `output` on `workers` Ray actors; returns counts
+    """Build every prompt of `prompts` not yet in `output` (as step 4 decides, `overwrite` choosing
+    what a graph built differently gets) on `workers` Ray actors; returns counts
     `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
     `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
     result is handled. The failures sidecar is left only when some prompt failed."""
-    from tqdm import tqdm
-
-    from attrgraph.graph.store import list_graphs, save_graph
-    from transcoders.config import check_device
-
     if workers < 1:
         raise OptionError(f"--workers is {workers}; pass at least 1.")
+    with one_run(output):
+        return _build_many(prompts, output, options, workers, address, progress, on_result, overwrite)
+
+
+def _build_many(prompts, output, options, workers, address, progress, on_result, overwrite) -> dict:
+    from tqdm import tqdm
+
+    from attrgraph.graph.store import list_graphs, remove_graphs, save_graph
+    from transcoders.config import check_device
+
     if address is None:  # a local cluster has this machine's devices (a remote one: its workers check)
         check_device(options.get("device", "cpu"))
     t0 = time.perf_counter()
-    items, failures = read_prompts(prompts)
-    done = set(list_graphs(output)) if Path(output).exists() else set()
-    todo = [it for it in items if it["name"] not in done]
-    if todo:
+    items, failures = read_prompts(prompts, full=bool(options.get("full")))
+    stored = set(list_graphs(output)) if Path(output).exists() else set()
+    present = [it for it in items if it["name"] in stored]
+    todo = [it for it in items if it["name"] not in stored]
+    if todo or present:
         _import_ray()  # without Ray: its one line, and nothing written
     side = failures_path(output)
-    side.parent.mkdir(parents=True, exist_ok=True)
-    side.write_text("")
-    counts = {"built": 0, "skipped": len(items) - len(todo), "failed": 0, "workers": workers, "write_s": 0.0}
+    side.unlink(missing_ok=True)  # step 5: written at the first failure of this run
+    counts = {"built": 0, "skipped": 0, "failed": 0, "workers": workers, "write_s": 0.0}
 
     def fail(record: dict) -> None:
         counts["failed"] += 1
@@ -322,7 +446,7 @@ def build_many(
 
     for record in failures:
         fail(record)
-    if todo:
+    if todo or present:
         owns = _start_ray(workers, address)
         import ray
 
@@ -331,12 +455,21 @@ def build_many(
             actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=-1, max_task_retries=1)(
                 GraphWorker
             )
-            actors = [actor_cls.remote(options) for _ in range(min(workers, len(todo)))]
+            actors = [actor_cls.remote(options)]
             error = ray.get(actors[0].ready.remote())  # a model that cannot load stops the run here
             if error is not None:
                 raise error
+            if present:
+                records = ray.get(actors[0].records.remote(present))
+                stale = _stale(output, present, records, overwrite)
+                todo += stale
+                counts["skipped"] = len(present) - len(stale)
+                if stale and not options.get("full"):  # an old NAME_full would outlive its NAME
+                    remove_graphs(output, [f"{it['name']}_full" for it in stale])
+            actors += [actor_cls.remote(options) for _ in range(min(workers, len(todo)) - 1)]
             queue = deque((it, 1) for it in todo)
             pending = {}  # in-flight task -> (item, attempt, actor index)
+            done = set()
 
             def submit(i: int) -> None:
                 if queue:
@@ -346,7 +479,7 @@ def build_many(
             for i in range(len(actors)):  # two each: one running, one waiting, so no actor idles
                 submit(i)
                 submit(i)
-            bar = tqdm(total=len(todo), unit="graph", desc="build-many", disable=not progress)
+            bar = tqdm(total=len(todo), unit="graph", desc="build-many", disable=not progress or not todo)
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
                 item, attempt, i = pending.pop(ref)
@@ -382,8 +515,6 @@ def build_many(
         finally:
             if owns:
                 ray.shutdown()
-    if not counts["failed"]:
-        side.unlink()
     counts["seconds"] = round(time.perf_counter() - t0, 3)
     counts["write_s"] = round(counts["write_s"], 3)
     return counts
@@ -399,6 +530,7 @@ def run(args) -> int:
         workers=args.workers,
         address=args.address,
         progress=not args.no_progress and not args.json,
+        overwrite=args.overwrite,
     )
     side = failures_path(args.output)
     if args.json:

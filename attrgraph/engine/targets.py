@@ -15,6 +15,7 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation" and "Graph Pruni
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -128,10 +129,20 @@ def direction(
 
 
 def check_targets(targets: list[Target], model: HookedTransformer, n_pos: int) -> None:
-    """Raise `TargetError` for an unknown hook, a wrong vector size or a position outside the prompt."""
+    """Raise `TargetError` for an entry that is not a Target (a bare word or id), an unknown hook, a
+    logit token outside the vocabulary, a wrong vector size or a position outside the prompt."""
     if not targets:
         raise TargetError("no targets were given; pass at least one Target or leave targets=None for logits.")
     for t in targets:
+        if not isinstance(t, Target):
+            raise TargetError(
+                f"target {t!r} is a {type(t).__name__}, not a Target; make it with logit_target(model, {t!r})."
+            )
+        if t.hook is None and not -1 <= t.token < model.cfg.d_vocab_out:
+            raise TargetError(
+                f"target {t.name!r} names token id {t.token}, outside this model's vocabulary "
+                f"[0, {model.cfg.d_vocab_out}); pass an id inside it."
+            )
         if not -n_pos <= t.position < n_pos:
             raise TargetError(
                 f"target {t.name!r} reads position {t.position} of a {n_pos}-token prompt; pick one inside it."
@@ -151,14 +162,34 @@ def check_targets(targets: list[Target], model: HookedTransformer, n_pos: int) -
 
 
 def _token_id(model, token: str | int) -> int:
-    if isinstance(token, int):
-        return token
+    """The vocabulary id of `token`: an int id inside the output vocabulary, or a string that is one
+    known token. A bool, an id outside [0, d_vocab_out) and a word the tokenizer maps to its unknown
+    token (which would otherwise become a graph of the `<unk>` logit) are `TargetError`s."""
+    d_vocab = int(model.cfg.d_vocab_out)
+    if isinstance(token, bool) or not isinstance(token, str | numbers.Integral):
+        raise TargetError(
+            f"target token {token!r} is a {type(token).__name__}; pass a token string such as ' Mary' or an int id."
+        )
+    if isinstance(token, numbers.Integral):
+        if not 0 <= int(token) < d_vocab:
+            raise TargetError(
+                f"target token id {int(token)} is outside this model's vocabulary [0, {d_vocab}); pass an id inside it."
+            )
+        return int(token)
     try:
-        return int(model.to_single_token(token))
+        i = int(model.to_single_token(token))
     except Exception as e:  # TL raises AssertionError for multi-token strings
         raise TargetError(
             f"{token!r} is not a single token of this model's tokenizer ({e}); pass a token id."
         ) from None
+    tokenizer = getattr(model, "tokenizer", None)
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    if unk_id is not None and i == unk_id and token.strip() != str(tokenizer.unk_token):
+        raise TargetError(
+            f"target word {token!r} is not in this model's vocabulary (it becomes {tokenizer.unk_token!r}); "
+            "pick a word the tokenizer knows."
+        )
+    return i
 
 
 def token_str(tokenizer, i: int) -> str:

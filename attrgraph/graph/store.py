@@ -256,6 +256,17 @@ def _size_bound(graph: Graph) -> int:
     return int(1.05 * (nodes + edges + small + text)) + h5file.RESERVE
 
 
+def remove_graphs(path: str | os.PathLike, names) -> None:
+    """Delete the graphs `names` (those present) from `path`, atomically as `save_graph` writes."""
+    path = Path(path)
+    _check_hdf5(path)
+    with edit_h5(path) as f:
+        graphs = f.require_group("graphs")
+        for name in names:
+            if name in graphs:
+                del graphs[name]
+
+
 def _check_hdf5(path: Path) -> None:
     if not path.is_file():
         raise GraphFileError(
@@ -294,6 +305,22 @@ def list_graphs(path: str | os.PathLike) -> list[str]:
             return _names(f)
         except _H5_ERRORS as e:
             raise _corrupt(path, e) from None
+
+
+def load_meta(path: str | os.PathLike) -> dict[str, dict]:
+    """`{name: meta}` of every graph in `path`, without reading nodes or edges."""
+    path = Path(path)
+    with _open(path) as f:
+        try:
+            return {n: _read_meta(f["graphs"][n], f"{path}:/graphs/{n}") for n in _names(f)}
+        except (*_H5_ERRORS, MemoryError) as e:
+            raise _corrupt(path, e) from None
+
+
+def _read_meta(g: h5py.Group, where: str) -> dict:
+    if int(g.attrs.get("schema_version", 0)) == 1:
+        return json.loads(g.attrs.get("meta", "{}"))
+    return _read_text(g, "meta", where, dict)
 
 
 def _read(group: h5py.Group, key: str, where: str, dtype=None, bar=None, below: int | None = None):

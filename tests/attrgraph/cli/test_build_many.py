@@ -14,8 +14,9 @@ import pytest
 
 from attrgraph.bundled import tasks
 from attrgraph.cli import build, build_many, main
+from attrgraph.cli.build_key import KEY_OPTIONS, SOURCE_OPTIONS, SPEED_OPTIONS
 from attrgraph.cli.build_many import LOOPBACK_ENV
-from attrgraph.errors import OptionError
+from attrgraph.errors import OptionError, OutputBusyError, ResumeError
 from attrgraph.graph.store import list_graphs, load_graph
 
 os.environ.setdefault(LOOPBACK_ENV, "0")  # before Ray is imported: the test cluster stays on 127.0.0.1
@@ -273,3 +274,114 @@ def test_a_worker_builds_graphs_with_attention_saes(model_dir, tmp_path):
     graph = got["graphs"]["ioi_0"]
     assert graph.nodes.mask("feature", "attn").sum() > 0
     assert graph.meta["attn_transcoders"] == str(tmp_path / "attn")
+
+
+def test_every_build_option_is_keyed_or_named_as_not_changing_the_graph():
+    """A new build option must be classified: recorded in the resume key, or identified by a
+    fingerprint, or one that changes only speed."""
+    parts = (KEY_OPTIONS, SOURCE_OPTIONS, SPEED_OPTIONS)
+    assert sorted(sum(parts, ())) == sorted(build_many.BUILD_OPTIONS)
+    assert len(set(sum(parts, ()))) == sum(map(len, parts))
+
+
+def test_read_prompts_refuses_bool_targets_and_full_name_collisions(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [
+        {"prompt": "a", "name": "x"},
+        {"prompt": "b", "name": "x_full"},
+        {"prompt": "c", "name": "y_full"},
+        {"prompt": "d", "name": "y"},
+        {"prompt": "e", "target": True},
+        {"prompt": "f", "target": [" Mary", False]},
+        {"prompt": "g", "target": 7},
+    ]
+    write_jsonl(f, rows)
+    items, failures = build_many.read_prompts(f)  # without --full the names do not meet
+    assert [it["line"] for it in items] == [1, 2, 3, 4, 7] and [r["line"] for r in failures] == [5, 6]
+    assert all("neither one token nor two" in r["error"] for r in failures)
+    items, failures = build_many.read_prompts(f, full=True)
+    assert [it["name"] for it in items] == ["x", "y_full", "prompt_7"]
+    by_line = {r["line"]: r["error"] for r in failures}
+    assert "'x_full' is where --full stores the unpruned graph of 'x' (line 1)" in by_line[2]
+    assert "unpruned graph of 'y' would overwrite y_full (line 3)" in by_line[4]
+
+
+def test_build_many_resume_keys_on_what_was_built(cluster, deadline, model_dir, tmp_path):
+    """A graph under a known name is skipped only when built the same way; another option, another
+    prompt under that name or another transcoder set is refused in one line, or rebuilt with
+    overwrite. A refused run changes nothing in the file."""
+    import torch
+
+    from transcoders.formats import load_transcoders, save_transcoders
+
+    f, out = tmp_path / "p.jsonl", tmp_path / "g.h5"
+    rows = [{"prompt": r["prompt"]} for r in prompts(3, seed=3)]  # names prompt_1 .. prompt_3
+    write_jsonl(f, rows)
+    o = options(model_dir)
+    assert build_many.build_many(f, out, o, workers=1, progress=False)["built"] == 3
+
+    def created():
+        with h5py.File(out) as h:
+            return {n: h[f"graphs/{n}"].attrs["created"] for n in list_graphs(out)}
+
+    before = created()
+    # the same run again: every record equals the stored one (fingerprints as the graphs record them)
+    counts = build_many.build_many(f, out, o, workers=1, progress=False)
+    assert (counts["built"], counts["skipped"]) == (0, 3)
+    # another threshold: refused, naming the option and both values
+    with pytest.raises(
+        ResumeError, match=r"3 graph\(s\) .*\(prompt_1: node_threshold 0.8 -> 0.5.*--overwrite"
+    ):
+        build_many.build_many(f, out, options(model_dir, node_threshold=0.5), workers=1, progress=False)
+    # one line inserted at the top: every unnamed prompt now names another prompt's graph
+    write_jsonl(f, [{"prompt": prompts(1, seed=9)[0]["prompt"]}] + rows)
+    with pytest.raises(ResumeError, match=r"prompt_1: prompt; prompt_2: prompt; and 1 more"):
+        build_many.build_many(f, out, o, workers=1, progress=False)
+    # other transcoders in another folder: their fingerprint differs
+    tc = load_transcoders(o["transcoders"])
+    with torch.no_grad():
+        next(tc.parameters()).add_(0.01)
+    save_transcoders(tc, tmp_path / "tc2")
+    write_jsonl(f, rows)
+    with pytest.raises(ResumeError, match="prompt_1: transcoder_fingerprint"):
+        build_many.build_many(f, out, {**o, "transcoders": str(tmp_path / "tc2")}, workers=1, progress=False)
+    assert created() == before  # nothing was rebuilt or replaced
+    # overwrite: the graphs built differently are rebuilt with this run's options
+    counts = build_many.build_many(
+        f, out, options(model_dir, node_threshold=0.5), workers=1, progress=False, overwrite=True
+    )
+    assert (counts["built"], counts["skipped"], counts["failed"]) == (3, 0, 0)
+    assert all(
+        load_graph(out, f"prompt_{i}").meta["build"]["options"]["node_threshold"] == 0.5 for i in (1, 2, 3)
+    )
+
+
+def test_build_many_one_run_per_output_and_no_empty_sidecar(cluster, deadline, model_dir, tmp_path):
+    """While a run writes an output, a second run on it is refused (naming the first's pid) and the
+    first ends normally; the last run's sidecar is gone when it starts, and while nothing has failed
+    there is no sidecar on disk (which is what a killed driver leaves). An unknown target word is a
+    recorded TargetError, not a graph of <unk>."""
+    f, out = tmp_path / "p.jsonl", tmp_path / "g.h5"
+    side = build_many.failures_path(out)
+    side.write_text('{"line": 9, "name": "old", "error": "from an earlier run"}\n')
+    write_jsonl(f, prompts(3, seed=4))
+    o = options(model_dir)
+    seen = []
+
+    def second_run(result):
+        seen.append(side.exists())
+        if len(seen) == 1:
+            with pytest.raises(
+                OutputBusyError, match=rf"another build-many run \(pid {os.getpid()}\) is writing"
+            ):
+                build_many.build_many(f, out, o, workers=1, progress=False)
+
+    counts = build_many.build_many(f, out, o, workers=1, progress=False, on_result=second_run)
+    assert (counts["built"], counts["failed"]) == (3, 0) and seen == [False] * 3
+    assert not side.exists()
+    # the lock was released: the next run on the output goes on, and records an unknown target word
+    write_jsonl(f, [{"prompt": PROMPT, "name": "unk", "target": " zxqv"}])
+    assert build_many.build_many(f, out, o, workers=1, progress=False)["failed"] == 1
+    [record] = [json.loads(line) for line in side.read_text().splitlines()]
+    assert record["error"].startswith("TargetError: target word ' zxqv' is not in this model's vocabulary")
+    assert "unk" not in list_graphs(out)

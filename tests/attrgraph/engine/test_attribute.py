@@ -1,6 +1,7 @@
 """Attribution: the exactness contract (DESIGN.md 1-3) on tiny random models of each architecture,
 fast path vs reference path, custom targets, and bad input."""
 
+import re
 import warnings
 
 import numpy as np
@@ -11,7 +12,7 @@ from attrgraph.bundled.paths import BUNDLED
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import to_tokens
-from attrgraph.engine.targets import direction, logit_difference
+from attrgraph.engine.targets import Target, direction, logit_difference, logit_target
 from attrgraph.errors import OptionError, PromptError, PromptWarning, TargetError
 from attrgraph.graph.graph import NODE_ORDER
 from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
@@ -394,3 +395,35 @@ def test_prompt_longer_than_the_context_is_refused_or_truncated(worded_model):
     assert tokens.tolist() == full[:32].tolist()
     with pytest.raises(PromptError, match="40 tokens but the model's context is 32"):
         to_tokens(worded_model, full)  # ids too
+
+
+def test_target_tokens_unknown_out_of_range_or_bool_are_named_errors(worded_model):
+    """An unknown word would otherwise be the `<unk>` logit; an id past the vocabulary a bare
+    IndexError; `True` (JSON true) token id 1. Each is a TargetError naming what was passed."""
+    tc = tiny_transcoders(worded_model)
+    d_vocab = worded_model.cfg.d_vocab_out
+    assert worded_model.to_single_token(" zxqv") == worded_model.tokenizer.unk_token_id  # the trap
+    for bad, words in [
+        (" zxqv", "target word ' zxqv' is not in this model's vocabulary"),
+        (d_vocab, f"target token id {d_vocab} is outside this model's vocabulary"),
+        (-1, "target token id -1 is outside"),
+        (True, "target token True is a bool"),
+    ]:
+        with pytest.raises(TargetError, match=re.escape(words)):
+            logit_target(worded_model, bad)
+        with pytest.raises(TargetError, match=re.escape(words)):
+            logit_difference(worded_model, " Mary", bad)
+        with pytest.raises(TargetError, match=re.escape(words)):
+            logit_difference(worded_model, bad, " Mary")
+    # known words and ids in range still work, the unknown token itself may be asked for by name
+    assert logit_target(worded_model, " Mary").token == worded_model.to_single_token(" Mary")
+    assert logit_target(worded_model, d_vocab - 1).token == d_vocab - 1
+    assert logit_target(worded_model, "<unk>").token == worded_model.tokenizer.unk_token_id
+    # attribute(targets=...): a bare word or id, or a hand-made Target past the vocabulary
+    for bad, words in [
+        (" zxqv", "target ' zxqv' is a str, not a Target"),
+        (5, "target 5 is a int, not a Target"),
+        (Target("far", torch.zeros(d_vocab), token=d_vocab), "names token id"),
+    ]:
+        with pytest.raises(TargetError, match=re.escape(words)):
+            attribute(worded_model, tc, "When Mary and John went to", targets=[bad])

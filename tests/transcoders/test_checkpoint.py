@@ -1,0 +1,58 @@
+"""Checkpoints under a kill: the on-disk states `write_checkpoint`'s renames can be interrupted in
+resume exactly (checkpoint.py step 3)."""
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from tests.transcoders.tc_helpers import tiny_model
+from transcoders import ConfigError
+from transcoders.checkpoint import resume_folder
+from transcoders.train import TrainConfig, train
+
+
+def sequences():
+    return torch.randint(0, 50, (300, 32), generator=torch.Generator().manual_seed(0))
+
+
+def config(out) -> TrainConfig:
+    return TrainConfig(
+        kind="clt", d_sae=32, n_tokens=128 * 6, batch_size=128, block_tokens=512, lr=3e-3,
+        sparsity_coef=1e-2, checkpoint_every=1000, out=str(out),
+    )  # fmt: skip
+
+
+def run(out, stop_after=None):
+    return train(
+        config(out), model=tiny_model(), sequences=sequences(), progress=False, stop_after=stop_after
+    )
+
+
+def test_a_kill_between_the_renames_resumes_from_checkpoint_old(tmp_path):
+    straight, _ = run(tmp_path / "straight")
+    run(tmp_path / "cut", stop_after=3)  # writes checkpoint/ at step 3
+    ckpt = tmp_path / "cut" / "checkpoint"
+    # the next write was killed between its renames: checkpoint -> checkpoint.old done, tmp not yet moved
+    ckpt.rename(ckpt.with_name("checkpoint.old"))
+    (tmp_path / "cut" / "checkpoint.tmp").mkdir()
+    assert resume_folder(ckpt) == ckpt.with_name("checkpoint.old")
+    # it reads that checkpoint (a fresh start from step 0 would end with the same weights): one
+    # written with another learning rate is refused
+    other = dataclasses.replace(config(tmp_path / "cut"), lr=1e-3)
+    with pytest.raises(ConfigError, match=r"different \['lr'\]"):
+        train(other, model=tiny_model(), sequences=sequences(), progress=False)
+    resumed, info = run(tmp_path / "cut")
+    assert info["steps"] == 6
+    for k, v in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    assert resume_folder(ckpt) == ckpt and not ckpt.with_name("checkpoint.old").exists()
+
+
+def test_a_kill_before_old_is_removed_leaves_both_and_the_next_write_goes_on(tmp_path):
+    run(tmp_path / "cut", stop_after=3)
+    ckpt = tmp_path / "cut" / "checkpoint"
+    shutil.copytree(ckpt, ckpt.with_name("checkpoint.old"))  # the rmtree of .old never ran
+    _, info = run(tmp_path / "cut")
+    assert info["steps"] == 6 and not ckpt.with_name("checkpoint.old").exists()
