@@ -378,9 +378,9 @@ def _stale(output, present: list[dict], records: list[dict], overwrite: bool) ->
     this run's `records`; refused with `ResumeError` unless `overwrite`. An item whose record could
     not be computed is returned too (its build fails again and is recorded)."""
     from attrgraph.cli.build_key import differences
-    from attrgraph.graph.store import load_meta
+    from attrgraph.graph.store import load_metas
 
-    stored = load_meta(output)
+    stored = load_metas(output)
     stale, why = [], []
     for item, record in zip(present, records):
         if "error" in record:

@@ -307,7 +307,7 @@ def list_graphs(path: str | os.PathLike) -> list[str]:
             raise _corrupt(path, e) from None
 
 
-def load_meta(path: str | os.PathLike) -> dict[str, dict]:
+def load_metas(path: str | os.PathLike) -> dict[str, dict]:
     """`{name: meta}` of every graph in `path`, without reading nodes or edges."""
     path = Path(path)
     with _open(path) as f:
@@ -484,10 +484,7 @@ def load_meta(path: str | os.PathLike, name: str) -> dict:
         try:
             if name not in _names(f):
                 raise GraphFileError(f"{path} has no graph named {name!r}; it holds {_names(f)}.")
-            g = f["graphs"][name]
-            if int(g.attrs.get("schema_version", 0)) == 1:
-                return json.loads(g.attrs.get("meta", "{}"))
-            return _read_text(g, "meta", f"{path}:/graphs/{name}", dict)
+            return _read_meta(f["graphs"][name], f"{path}:/graphs/{name}")
         except GraphFileError:
             raise
         except _H5_ERRORS as e:
