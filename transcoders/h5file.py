@@ -215,21 +215,32 @@ def _interrupts_held():
 
 @contextlib.contextmanager
 def _one_writer(path: Path):
-    """Step 3: hold an exclusive flock on `.NAME.lock` (the kernel releases it when a writer dies).
-    The holder removes the file when done; a writer that then gets the lock of the removed file
-    (it opened it before the removal) sees that the name no longer leads to it and locks the file
-    there now instead, so two writers never hold the lock of one name at once. Without fcntl
-    (Windows), no lock."""
+    """Step 3: hold the lock `.NAME.lock` beside `path` (`held_lock`)."""
+    with held_lock(path.parent / f".{path.name}.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def held_lock(name: Path, *, wait: bool = True):
+    """Hold an exclusive flock on the file `name` (the kernel releases it when its holder dies),
+    yielding the open file (its holder may write into it). The holder removes the file when done; a
+    process that then gets the lock of the removed file (it opened it before the removal) sees that
+    the name no longer leads to it and locks the file there now instead, so two processes never
+    hold the lock of one name at once. With `wait=False`, a lock held elsewhere raises
+    `BlockingIOError` whose message is what its holder wrote. Without fcntl (Windows), no lock."""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield None
         return
-    name = path.parent / f".{path.name}.lock"
     while True:
-        lock = open(name, "a")
+        lock = open(name, "a+")
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                lock.seek(0)
+                raise BlockingIOError(lock.read().strip()) from None
             try:
                 if os.path.samestat(os.fstat(lock.fileno()), os.stat(name)):
                     break
@@ -238,9 +249,9 @@ def _one_writer(path: Path):
         except BaseException:
             lock.close()
             raise
-        lock.close()  # removed by the writer before us: lock the file under the name now
+        lock.close()  # removed by the holder before us: lock the file under the name now
     try:
-        yield
+        yield lock
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)  # while still holding it

@@ -26,6 +26,7 @@ KEY_OPTIONS = (
     "tau",
     "max_feature_nodes",
     "full",
+    "prune_rule",
     "strict",
     "truncate",
 )

@@ -345,32 +345,27 @@ def _start_ray(workers: int, address: str | None) -> bool:
 
 @contextlib.contextmanager
 def one_run(output: str | os.PathLike):
-    """Step 3: hold `.NAME.build-many.lock` beside the output for the run (flock; the kernel drops it
-    when the driver dies); a second run on the same output raises `OutputBusyError` at once.
-    Without fcntl (Windows), no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
+    """Step 3: hold `.NAME.build-many.lock` beside the output for the run (h5file.held_lock: the
+    kernel drops it when the driver dies, the file goes when the run ends); a second run on the same
+    output raises `OutputBusyError` at once. Without fcntl (Windows), no lock."""
+    from transcoders.h5file import held_lock
+
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output.parent / f".{output.name}.build-many.lock", "a+") as lock:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "unknown"
+            lock = stack.enter_context(
+                held_lock(output.parent / f".{output.name}.build-many.lock", wait=False)
+            )
+        except BlockingIOError as e:
             raise OutputBusyError(
-                f"another build-many run (pid {holder}) is writing {output}; wait for it to end or pass another -o."
+                f"another build-many run (pid {str(e) or 'unknown'}) is writing {output}; wait for it to end or pass another -o."
             ) from None
-        try:
+        if lock is not None:
             lock.truncate(0)
             lock.write(str(os.getpid()))
             lock.flush()
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 
 def _stale(output, present: list[dict], records: list[dict], overwrite: bool) -> list[dict]:

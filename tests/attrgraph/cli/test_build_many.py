@@ -219,7 +219,10 @@ def test_build_many_survives_a_killed_worker(cluster, deadline, model_dir, tmp_p
     )
     assert (counts["built"], counts["skipped"], counts["failed"]) == (8, 0, 0)
     assert len(set(pids)) == 3  # two workers, one of them restarted in a new process
-    assert pids[1:].count(killed[0]) == 0
+    # the killed process may still report the prompt it finished before the signal landed, but
+    # nothing once its restarted successor (the third process) has reported
+    seen = list(dict.fromkeys(pids))
+    assert killed[0] not in pids[pids.index(seen[2]) :]
     names = list_graphs(out)
     assert sorted(names) == sorted(r["name"] for r in rows) and len(names) == len(set(names))
     for r in rows:
