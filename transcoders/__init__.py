@@ -8,12 +8,12 @@ Public API:
   load_transcoders, save_transcoders        formats/
   compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
   load_dashboards, set_labels               dashboard_file.py (the HDF5 file; user labels)
-  coactivation, Coactivation, CoactivationAccumulator, flat_index   coactivation.py (pair statistics)
+  compute_coactivation, Coactivation, CoactivationAccumulator, flat_index   coactivation.py (pair statistics)
 """
 
 from transcoders.base import SparseCoder, TranscoderOutput
 from transcoders.clt import CrossLayerTranscoder
-from transcoders.coactivation import Coactivation, CoactivationAccumulator, coactivation, flat_index
+from transcoders.coactivation import Coactivation, CoactivationAccumulator, compute_coactivation, flat_index
 from transcoders.config import TranscoderConfig
 from transcoders.dashboard_file import load_dashboards, set_labels
 from transcoders.errors import (
@@ -56,7 +56,7 @@ __all__ = [
     "CLASSES",
     "Coactivation",
     "CoactivationAccumulator",
-    "coactivation",
+    "compute_coactivation",
     "flat_index",
     "SAE",
     "ConfigError",

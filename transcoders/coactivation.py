@@ -141,7 +141,7 @@ def flat_activations(model, coders: Sequence, tokens: Tensor) -> Tensor:
     return torch.cat(out, -1)
 
 
-def coactivation(
+def compute_coactivation(
     model,
     coders: Sequence,
     sequences: Iterable[Tensor] | Tensor,

@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from tests.transcoders.tc_helpers import random_set, tiny_model
-from transcoders.coactivation import CoactivationAccumulator, coactivation, flat_activations, flat_index
+from transcoders.coactivation import (
+    CoactivationAccumulator,
+    compute_coactivation,
+    flat_activations,
+    flat_index,
+)
 from transcoders.errors import ConfigError
 
 
@@ -64,7 +69,7 @@ def test_pass_over_a_corpus_with_two_sets_equals_brute_force():
             for g in range(0, 48, 7)
         ]
     )
-    got = coactivation(model, sets, tokens, pairs, chunk_seqs=3)
+    got = compute_coactivation(model, sets, tokens, pairs, chunk_seqs=3)
     acts = flat_activations(model, sets, tokens)[:, 1:].reshape(-1, 4 * 48).numpy()
     n_both, n_s, n_t, total = _brute(acts, pairs)
     assert n_both.sum() > 0 and (n_both == 0).any()
