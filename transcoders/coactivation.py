@@ -33,6 +33,9 @@ from torch import Tensor
 
 from transcoders.errors import ConfigError
 
+DENSE_LIMIT = 1 << 24
+"""Above this many (source, target) cells a chunk's products stay sparse while the pairs are gathered."""
+
 
 def flat_index(coders: Sequence, which: int, layer: int, feature: int) -> int:
     """The flat index of (set number `which`, layer, feature) among `coders` (module docstring)."""
@@ -110,7 +113,9 @@ class CoactivationAccumulator:
         T = sp.csr_array(on_t.astype(np.float64))
         both = (sp.csr_array((a_s > 0).astype(np.float64)).T @ T).tocsr()
         summed = (sp.csr_array(a_s).T @ T).tocsr()
-        self.n_both += np.rint(both[self.src, self.tgt]).astype(np.int64).reshape(-1)
+        if len(self.sources) * len(self.targets) <= DENSE_LIMIT:  # gathering from dense is faster
+            both, summed = both.toarray(), summed.toarray()
+        self.n_both += np.rint(np.asarray(both[self.src, self.tgt])).astype(np.int64).reshape(-1)
         self.sum_source += np.asarray(summed[self.src, self.tgt]).reshape(-1)
         self.n_source_f += (a_s > 0).sum(0)
         self.n_target_f += on_t.sum(0)
@@ -149,15 +154,19 @@ def compute_coactivation(
     *,
     chunk_seqs: int = 32,
     skip_first: int = 1,
-) -> Coactivation:
+) -> Coactivation | list[Coactivation]:
     """Coactivation statistics of `pairs` (flat indices, `flat_index`) over `sequences` ([n_seq,
     n_ctx] ids, or an iterable of such batches) in one pass; positions before `skip_first` are not
-    counted (default: the BOS). `coders` are eval-mode sets of `model` (e.g. [mlp_set, attn_set])."""
+    counted (default: the BOS). `coders` are eval-mode sets of `model` (e.g. [mlp_set, attn_set]).
+    `pairs` may be a list of pair arrays (e.g. one sampled feature set's outputs and its inputs):
+    each gets its own accumulator, so that a chunk's products cover only that block; a list of
+    results comes back."""
     coders = list(coders)
     for c in coders:
         c.eval()
     n_features = sum(c.cfg.n_layers * c.cfg.d_sae for c in coders)
-    acc = CoactivationAccumulator(pairs, n_features)
+    many = isinstance(pairs, list) and len(pairs) > 0 and np.asarray(pairs[0]).ndim == 2
+    accs = [CoactivationAccumulator(p, n_features) for p in (pairs if many else [pairs])]
     batches = (
         torch.as_tensor(sequences).long().split(chunk_seqs)
         if isinstance(sequences, Tensor | np.ndarray)
@@ -166,6 +175,8 @@ def compute_coactivation(
     for tokens in batches:
         tokens = torch.as_tensor(tokens).long()
         tokens = tokens[None] if tokens.dim() == 1 else tokens
-        a = flat_activations(model, coders, tokens)[:, skip_first:]
-        acc.update(a.reshape(-1, n_features))
-    return acc.result()
+        a = flat_activations(model, coders, tokens)[:, skip_first:].reshape(-1, n_features)
+        for acc in accs:
+            acc.update(a)
+    out = [acc.result() for acc in accs]
+    return out if many else out[0]

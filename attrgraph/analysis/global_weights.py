@@ -166,6 +166,7 @@ class GlobalWeights:
             raise OptionError(f"global weights need MLP transcoders writing {sites.MLP_OUTPUT!r}.")
         self.n_layers = model.cfg.n_layers
         self.dtype = torch.float64
+        self._cache: dict = {}
         with torch.no_grad():
             self.reads = {("mlp", l): self._mlp_reads(l) for l in range(self.n_layers)}
             if self.attn is not None:
@@ -245,6 +246,16 @@ class GlobalWeights:
         parts = [v for s, v in writes if s < slot]
         return None if not parts else torch.stack(parts).sum(0)
 
+    def _all_writes(self, site: str, layer: int, slot: int) -> Tensor:
+        """Summed writes of every feature of (site, layer) before `slot` [d_sae, d_model] (cached)."""
+        key = (site, layer, slot)
+        if key not in self._cache:
+            coder = self.attn if site == "attn" else self.mlp
+            self._cache[key] = self._summed_write(
+                self.writes(site, layer, torch.arange(coder.cfg.d_sae)), slot
+            )
+        return self._cache[key]
+
     def output_weights(self, site: str, layer: int, feature: int) -> Connections:
         """`V[s, t]` from feature s = (site, layer, feature) to every feature its writes reach."""
         self._check(site, layer, feature)
@@ -269,9 +280,7 @@ class GlobalWeights:
                     continue
                 if 2 * s_layer + (1 if s_site == "mlp" else 0) >= slot:
                     continue
-                writes = self.writes(s_site, s_layer, torch.arange(coder.cfg.d_sae))
-                w = self._summed_write(writes, slot)
-                parts.append((s_site, s_layer, w @ u))
+                parts.append((s_site, s_layer, self._all_writes(s_site, s_layer, slot) @ u))
         return _connections(parts)
 
     def vocab_weights(self, site: str, layer: int, feature: int) -> Float[Tensor, " d_vocab"]:
