@@ -354,9 +354,34 @@ def output_logit_weights(
 
 __all__ = [
     "Connections",
+    "feature_connections_json",
     "GlobalWeights",
     "mean_norm_scales",
     "norm_scales_at",
     "output_logit_weights",
     "virtual_weights",
 ]
+
+
+def feature_connections_json(
+    gw: GlobalWeights, feature: tuple[str, int, int], k: int = 10, n_both=None, n_logits: int = 10
+) -> dict:
+    """A feature's strongest global connections as plain JSON (for the viewer): the `k` strongest
+    input and output weights, each marked `used` when `n_both(source, target)` (a callable giving
+    the pair's coactivation count, e.g. from `transcoders.compute_coactivation`) is > 0 (None: not
+    known), and its top and bottom demeaned vocabulary weights (token ids)."""
+    site, layer, index = feature
+    out: dict = dict(feature=dict(site=site, layer=int(layer), feature=int(index)))
+    for direction in ("input", "output"):
+        conn = (gw.input_weights if direction == "input" else gw.output_weights)(site, int(layer), int(index))
+        rows = conn.top(k).to_records()
+        for r in rows:
+            other = (r["site"], r["layer"], r["feature"])
+            pair = (other, tuple(feature)) if direction == "input" else (tuple(feature), other)
+            r["used"] = None if n_both is None else bool(n_both(*pair) > 0)
+        out[direction] = rows
+    v = gw.vocab_weights(site, int(layer), int(index))
+    v = v - v.mean()
+    out["logits_top"] = [[int(i), float(v[i])] for i in v.topk(n_logits).indices.tolist()]
+    out["logits_bottom"] = [[int(i), float(v[i])] for i in (-v).topk(n_logits).indices.tolist()]
+    return out

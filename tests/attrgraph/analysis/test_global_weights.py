@@ -133,3 +133,21 @@ def test_bad_requests_raise_one_line_errors():
         virtual_weights(model, tc, ("mlp", 0, 1), direction="both")
     with pytest.raises(OptionError, match="features per layer"):
         virtual_weights(model, tc, ("mlp", 0, 10_000))
+
+
+def test_feature_connections_json_is_plain_and_marks_used_pairs():
+    import json
+
+    from attrgraph.analysis.global_weights import feature_connections_json
+
+    model = tiny_model("gpt2", n_layers=3)
+    sets = [tiny_transcoders(model, "clt"), tiny_attn_saes(model)]
+    gw = GlobalWeights(model, sets)
+    got = feature_connections_json(gw, ("mlp", 1, 3), k=4, n_both=lambda s, t: int(s[2] % 2 == 0))
+    json.dumps(got)
+    assert len(got["input"]) == 4 and len(got["output"]) == 4
+    for r in got["input"]:
+        assert r["used"] == (r["feature"] % 2 == 0)
+    assert all(r["used"] is False for r in got["output"])  # the source (feature 3) is odd
+    strongest = gw.input_weights("mlp", 1, 3).top(1)
+    assert got["input"][0]["weight"] == pytest.approx(float(strongest.weight[0]))
