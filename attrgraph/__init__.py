@@ -30,6 +30,8 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
   intervene, generate, SetTo/Scale/Add           analysis/intervene.py
   validate_graph, ValidateConfig                 analysis/validate.py
   qk_attribution, attribute_inactive             analysis/qk.py, analysis/inactive.py
+  head_loadings, HeadLoadings                     analysis/head_loadings.py
+  virtual_weights, GlobalWeights, output_logit_weights, norm scales   analysis/global_weights.py
   discover, eap, peap, hap, prune_edges, evaluate_circuit  circuits/
   show (the viewer inside Jupyter)               viewer/notebook.py
   AttrgraphError and every subclass              errors.py
@@ -83,6 +85,15 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.analysis.validate": ["ValidateConfig", "validate_graph"],
     "attrgraph.analysis.qk": ["QKAttribution", "qk_attribution"],
     "attrgraph.analysis.inactive": ["InactiveAttribution", "attribute_inactive"],
+    "attrgraph.analysis.head_loadings": ["HeadLoadings", "head_loadings"],
+    "attrgraph.analysis.global_weights": [
+        "Connections",
+        "GlobalWeights",
+        "mean_norm_scales",
+        "norm_scales_at",
+        "output_logit_weights",
+        "virtual_weights",
+    ],
     "attrgraph.viewer.notebook": ["show"],
     "attrgraph.circuits.discovery": ["discover"],
     "attrgraph.circuits.eap": ["eap"],

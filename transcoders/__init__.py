@@ -8,6 +8,7 @@ Public API:
   load_transcoders, save_transcoders        formats/
   compute_dashboards, DashboardConfig       dashboards.py (feature dashboards, `python -m transcoders.dashboards`)
   load_dashboards, set_labels, dashboard_text   dashboard_file.py (the HDF5 file; user labels; text form)
+  compute_coactivation, Coactivation, CoactivationAccumulator, flat_index   coactivation.py (pair statistics)
   AttrgraphError, TranscoderError, ...      errors.py (AttrgraphError: the root of both packages' errors)
 """
 
@@ -26,6 +27,7 @@ _EXPORTS = {
     "transcoders.base": ["SparseCoder", "TranscoderOutput"],
     "transcoders.build": ["CLASSES", "build_transcoders"],
     "transcoders.clt": ["CrossLayerTranscoder"],
+    "transcoders.coactivation": ["Coactivation", "CoactivationAccumulator", "compute_coactivation", "flat_index"],
     "transcoders.config": ["TranscoderConfig"],
     "transcoders.dashboard_file": ["dashboard_text", "load_dashboards", "set_labels"],
     "transcoders.dashboards": ["DashboardConfig", "compute_dashboards"],
