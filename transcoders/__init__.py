@@ -27,7 +27,12 @@ _EXPORTS = {
     "transcoders.base": ["SparseCoder", "TranscoderOutput"],
     "transcoders.build": ["CLASSES", "build_transcoders"],
     "transcoders.clt": ["CrossLayerTranscoder"],
-    "transcoders.coactivation": ["Coactivation", "CoactivationAccumulator", "compute_coactivation", "flat_index"],
+    "transcoders.coactivation": [
+        "Coactivation",
+        "CoactivationAccumulator",
+        "compute_coactivation",
+        "flat_index",
+    ],
     "transcoders.config": ["TranscoderConfig"],
     "transcoders.dashboard_file": ["dashboard_text", "load_dashboards", "set_labels"],
     "transcoders.dashboards": ["DashboardConfig", "compute_dashboards"],
