@@ -15,6 +15,9 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
      JumpReLU with the L0 penalty (`--penalty l0`), ReLU + L1, TopK (AuxK on), BatchTopK (AuxK on);
      Adam at `--lr`, the trainer's defaults otherwise (bandwidth 1.0, initial threshold 0.03,
      sparsity coefficient ramped 0 -> final over training, lr decay over the last 20%).
+   - ours with sae_lens's settings (below: tanh scale 4, bandwidth 2, initial threshold 0.1,
+     `--ste-to-input`, `--preact-form sae_lens` at 3e-6 / 128, coefficients / 128 because sae_lens's
+     MSE sums over the 128 dims where ours averages): separates the settings from the code.
    - sae_lens's JumpReLU (`JumpReLUTrainingSAE`, one per layer, d_in = d_out = d_model): its
      `encode_with_hidden_pre` (its JumpReLU autograd function and threshold), its `decode`, its
      `calculate_aux_loss` (sparsity penalty and pre-activation loss), plus MSE to the MLP output as
@@ -41,6 +44,13 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
    CE loss recovered, KL(original || spliced)).
 5. "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU against log L0 between
    its two sweep points around an L0, only inside its measured range, compared with ours.
+
+What still differs between "ours with sae_lens's settings" and sae_lens's own code: ours trains
+log(theta) (Adam moves it by about lr per step in log space, so over 900 steps at lr 2e-3 a threshold
+can change by a factor of only a few: in a 225-step check every threshold ended within 0.041-0.058
+from 0.03), sae_lens trains theta itself (about lr per step, additively) and projects it to >= 0;
+initialization (sae_lens: decoder rows at norm 0.1, encoder = decoder transposed; ours: independent
+uniform encoder and decoder, base.py); gradient clipping (sae_lens per layer, ours over all layers).
 
 Not part of the test suite (eai-sparsify is no dependency). One thread; run it niced:
 
@@ -100,6 +110,15 @@ METHODS = {
         (4e-4, 8e-4, 2.5e-3),
         {"activation": "jumprelu", "penalty": "l0"},
     ),
+    "relu_l1": Method(
+        "ours: ReLU + L1", "ours", "sparsity_coef", (4e-3, 1.2e-2, 3e-2), {"activation": "relu"}
+    ),
+    "topk": Method("ours: TopK", "ours", "k", (12, 30, 60), {"activation": "topk"}),
+    "batchtopk": Method("ours: BatchTopK", "ours", "k", (12, 30, 60), {"activation": "batchtopk"}),
+    "sae_lens_jumprelu": Method(
+        "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
+    ),
+    "sparsify_topk": Method("sparsify: TopK", "sparsify", "k", (12, 30, 60)),
     "jumprelu_tanh_sl": Method(
         "ours: JumpReLU, tanh, sae_lens's settings",
         "ours",
@@ -116,15 +135,6 @@ METHODS = {
             "preact_form": "sae_lens",
         },
     ),
-    "relu_l1": Method(
-        "ours: ReLU + L1", "ours", "sparsity_coef", (4e-3, 1.2e-2, 3e-2), {"activation": "relu"}
-    ),
-    "topk": Method("ours: TopK", "ours", "k", (12, 30, 60), {"activation": "topk"}),
-    "batchtopk": Method("ours: BatchTopK", "ours", "k", (12, 30, 60), {"activation": "batchtopk"}),
-    "sae_lens_jumprelu": Method(
-        "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
-    ),
-    "sparsify_topk": Method("sparsify: TopK", "sparsify", "k", (12, 30, 60)),
 }
 SAE_LENS_SETUP = dict(
     jumprelu_sparsity_loss_mode="tanh",
@@ -402,27 +412,32 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
         "",
         "## At equal L0",
         "",
-        "Each method's FVU and KL interpolated (log-log, between its two sweep points around that L0, only inside",
-        "its measured range) at the L0 of each of our JumpReLU (tanh) points; ratio = other / ours (> 1: ours is",
-        "better). Blank: that L0 lies outside the method's sweep.",
+        "For each run of every other method, our JumpReLU (tanh penalty) at the same mean L0, interpolated",
+        "log-log between its two sweep points around that L0 (blank outside its measured range): FVU and KL,",
+        "theirs vs ours, and the ratio theirs / ours (> 1: ours is better). Columns: the method's sweep",
+        "from its lowest to its highest L0.",
         "",
     ]
-    ref = sorted(by_method["jumprelu_tanh"], key=lambda r: r["l0_mean"])
+    ref = [(r["l0_mean"], r["fvu_mean"], r["kl_to_orig"]) for r in by_method["jumprelu_tanh"]]
     if ref:
-        head = " | ".join(f"L0 {r['l0_mean']:.1f}: FVU / KL ratio" for r in ref)
-        lines += [f"| method | {head} |", "|---|" + "---|" * len(ref)]
+        lines += [
+            "| method | lowest L0 | middle L0 | highest L0 |",
+            "|---|---|---|---|",
+        ]
         for m, rs in by_method.items():
-            if not rs:
+            if m == "jumprelu_tanh" or not rs:
                 continue
             cells = []
-            for r in ref:
-                f = at_l0([(q["l0_mean"], q["fvu_mean"]) for q in rs], r["l0_mean"])
-                k = at_l0([(q["l0_mean"], q["kl_to_orig"]) for q in rs], r["l0_mean"])
-                cells.append(
-                    ""
-                    if f is None
-                    else f"{f:.4f} ({f / r['fvu_mean']:.2f}x) / {k:.3f} ({k / r['kl_to_orig']:.2f}x)"
-                )
+            for r in sorted(rs, key=lambda r: r["l0_mean"]):
+                f = at_l0([(a, b) for a, b, _ in ref], r["l0_mean"])
+                k = at_l0([(a, c) for a, _, c in ref], r["l0_mean"])
+                cell = f"L0 {r['l0_mean']:.1f}: FVU {r['fvu_mean']:.4f}"
+                if f is not None:
+                    cell += (
+                        f" vs {f:.4f} ({r['fvu_mean'] / f:.2f}x), KL {r['kl_to_orig']:.3f} vs {k:.3f} "
+                        f"({r['kl_to_orig'] / k:.2f}x)"
+                    )
+                cells.append(cell)
             lines.append(f"| {METHODS[m].label} | " + " | ".join(cells) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -431,6 +446,7 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
 
 def plot(path: Path, meta: dict, by_method: dict) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -465,6 +481,9 @@ def plot(path: Path, meta: dict, by_method: dict) -> None:
     ):
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks([10, 15, 20, 30, 40, 60, 80])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("mean L0 (active features per token and layer)")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
@@ -577,6 +596,9 @@ def main(argv=None) -> int:
             )
             meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
             write_outputs(out, meta, runs)
+    if "date" not in meta:  # nothing left to train: the outputs from the saved runs
+        meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+        write_outputs(out, meta, runs)
     return 0
 
 
