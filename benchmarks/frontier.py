@@ -45,12 +45,18 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
 5. "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU against log L0 between
    its two sweep points around an L0, only inside its measured range, compared with ours.
 
-What still differs between "ours with sae_lens's settings" and sae_lens's own code: ours trains
-log(theta) (Adam moves it by about lr per step in log space, so over 900 steps at lr 2e-3 a threshold
-can change by a factor of only a few: in a 225-step check every threshold ended within 0.041-0.058
-from 0.03), sae_lens trains theta itself (about lr per step, additively) and projects it to >= 0;
-initialization (sae_lens: decoder rows at norm 0.1, encoder = decoder transposed; ours: independent
-uniform encoder and decoder, base.py); gradient clipping (sae_lens per layer, ours over all layers).
+What makes the difference between ours and sae_lens's JumpReLU: gradient clipping. Both clip the
+gradient norm at 1, but sae_lens's loss sums the MSE over the 128 dims where ours averages, so its
+clipping binds and ours (a loss 128x smaller) never does. Checks outside the results files (one run
+each, sae_lens l0_coefficient 0.035 = L0 23.1, FVU 0.0147 above, or ours; a scratch script
+monkeypatching `torch.nn.utils.clip_grad_norm_` / the sae_lens class):
+- sae_lens with its threshold trained as log(theta) (ours): L0 26.3, FVU 0.0133 (on its curve);
+- sae_lens with our initialization: L0 20.3, FVU 0.0164 (on its curve);
+- sae_lens without clipping: L0 26.8, FVU 0.0171 (on our curve, 1.25x its own);
+- sae_lens with log(theta), our init and the clip norm x128 (= ours): L0 30.3, FVU 0.0173, the same
+  as "ours with sae_lens's settings" (L0 30.3, FVU 0.0177);
+- ours (tanh, 1.5e-3) with the clip norm / 128: L0 23.9, FVU 0.0152 (KL 0.059), 0.78x our curve and
+  1.04x sae_lens's; ours with sae_lens's settings and the clip / 128: L0 24.2, FVU 0.0150 (KL 0.049).
 
 Not part of the test suite (eai-sparsify is no dependency). One thread; run it niced:
 
