@@ -391,3 +391,19 @@ def test_export_vs_circuit_tracer(readme):
     quoted(readme, f"(Jaccard 1.000 in all {len(rows)} comparisons)")
     quoted(readme, f"edge weights within {sci(max(r['max_weight_diff'] for r in rows), 1)}")
     quoted(readme, f"cumulative influence within {sci(max(r['max_influence_diff'] for r in rows), 1)}")
+
+
+def test_frontier(readme):
+    """benchmarks/results/frontier.{json,md}: the foreign sets, converted into our PerLayerTranscoder, give
+    their own library's held-out FVU; the README quotes the equal-L0 table and shows the plot."""
+    res = load(RESULTS / "frontier.json")
+    foreign = [r for r in res["runs"].values() if "own_fvu_mean" in r]
+    assert {r["method"] for r in foreign} == {"sae_lens_jumprelu", "sparsify_topk"}
+    for r in foreign:
+        assert abs(r["own_fvu_mean"] - r["fvu_mean"]) <= 1e-3 * r["fvu_mean"], r
+    md = (RESULTS / "frontier.md").read_text().split("## At equal L0")[1].splitlines()
+    rows = [line for line in md if line.startswith("| ") and not line.startswith("| method")]
+    assert len(rows) == len({r["method"] for r in res["runs"].values()}) - 1  # all but ours, the reference
+    for line in rows:
+        quoted(readme, line)
+    quoted(readme, "](benchmarks/results/frontier.png)")

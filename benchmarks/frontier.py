@@ -1,0 +1,612 @@
+"""FVU / L0 frontier of per-layer transcoders: our trainer's nonlinearities against sae_lens's JumpReLU
+and sparsify's TopK, on identical activations of the bundled model, scored by one function.
+
+Seed: circuit-tracing appendix ("Efficiency relative to alternatives": the (MSE, L0) and (replacement
+KL, L0) frontiers); Rajamanoharan et al. 2024 (JumpReLU, L0 penalty); Gao et al. 2024 (TopK);
+Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
+
+1. Dump (benchmarks/train_vs_sparsify.py's `dump`, imported): the shuffled MLP input / output
+   blocks of all 4 layers of the bundled model for `--n-tokens` training tokens, and 256 held-out
+   sequences (the trainer's held-out corpus seed; 32,512 tokens after dropping BOS).
+2. Train one per-layer transcoder set (PLT, d_sae 1024, every layer) per method and sparsity
+   setting, every method on the same batches of `--batch-size` tokens in the same order, for the
+   same number of tokens:
+   - ours (`transcoders.train.train`, reading the dumped shards): JumpReLU with the tanh penalty,
+     JumpReLU with the L0 penalty (`--penalty l0`), ReLU + L1, TopK (AuxK on), BatchTopK (AuxK on);
+     Adam at `--lr`, the trainer's defaults otherwise (bandwidth 1.0, initial threshold 0.03,
+     sparsity coefficient ramped 0 -> final over training, lr decay over the last 20%).
+   - ours with sae_lens's settings (below: tanh scale 4, bandwidth 2, initial threshold 0.1,
+     `--ste-to-input`, `--preact-form sae_lens` at 3e-6 / 128, coefficients / 128 because sae_lens's
+     MSE sums over the 128 dims where ours averages): separates the settings from the code.
+   - sae_lens's JumpReLU (`JumpReLUTrainingSAE`, one per layer, d_in = d_out = d_model): its
+     `encode_with_hidden_pre` (its JumpReLU autograd function and threshold), its `decode`, its
+     `calculate_aux_loss` (sparsity penalty and pre-activation loss), plus MSE to the MLP output as
+     its `training_forward_pass` computes it (summed over dims, mean over tokens), driven as its
+     `SAETrainer` does: Adam (0.9, 0.999) at `--lr`, gradient clipping at 1 per SAE, its
+     `get_lr_scheduler` (constant, linear decay over the last 20%) and `CoefficientScheduler`,
+     the threshold projected to >= 0 before each step. Its "Anthropic setup" from its docs
+     (`jumprelu_sparsity_loss_mode="tanh"`, tanh scale 4, bandwidth 2, initial threshold 0.1,
+     `pre_act_loss_coefficient=3e-6`, `jumprelu_ste_to_input=True`, decoder init norm 0.1),
+     `l0_warm_up_steps` = all steps (Anthropic's ramp over training, as ours). Inputs and targets
+     are normalized as ours are (`x / s_in`, `y / s_out`, `E||.||^2 = d_model`, sae_lens's
+     "expected_average_only_in" idea applied to both sides of a transcoder), and the scales are
+     folded into the converted set. Features dead (silent for 100k tokens, our rule) enter its
+     pre-activation loss; its default window, 1000 steps, would never fire within this run.
+   - sparsify's TopK (`eai-sparsify` in its own venv, train_vs_sparsify.py's `--_worker sparsify`
+     as a child process): its `Trainer` with every default (signum, its lr for 1024 latents, no
+     AuxK), `TranscoderConfig(k=...)`.
+3. Foreign weights become a `PerLayerTranscoder` (sae_lens: `W_enc`, `b_enc`, `threshold`, `W_dec`,
+   `b_dec` per layer; sparsify: `encoder.weight.T`, `encoder.bias`, `W_dec`, `b_dec`, TopK k), and
+   each library's own forward on the held-out tokens is checked to give the same FVU (`own_fvu_mean`).
+4. Score every set with the same function: `transcoders.metrics.reconstruction_metrics` on the
+   held-out activations (FVU, L0, dead fraction = features never active on them) and
+   `replacement_metrics` on the held-out sequences (every layer's MLP output replaced at once:
+   CE loss recovered, KL(original || spliced)).
+5. "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU against log L0 between
+   its two sweep points around an L0, only inside its measured range, compared with ours.
+
+What makes the difference between ours and sae_lens's JumpReLU: gradient clipping. Both clip the
+gradient norm at 1, but sae_lens's loss sums the MSE over the 128 dims where ours averages, so its
+clipping binds and ours (a loss 128x smaller) never does. Checks outside the results files (one run
+each, sae_lens l0_coefficient 0.035 = L0 23.1, FVU 0.0147 above, or ours; a scratch script
+monkeypatching `torch.nn.utils.clip_grad_norm_` / the sae_lens class):
+- sae_lens with its threshold trained as log(theta) (ours): L0 26.3, FVU 0.0133 (on its curve);
+- sae_lens with our initialization: L0 20.3, FVU 0.0164 (on its curve);
+- sae_lens without clipping: L0 26.8, FVU 0.0171 (on our curve, 1.25x its own);
+- sae_lens with log(theta), our init and the clip norm x128 (= ours): L0 30.3, FVU 0.0173, the same
+  as "ours with sae_lens's settings" (L0 30.3, FVU 0.0177);
+- ours (tanh, 1.5e-3) with the clip norm / 128: L0 23.9, FVU 0.0152 (KL 0.059), 0.78x our curve and
+  1.04x sae_lens's; ours with sae_lens's settings and the clip / 128: L0 24.2, FVU 0.0150 (KL 0.049).
+
+Not part of the test suite (eai-sparsify is no dependency). One thread; run it niced:
+
+    OMP_NUM_THREADS=1 nice -n 5 python benchmarks/frontier.py --sparsify-python /tmp/sparsify-venv/bin/python
+
+Writes benchmarks/results/frontier.{json,md,png}; results are saved after every run and a rerun with
+the same `--work` skips the runs already in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import train_vs_sparsify as tvs  # noqa: E402  (dump, the sparsify worker and its own scoring)
+
+RESULTS = ROOT / "benchmarks" / "results"
+DEAD_TOKENS = 100_000  # our trainer's rule (transcoders.train.DEAD_TOKENS)
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    trainer: str
+    """"ours", "sae_lens" or "sparsify"."""
+    param: str
+    """The swept sparsity setting: "sparsity_coef", "k" or "l0_coefficient"."""
+    values: tuple
+    options: dict = field(default_factory=dict)
+    """TrainConfig fields for ours."""
+
+
+METHODS = {
+    "jumprelu_tanh": Method(
+        "ours: JumpReLU, tanh penalty",
+        "ours",
+        "sparsity_coef",
+        (6e-4, 1.5e-3, 4e-3),
+        {"activation": "jumprelu", "penalty": "tanh"},
+    ),
+    "jumprelu_l0": Method(
+        "ours: JumpReLU, L0 penalty",
+        "ours",
+        "sparsity_coef",
+        (4e-4, 8e-4, 2.5e-3),
+        {"activation": "jumprelu", "penalty": "l0"},
+    ),
+    "relu_l1": Method(
+        "ours: ReLU + L1", "ours", "sparsity_coef", (4e-3, 1.2e-2, 3e-2), {"activation": "relu"}
+    ),
+    "topk": Method("ours: TopK", "ours", "k", (12, 30, 60), {"activation": "topk"}),
+    "batchtopk": Method("ours: BatchTopK", "ours", "k", (12, 30, 60), {"activation": "batchtopk"}),
+    "sae_lens_jumprelu": Method(
+        "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
+    ),
+    "sparsify_topk": Method("sparsify: TopK", "sparsify", "k", (12, 30, 60)),
+    "jumprelu_tanh_sl": Method(
+        "ours: JumpReLU, tanh, sae_lens's settings",
+        "ours",
+        "sparsity_coef",
+        tuple(v / 128 for v in (0.015, 0.035, 0.08)),  # sae_lens's MSE sums over d_model = 128 dims
+        {
+            "activation": "jumprelu",
+            "penalty": "tanh",
+            "sparsity_c": 4.0,
+            "bandwidth": 2.0,
+            "threshold_init": 0.1,
+            "ste_to_input": True,
+            "preact_coef": 3e-6 / 128,
+            "preact_form": "sae_lens",
+        },
+    ),
+}
+SAE_LENS_SETUP = dict(
+    jumprelu_sparsity_loss_mode="tanh",
+    jumprelu_tanh_scale=4.0,
+    jumprelu_bandwidth=2.0,
+    jumprelu_init_threshold=0.1,
+    pre_act_loss_coefficient=3e-6,
+    jumprelu_ste_to_input=True,
+    decoder_init_norm=0.1,
+)
+
+
+def run_name(method: str, value) -> str:
+    return f"{method}_{value:g}"
+
+
+# ----------------------------------------------------------------------------- step 4: one scorer
+def held_out(work: Path, model):
+    from transcoders.train import held_out_tokens
+
+    x, y = tvs.load_held_out(work)
+    return x, y, held_out_tokens(model, "bundled", tvs.HELD_OUT_SEQ)
+
+
+def score(model, tc, x, y, tokens) -> dict:
+    from transcoders.metrics import reconstruction_metrics, replacement_metrics
+
+    tc = tc.eval()
+    r = reconstruction_metrics(tc, x, y)
+    r.update(replacement_metrics(model, tc, tokens))
+    r["n_tokens_fvu"] = int(x.shape[0])
+    return r
+
+
+def plt_config(model, activation: str, k: int = 32):
+    from transcoders.train import TrainConfig, transcoder_config
+
+    return transcoder_config(TrainConfig(kind="plt", activation=activation, k=k), model)
+
+
+def plt_from_layers(model, activation: str, layers: list[dict], k: int = 32):
+    """A `PerLayerTranscoder` from per-layer `W_enc` [d, s], `b_enc`, `W_dec` [s, d], `b_dec` (and
+    `threshold`) tensors (step 3)."""
+    from transcoders import build_transcoders
+
+    tc = build_transcoders(plt_config(model, activation, k))
+    state = {name: torch.stack([layer[name].detach().float() for layer in layers]) for name in layers[0]}
+    missing, unexpected = tc.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"conversion left {missing} unset, {unexpected} unused")
+    return tc.eval()
+
+
+def fvu_mean(y_hat_fn, x, y) -> float:
+    """Mean over layers of the FVU of `y_hat_fn(x_l, l)` (each library's own forward, step 3)."""
+    out = []
+    with torch.no_grad():
+        for l in range(x.shape[1]):
+            err = sum(
+                float((y_hat_fn(xb, l).double() - yb.double()).pow(2).sum())
+                for xb, yb in zip(x[:, l].split(4096), y[:, l].split(4096), strict=True)
+            )
+            yl = y[:, l].double()
+            out.append(err / float((yl - yl.mean(0)).pow(2).sum()))
+    return sum(out) / len(out)
+
+
+# ----------------------------------------------------------------------------- step 2: trainers
+def train_ours(work: Path, model, name: str, method: Method, value, args) -> tuple:
+    from transcoders.train import TrainConfig, train
+
+    out = work / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = TrainConfig(
+        kind="plt",
+        d_sae=args.d_sae,
+        n_tokens=args.n_tokens,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        cache_dir=str(work / "cache"),
+        out=str(out),
+        checkpoint_every=10**9,
+        **method.options,
+        **{method.param: value},
+    )
+    t0 = time.perf_counter()
+    tc, info = train(cfg, model=model, progress=False)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    return tc, dict(train_s=seconds, steps=info["steps"])
+
+
+def scales_of(store) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our trainer's per-layer scales (transcoders.train step 2), from the first block."""
+    x0, y0 = store.block(0)
+    d = x0.shape[-1]
+    return x0.pow(2).sum(-1).mean(0).div(d).sqrt(), y0.pow(2).sum(-1).mean(0).div(d).sqrt()
+
+
+def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
+    from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
+    from sae_lens.saes.sae import TrainStepInput
+    from sae_lens.training.optim import CoefficientScheduler, get_lr_scheduler
+
+    from transcoders.activation_store import ActivationStore
+    from transcoders.train import sequence_source
+
+    tcfg = plt_config(model, "jumprelu")
+    L, D = tcfg.n_layers, tcfg.d_model
+    store = ActivationStore(
+        model,
+        tcfg,
+        sequence_source(model, "bundled", args.seed),
+        args.batch_size,
+        tvs.BLOCK_TOKENS,
+        args.seed,
+        cache_dir=work / "cache",
+    )
+    s_in, s_out = scales_of(store)
+    total = args.n_tokens // args.batch_size
+    dead_after = max(1, DEAD_TOKENS // args.batch_size)
+    torch.manual_seed(args.seed)
+    saes, opts, lrs, coefs = [], [], [], []
+    for _ in range(L):
+        cfg = JumpReLUTrainingSAEConfig(
+            d_in=D,
+            d_sae=args.d_sae,
+            apply_b_dec_to_input=False,
+            normalize_activations="none",
+            l0_coefficient=value,
+            l0_warm_up_steps=total,
+            **SAE_LENS_SETUP,
+        )
+        sae = JumpReLUTrainingSAE(cfg)
+        opt = torch.optim.Adam(sae.parameters(), lr=args.lr, betas=(0.9, 0.999))
+        saes.append(sae)
+        opts.append(opt)
+        lrs.append(
+            get_lr_scheduler(
+                "constant",
+                optimizer=opt,
+                training_steps=total,
+                lr=args.lr,
+                warm_up_steps=0,
+                decay_steps=total // 5,
+                lr_end=args.lr / 10,
+                num_cycles=1,
+            )
+        )
+        coefs.append(CoefficientScheduler(warm_up_steps=total, final_value=value))
+    since_fired = torch.zeros(L, args.d_sae)
+    t0 = time.perf_counter()
+    for step, (x, y) in enumerate(store.batches(0)):
+        if step >= total:
+            break
+        xn, yn = x / s_in[:, None], y / s_out[:, None]
+        for l, sae in enumerate(saes):
+            sae.train()
+            with torch.no_grad():
+                sae.threshold.data.clamp_(min=0.0)  # its training_forward_pass's projection
+            dead = since_fired[l] > dead_after
+            step_input = TrainStepInput(
+                sae_in=xn[:, l],
+                coefficients={"l0": coefs[l].value},
+                dead_neuron_mask=dead,
+                n_training_steps=step,
+                is_logging_step=False,
+            )
+            acts, hidden_pre = sae.encode_with_hidden_pre(xn[:, l])
+            out = sae.decode(acts)
+            mse = sae.mse_loss_fn(out, yn[:, l]).sum(dim=-1).mean()  # to the MLP output
+            aux = sae.calculate_aux_loss(step_input, acts, hidden_pre, out)
+            loss = mse + sum(aux.values())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
+            opts[l].step()
+            opts[l].zero_grad()
+            lrs[l].step()
+            coefs[l].step()
+            fired = (acts > 0).any(0)
+            since_fired[l] += 1
+            since_fired[l][fired] = 0
+    seconds = time.perf_counter() - t0
+    for sae in saes:
+        sae.threshold.data.clamp_(min=0.0)
+        sae.eval()
+    layers = [
+        dict(W_enc=s.W_enc, b_enc=s.b_enc, threshold=s.threshold, W_dec=s.W_dec, b_dec=s.b_dec) for s in saes
+    ]
+    tc = plt_from_layers(model, "jumprelu", layers)
+    tc.fold_scales(s_in, s_out)
+
+    def own(xb, l):  # sae_lens's own encode / decode, on its normalized inputs
+        return saes[l].decode(saes[l].encode(xb / s_in[l])) * s_out[l]
+
+    return tc, dict(train_s=seconds, steps=total, own_fvu_mean=fvu_mean(own, x_ho, y_ho))
+
+
+def train_sparsify(work: Path, model, value: int, args) -> tuple:
+    from safetensors.torch import load_file
+
+    run = run_name("sparsify_topk", value)
+    shutil.rmtree(work / run, ignore_errors=True)
+    me = str(ROOT / "benchmarks" / "train_vs_sparsify.py")
+    common = ["--work", str(work), "--d-sae", str(args.d_sae), "--k", str(value)]
+    common += ["--batch-size", str(args.batch_size)]
+    stdout, _, _ = tvs.run_child(
+        [args.sparsify_python, me, "--_worker", "sparsify", "--_run", run, *common], 1
+    )
+    r = tvs.last_json(stdout)
+    own = tvs.last_json(
+        tvs.run_child([args.sparsify_python, me, "--_worker", "score-sparsify", "--_run", run, *common], 1)[0]
+    )
+    layers = []
+    for l in range(model.cfg.n_layers):
+        w = load_file(str(work / run / "ckpt" / run / f"layers.{l}" / "sae.safetensors"))
+        if "W_skip" in w:
+            raise RuntimeError("sparsify trained a skip connection; this benchmark expects none")
+        layers.append(
+            dict(W_enc=w["encoder.weight"].T, b_enc=w["encoder.bias"], W_dec=w["W_dec"], b_dec=w["b_dec"])
+        )
+    tc = plt_from_layers(model, "topk", layers, k=value)
+    return tc, dict(
+        train_s=r["seconds"],
+        steps=r["tokens"] // args.batch_size,
+        own_fvu_mean=own["fvu_mean"],
+        optimizer=r["optimizer"],
+        lr=r["lr"],
+    )
+
+
+# ----------------------------------------------------------------------------- step 5 and outputs
+def at_l0(points: list[tuple[float, float]], l0: float) -> float | None:
+    """log-log interpolation of (L0, value) points at `l0`; None outside their range."""
+    pts = sorted(p for p in points if p[0] > 0 and p[1] > 0)
+    for (a, fa), (b, fb) in zip(pts, pts[1:]):
+        if a <= l0 <= b:
+            t = 0.0 if b == a else (math.log(l0) - math.log(a)) / (math.log(b) - math.log(a))
+            return math.exp(math.log(fa) + t * (math.log(fb) - math.log(fa)))
+    return None
+
+
+def write_outputs(out: Path, meta: dict, runs: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, runs=runs), indent=1))
+    by_method = {m: [r for r in runs.values() if r["method"] == m] for m in METHODS}
+    lines = [
+        "# FVU / L0 frontier of per-layer transcoders (benchmarks/frontier.py)",
+        "",
+        f"Bundled model, one transcoder per layer on all {meta['n_layers']} layers (MLP input -> MLP output), "
+        f"d_sae {meta['d_sae']}; every method trains on the same {meta['n_tokens']:,} dumped tokens in the same "
+        f"batches of {meta['batch_size']} (Adam at lr {meta['lr']} for ours and sae_lens; sparsify its own "
+        f"signum default). Held-out FVU, L0 and dead fraction (never active) on {meta['held_out_tokens']:,} tokens; "
+        f"CE loss recovered and KL(original || spliced) with every layer's MLP output replaced at once, on "
+        f"{meta['held_out_sequences']} held-out sequences. One thread, niced, on a shared 2-core machine "
+        f"(train time is indicative only); {meta['date']}.",
+        "",
+        "| method | setting | mean L0 | mean FVU | FVU per layer | CE loss recovered | KL | dead | own FVU | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m, rs in by_method.items():
+        for r in sorted(rs, key=lambda r: r["l0_mean"]):
+            own = f"{r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""
+            lines.append(
+                f"| {METHODS[m].label} | {METHODS[m].param} {r['value']:g} | {r['l0_mean']:.1f} | "
+                f"{r['fvu_mean']:.4f} | {' / '.join(f'{v:.3f}' for v in r['fvu'])} | "
+                f"{r['ce_loss_recovered']:.4f} | {r['kl_to_orig']:.3f} | {r['dead_fraction_total']:.3f} | "
+                f"{own} | {r['train_s']:.0f} |"
+            )
+    lines += [
+        "",
+        '"own FVU": the foreign library\'s own forward on the same held-out tokens (the converted set must',
+        "match it). Dead: fraction of all features never active on the held-out tokens.",
+        "",
+        "## At equal L0",
+        "",
+        "For each run of every other method, our JumpReLU (tanh penalty) at the same mean L0, interpolated",
+        "log-log between its two sweep points around that L0 (blank outside its measured range): FVU and KL,",
+        "theirs vs ours, and the ratio theirs / ours (> 1: ours is better). Columns: the method's sweep",
+        "from its lowest to its highest L0.",
+        "",
+    ]
+    ref = [(r["l0_mean"], r["fvu_mean"], r["kl_to_orig"]) for r in by_method["jumprelu_tanh"]]
+    if ref:
+        lines += [
+            "| method | lowest L0 | middle L0 | highest L0 |",
+            "|---|---|---|---|",
+        ]
+        for m, rs in by_method.items():
+            if m == "jumprelu_tanh" or not rs:
+                continue
+            cells = []
+            for r in sorted(rs, key=lambda r: r["l0_mean"]):
+                f = at_l0([(a, b) for a, b, _ in ref], r["l0_mean"])
+                k = at_l0([(a, c) for a, _, c in ref], r["l0_mean"])
+                cell = f"L0 {r['l0_mean']:.1f}: FVU {r['fvu_mean']:.4f}"
+                if f is not None:
+                    cell += (
+                        f" vs {f:.4f} ({r['fvu_mean'] / f:.2f}x), KL {r['kl_to_orig']:.3f} vs {k:.3f} "
+                        f"({r['kl_to_orig'] / k:.2f}x)"
+                    )
+                cells.append(cell)
+            lines.append(f"| {METHODS[m].label} | " + " | ".join(cells) + " |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    plot(out.with_suffix(".png"), meta, by_method)
+
+
+def plot(path: Path, meta: dict, by_method: dict) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    styles = {
+        "jumprelu_tanh": ("C3", "o", "-"),
+        "jumprelu_l0": ("C1", "s", "-"),
+        "jumprelu_tanh_sl": ("C9", "h", "-."),
+        "relu_l1": ("C7", "v", "--"),
+        "topk": ("C0", "^", "--"),
+        "batchtopk": ("C2", "D", "--"),
+        "sae_lens_jumprelu": ("C4", "P", ":"),
+        "sparsify_topk": ("C5", "X", ":"),
+    }
+    for m, rs in by_method.items():
+        if not rs:
+            continue
+        rs = sorted(rs, key=lambda r: r["l0_mean"])
+        c, mk, ls = styles[m]
+        for ax, key in zip(axes, ("fvu_mean", "kl_to_orig"), strict=True):
+            ax.plot(
+                [r["l0_mean"] for r in rs],
+                [r[key] for r in rs],
+                color=c,
+                marker=mk,
+                ls=ls,
+                label=METHODS[m].label,
+            )
+    for ax, ylabel in zip(
+        axes, ("held-out FVU (mean over layers)", "KL(original || spliced), nats/token"), strict=True
+    ):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks([10, 15, 20, 30, 40, 60, 80])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("mean L0 (active features per token and layer)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_title("Reconstruction vs sparsity")
+    axes[1].set_title("All 4 MLP outputs replaced: KL vs sparsity")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"Per-layer transcoders on the bundled model: d_sae {meta['d_sae']}, {meta['n_tokens']:,} tokens each "
+        "(lower is better)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- driver
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sparsify-python", help="Python of a venv with eai-sparsify (VENV/bin/python)")
+    ap.add_argument("--n-tokens", type=int, default=460_800)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--d-sae", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS)
+    )
+    ap.add_argument("--values", help="override the sweep of every method chosen (comma-separated)")
+    ap.add_argument("--work", default="/tmp/frontier_work", help="shards and resume state")
+    ap.add_argument("--out", default=str(RESULTS / "frontier"))
+    ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md and .png from its .json")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.rewrite:
+        saved = json.loads(out.with_suffix(".json").read_text())
+        write_outputs(out, saved["meta"], saved["runs"])
+        return 0
+    methods = args.methods.split(",")
+    if "sparsify_topk" in methods and not (args.sparsify_python and Path(args.sparsify_python).is_file()):
+        ap.error(
+            "--sparsify-python must name the Python of a venv with eai-sparsify (or leave out sparsify_topk)"
+        )
+    torch.set_num_threads(1)
+    from transcoders.train import load_any_model
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = load_any_model("default")
+    key = dict(
+        n_tokens=args.n_tokens, batch_size=args.batch_size, d_sae=args.d_sae, lr=args.lr, seed=args.seed
+    )
+    dumped = json.loads((work / "dump.json").read_text()) if (work / "dump.json").exists() else {}
+    if dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens:
+        shutil.rmtree(work / "cache", ignore_errors=True)
+        t0 = time.perf_counter()
+        dumped = tvs.dump(work, args.n_tokens, args.batch_size, tvs.BLOCK_TOKENS, args.seed)
+        dumped.update(seed=args.seed, dumped_tokens=dumped["blocks"] * dumped["block_tokens"])
+        print(f"dumped {dumped['blocks']} blocks in {time.perf_counter() - t0:.0f} s", flush=True)
+    # the sparsify worker trains dump.json's `steps` batches of `--batch-size` tokens
+    info = {**dumped, "steps": args.n_tokens // args.batch_size}
+    (work / "dump.json").write_text(json.dumps(info))
+    x, y, tokens = held_out(work, model)
+    state = work / ("runs_" + "_".join(f"{k}{v:g}" for k, v in key.items()) + ".json")
+    runs = json.loads(state.read_text()) if state.exists() else {}
+    meta = dict(
+        model="default (bundled, 4 layers, d_model 128)",
+        n_layers=info["n_layers"],
+        **key,
+        held_out_tokens=int(x.shape[0]),
+        held_out_sequences=int(tokens.shape[0]),
+        sae_lens_setup=SAE_LENS_SETUP,
+        threads=torch.get_num_threads(),
+    )
+    versions = {}
+    import importlib.metadata as md
+
+    versions["sae_lens"] = md.version("sae-lens")
+    if args.sparsify_python:
+        versions["eai_sparsify"] = subprocess.run(
+            [args.sparsify_python, "-c", "import importlib.metadata as m; print(m.version('eai-sparsify'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    meta["versions"] = versions
+    for m in methods:
+        method = METHODS[m]
+        values = method.values
+        if args.values:
+            values = tuple((int if method.param == "k" else float)(v) for v in args.values.split(","))
+        for value in values:
+            name = run_name(m, value)
+            if name in runs:
+                continue
+            if method.trainer == "ours":
+                tc, r = train_ours(work, model, name, method, value, args)
+            elif method.trainer == "sae_lens":
+                tc, r = train_sae_lens(work, model, value, args, x, y)
+            else:
+                tc, r = train_sparsify(work, model, value, args)
+            r.update(method=m, value=value, **score(model, tc, x, y, tokens))
+            runs[name] = r
+            state.write_text(json.dumps(runs, indent=1))
+            print(
+                f"{name}: L0 {r['l0_mean']:.1f} FVU {r['fvu_mean']:.4f} KL {r['kl_to_orig']:.3f} "
+                f"CE rec {r['ce_loss_recovered']:.4f} dead {r['dead_fraction_total']:.3f} "
+                f"({r['train_s']:.0f} s)"
+                + (f" own FVU {r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""),
+                flush=True,
+            )
+            meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+            write_outputs(out, meta, runs)
+    if "date" not in meta:  # nothing left to train: the outputs from the saved runs
+        meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+        write_outputs(out, meta, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
