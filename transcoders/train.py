@@ -11,7 +11,8 @@ activation_store.py). One run:
    activation of each residual stream layer and each MLP output").
 3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
    (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
-   over all of training; optional pre-activation loss; gradient clipping at norm 1. A TopK PLT or
+   over all of training; optional pre-activation loss; gradient clipping at norm max_grad_norm /
+   d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages). A TopK PLT or
    SAE (without the pre-activation loss, not feature-sharded) takes the sparse step of
    sparse_topk.py: the same loss and gradients from the k active features per token.
 4. A NaN or inf in the loss or the weights stops the run with `NonFiniteError` before the bad
@@ -114,6 +115,12 @@ class TrainConfig:
     ste_to_input: bool = False
     """JumpReLU: also send the estimator's gradient to the pre-activations (the appendix's variant);
     default: the paper's H(h - theta)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping, on sae_lens's scale: the gradient norm of the MSE summed over the output dims
+    (sae_lens's loss, where ours averages over d_model) is held at most this, i.e. ours is clipped at
+    max_grad_norm / d_model; 0 turns clipping off. Before the frontier (benchmarks/frontier.py) the
+    trainer clipped its own loss at 1, which never bound: that is --max-grad-norm d_model (128 for the
+    bundled model), how the bundled sets were trained."""
     preact_coef: float = 0.0
     """Coefficient of the pre-activation loss (the appendix used 3e-6; off by default, see --preact-form)."""
     preact_form: str = "appendix"
@@ -168,6 +175,10 @@ class TrainConfig:
             )
         if not self.auxk_coef >= 0:
             raise ConfigError(f"auxk_coef {self.auxk_coef} is negative or NaN; pass 0 to turn AuxK off.")
+        if not self.max_grad_norm >= 0:
+            raise ConfigError(
+                f"max_grad_norm {self.max_grad_norm} is negative or NaN; pass 0 to turn clipping off."
+            )
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
@@ -395,6 +406,7 @@ def train(
     dead_preact = bool(cfg.preact_coef) and cfg.preact_form == "sae_lens"
     dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if topk or dead_preact else None
     penalty = Penalty(cfg.penalty, cfg.sparsity_c)
+    clip = cfg.max_grad_norm / tcfg.d_model  # the norm on sae_lens's scale (loss summed over dims)
     tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
     bar = _progress(total, step, progress and d.main)
     log = {}
@@ -448,9 +460,10 @@ def train(
         loss.backward()
         if sharded:
             tdist.average_grads(replicated, d)
-            tdist.clip_grad_norm_sharded(local, replicated, 1.0, d)
-        else:
-            torch.nn.utils.clip_grad_norm_(tc.parameters(), 1.0)
+        if clip and sharded:
+            tdist.clip_grad_norm_sharded(local, replicated, clip, d)
+        elif clip:
+            torch.nn.utils.clip_grad_norm_(tc.parameters(), clip)
         opt.step()
         with torch.no_grad():
             finite = torch.stack([torch.isfinite(p).all() for p in tc.parameters()]).all()

@@ -271,3 +271,36 @@ def test_evaluate_splices_the_sets_of_splice_with(tmp_path):
     manifest = write_manifest(tmp_path / "out", cfg, m, {}, ["--kind", "sae"])
     assert manifest["description"].startswith(f"SAE (jumprelu, d_sae=64 per layer, on {hook})")
     assert build_parser().parse_args(["--splice-with", "a", "b"]).splice_with == ("a", "b")
+
+
+def test_gradient_clipping_is_on_sae_lens_scale(tmp_path, monkeypatch):
+    """`max_grad_norm` bounds the gradient norm of the MSE summed over the output dims (sae_lens's
+    loss; ours averages over d_model, so the optimizer sees at most max_grad_norm / d_model); 0 turns
+    clipping off. The norm is read off the gradients Adam receives."""
+    model = tiny_model()
+    d_model = model.cfg.d_model
+    seen: list[float] = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *a, **kw):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(
+            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])))
+        )
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+
+    def first_norms(m: float, run: str) -> list[float]:
+        seen.clear()
+        cfg = small_cfg(tmp_path, n_tokens=256 * 4, max_grad_norm=m, out=str(tmp_path / run))
+        train(cfg, model=model, sequences=random_sequences(), progress=False)
+        return list(seen)
+
+    free = first_norms(0.0, "free")
+    assert len(free) == 4 and min(free) * d_model > 1e-2  # unclipped, sae_lens's scale
+    assert first_norms(1e9, "loose")[0] == pytest.approx(free[0], rel=1e-6)  # never binds
+    tight = first_norms(1e-3, "tight")
+    assert [n * d_model for n in tight] == pytest.approx([1e-3] * 4, rel=1e-4)
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        small_cfg(tmp_path, max_grad_norm=-1.0)
