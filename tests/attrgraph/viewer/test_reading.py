@@ -53,6 +53,12 @@ def set_slider(browser, id_, value):
     )
 
 
+IOI_THRESHOLDS = [(1.0, 1.0), (0.6, 1.0), (0.7, 0.9), (0.6, 0.6), (0.9, 0.6)]
+"""(node, edge) thresholds of the slider tests on the IOI graph; by circuit-tracer's rule, a feature
+drops for want of an input at (0.6, 0.6) and (0.9, 0.6), an error node for want of an output at
+(0.9, 0.6)."""
+
+
 def slider_reference(graph, nt: float, et: float, rule: str):
     """What the page's sliders should draw for `graph` (viewer.js step 1): prune_graph on the graph
     the page received (unmarked, so that prune_graph takes it), its step 3 ranking by each node's
@@ -126,7 +132,7 @@ def test_error_nodes_can_be_hidden_and_shown(browser, ioi, ioi_file):
 
 
 @pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("nt, et", [(1.0, 1.0), (0.6, 1.0), (0.7, 0.9), (0.5, 0.7)])
+@pytest.mark.parametrize("nt, et", IOI_THRESHOLDS)
 def test_threshold_sliders_prune_as_prune_graph_and_scores_follow(browser, ioi, ioi_file, nt, et, rule):
     ref = slider_reference(ioi, nt, et, rule)
     scores = compute_graph_scores(ref)
@@ -151,9 +157,73 @@ def test_threshold_sliders_prune_as_prune_graph_and_scores_follow(browser, ioi, 
 def test_the_two_rules_draw_different_graphs_at_the_thresholds_tested(ioi):
     """The slider test above can tell the rules apart: at each pruning threshold pair it uses, the
     two rules keep different nodes of the IOI graph."""
-    for nt, et in [(0.6, 1.0), (0.7, 0.9), (0.5, 0.7)]:
+    for nt, et in IOI_THRESHOLDS[1:]:
         a, b = (slider_reference(ioi, nt, et, rule) for rule in RULES)
         assert view_index(ioi, a) != view_index(ioi, b), (nt, et)
+
+
+def hand_built_graph():
+    """A random signed DAG (ag_helpers) made so that every part of both rules' last step acts:
+    three features without an outgoing edge, three without an incoming one; influence computed
+    (prune.py steps 1-2), stored unpruned."""
+    import scipy.sparse as sp
+
+    from attrgraph.graph.prune import compute_influence, normalize_matrix
+    from tests.attrgraph.ag_helpers import random_graph
+
+    g = random_graph(5, n_feat=30)
+    A = g.adjacency.toarray()
+    feats = np.flatnonzero(g.nodes.kind == "feature")
+    A[:, feats[20:23]] = 0.0  # rows are targets: these send nothing
+    A[feats[3:6], :] = 0.0  # and these receive nothing
+    g = g.subgraph(np.ones(g.n_nodes, bool), adjacency=sp.csr_array(A))
+    g.nodes.influence = compute_influence(normalize_matrix(g.adjacency), g.logit_weights())
+    return g
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("nt, et", [(1.0, 1.0), (1.0, 0.8), (0.9, 0.7)])
+def test_the_sliders_drop_nodes_left_without_links_as_each_rule_says(browser, tmp_path, nt, et, rule):
+    """circuit-tracer's rule drops features and errors without an outgoing edge and features without
+    an incoming one; the appendix's only features that had outgoing edges and lost them (prune.py
+    step 5). A hand-built unpruned graph: the sliders rank by its stored influence."""
+    from attrgraph.graph.store import save_graph
+
+    g = hand_built_graph()
+    ref = prune_graph(g, nt, et, influence=g.nodes.influence, rule=rule)
+    path = tmp_path / "hand.h5"
+    save_graph(g, path, "hand")
+    with served(path) as server:
+        assert get_json(server, "/api/graph?name=hand")["prune_rule"] == "circuit-tracer"  # unpruned
+        open_page(browser, server, "graph:hand", None)
+        pick_rule(browser, rule)
+        set_slider(browser, "node-threshold", nt)
+        set_slider(browser, "edge-threshold", et)
+        ids = drawn_ids(browser)
+        kinds = g.nodes.kind[ids]
+        for kind in ("embedding", "error", "feature", "logit"):
+            assert (kinds == kind).sum() == (ref.nodes.kind == kind).sum(), kind
+        assert sorted(g.nodes.feature[ids][kinds == "feature"]) == sorted(
+            ref.nodes.feature[ref.nodes.kind == "feature"]
+        )
+        assert len(browser.find_elements(By.CSS_SELECTOR, "path.edge")) == ref.n_edges
+        scores = compute_graph_scores(ref)
+        summary = browser.find_element(By.ID, "summary").text
+        assert f"replacement {scores.replacement:.3f}" in summary, summary
+        assert f"completeness {scores.completeness:.3f}" in summary, summary
+    assert severe(browser) == []
+
+
+def test_the_hand_built_graph_tells_every_part_of_the_last_step_apart():
+    """Each threshold pair above draws a different graph under each rule, and the appendix's keeps a
+    feature that never had an outgoing edge (what `had_out` is for)."""
+    g = hand_built_graph()
+    for nt, et in [(1.0, 1.0), (1.0, 0.8), (0.9, 0.7)]:
+        ct, app = (prune_graph(g, nt, et, influence=g.nodes.influence, rule=r) for r in RULES)
+        assert (ct.n_nodes, ct.n_edges) != (app.n_nodes, app.n_edges), (nt, et)
+    app = prune_graph(g, 1.0, 0.8, influence=g.nodes.influence, rule="appendix")
+    silent = set(g.nodes.feature[np.flatnonzero(g.nodes.kind == "feature")[20:23]].tolist())
+    assert silent <= set(app.nodes.feature.tolist())
 
 
 def test_the_rule_selector_starts_with_the_recorded_rule_and_lives_in_the_hash(browser, ioi, ioi_file):
