@@ -164,7 +164,8 @@ def test_the_two_rules_draw_different_graphs_at_the_thresholds_tested(ioi):
 
 def hand_built_graph():
     """A random signed DAG (ag_helpers) made so that every part of both rules' last step acts:
-    three features without an outgoing edge, three without an incoming one; influence computed
+    three features and an error node without an outgoing edge, three features without an incoming
+    one; influence computed
     (prune.py steps 1-2), stored unpruned."""
     import scipy.sparse as sp
 
@@ -175,6 +176,7 @@ def hand_built_graph():
     A = g.adjacency.toarray()
     feats = np.flatnonzero(g.nodes.kind == "feature")
     A[:, feats[20:23]] = 0.0  # rows are targets: these send nothing
+    A[:, np.flatnonzero(g.nodes.kind == "error")[0]] = 0.0
     A[feats[3:6], :] = 0.0  # and these receive nothing
     g = g.subgraph(np.ones(g.n_nodes, bool), adjacency=sp.csr_array(A))
     g.nodes.influence = compute_influence(normalize_matrix(g.adjacency), g.logit_weights())
