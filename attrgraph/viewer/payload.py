@@ -13,8 +13,8 @@
    `attribute_hierarchical` its per-node `attribution`. `row` and `col` place it: rows bottom
    to top are embeddings, layers 0..n_layers-1, logits; columns are prompt positions.
 3. Edges: `[source, target, weight]`, the signed direct effect (rows = targets in the Graph).
-   Edge weights, `slider_influence` and logit nodes' `prob` keep full float64 precision: the page's sliders prune the
-   view as `prune_graph` would (viewer.js step 1), from the same numbers.
+   Edge weights, `slider_influence` and logit nodes' `prob` keep full float64 precision: the
+   page's sliders prune the view as `prune_graph` would (viewer.js step 1), from the same numbers.
 4. Graph-level: `prune_rule`, the pruning rule (prune.py step 5) the page's sliders start with:
    the one the view records (meta `prune_rule`; "appendix" for a graph pruned before rules were
    recorded, the only rule then), else prune.py's default, "circuit-tracer"; prompt tokens,
