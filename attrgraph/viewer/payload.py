@@ -13,10 +13,16 @@
    `attribute_hierarchical` its per-node `attribution`. `row` and `col` place it: rows bottom
    to top are embeddings, layers 0..n_layers-1, logits; columns are prompt positions.
 3. Edges: `[source, target, weight]`, the signed direct effect (rows = targets in the Graph).
-4. Graph-level: prompt tokens, logits with probabilities, replacement and completeness scores
-   (scores.py, of the view drawn; the page recomputes them as its sliders hide nodes and
-   edges), the hierarchical root identity where present, the plain meta, the stored supernodes (as keys), and each feature's dashboard (dashboards.py: an
-   attention feature's from the attention set's file; a note in `notes` when it has none).
+   Edge weights, `slider_influence` and logit nodes' `prob` keep full float64 precision: the
+   page's sliders prune the view as `prune_graph` would (viewer.js step 1), from the same numbers.
+4. Graph-level: `prune_rule`, the pruning rule (prune.py step 5) the page's sliders start with:
+   the one the view records (meta `prune_rule`; "appendix" for a graph pruned before rules were
+   recorded, the only rule then), else prune.py's default, "circuit-tracer"; prompt tokens,
+   logits with probabilities, replacement and completeness scores (scores.py, of the view drawn;
+   the page recomputes them as its sliders hide nodes and edges), the hierarchical root identity
+   where present, the plain meta, the stored supernodes (as keys), and each feature's dashboard
+   (dashboards.py: an attention feature's from the attention set's file; a note in `notes` when
+   it has none).
 NaN becomes null, so the result is strict JSON.
 """
 
@@ -29,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from attrgraph.graph.graph import Graph
-from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.prune import DEFAULT_RULE, RULES, prune_graph
 from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.supernodes import Supernode, node_key
 from attrgraph.viewer.dashboards import DashboardSource, feature_dashboard, find_dashboards
@@ -54,6 +60,20 @@ def json_number(x) -> float | None:
     """`x` as a float of 6 significant digits, or None for NaN and infinities (strict JSON)."""
     x = float(x)
     return None if math.isnan(x) or math.isinf(x) else float(f"{x:.6g}")
+
+
+def json_exact(x) -> float | None:
+    """`x` as a float at full precision, or None for NaN and infinities (strict JSON)."""
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def recorded_rule(graph: Graph) -> str:
+    """The pruning rule `graph` was pruned by (module docstring, step 4)."""
+    rule = graph.meta.get("prune_rule")
+    if rule in RULES:
+        return rule
+    return "appendix" if graph.meta.get("pruned") and rule is None else DEFAULT_RULE
 
 
 def view_keys(graph: Graph) -> list[tuple]:
@@ -198,7 +218,7 @@ def graph_payload(
             "row": {"embedding": 0, "logit": n_layers + 1}.get(kind, layer + 1),
             "col": pos,
             "label": _node_label(view, i, kind, labels),
-            "slider_influence": json_number(slider[i]),
+            "slider_influence": json_exact(slider[i]),
         }
         if kind == "feature":
             node["name"] = feature_name(node["site"] == "attn", layer, node["feature"])
@@ -207,14 +227,14 @@ def graph_payload(
             k = int(logit_rank[i])
             node["label"] = f"logit {view.logit_strings[k]!r} p={float(view.logit_probs[k]):.3f}"
             node["token"] = view.logit_strings[k]
-            node["prob"] = json_number(view.logit_probs[k])
+            node["prob"] = json_exact(view.logit_probs[k])
         if attribution is not None:
             node["attribution"] = json_number(attribution[int(index[i])])
         nodes.append(node)
     A = sp.coo_array(view.adjacency)
     keep = A.data != 0
     edges = [
-        [int(s), int(t), json_number(w)]
+        [int(s), int(t), json_exact(w)]
         for t, s, w in zip(A.row[keep], A.col[keep], A.data[keep].astype(np.float64))
     ]
     scores = compute_graph_scores(view)  # of the graph drawn, not of the stored full graph
@@ -224,6 +244,7 @@ def graph_payload(
         "n_layers": n_layers,
         "stored": {"n_nodes": graph.n_nodes, "n_edges": graph.n_edges},
         "slider_influence": "unpruned" if full is not None else "stored",
+        "prune_rule": recorded_rule(view),
         "notes": notes,
         "prompt_tokens": list(graph.prompt_tokens),
         "row_labels": ["emb"] + [f"L{layer}" for layer in range(n_layers)] + ["logit"],

@@ -8,14 +8,22 @@
 // cursor, dragging pans; labels never get smaller than MIN_TEXT_PX on screen.
 //
 // What is drawn (recompute):
-// 1. Threshold sliders, as prune.py prunes (appendix rule): features whose `slider_influence`
-//    (the unpruned graph's influence when stored) reaches the node threshold's cumulative share
-//    are kept (find_threshold); on the kept nodes, A = |adjacency| with rows summing to 1, the
-//    influence z = ((I - A)^-1 - I)^T w (w: logit probabilities), edge score A[t, s] (z_t + w_t),
-//    edges above the edge threshold's cutoff kept; features that lost every outgoing edge go.
+// 1. Threshold sliders and the rule selector: the drawn graph is what prune.py's `prune_graph`
+//    gives for the graph the page received, with step 3 ranking by `slider_influence` (the
+//    unpruned graph's influence when stored). The rule starts as the one the graph records
+//    (`prune_rule`; circuit-tracer's, prune_graph's default, for an unpruned graph).
+//    a. Nodes: the cutoff is find_threshold of `slider_influence` over the non-logit nodes at the
+//       node threshold; embeddings and logits always stay, features (and by circuit-tracer's
+//       rule error nodes) stay when they reach it; by the appendix's rule every error node stays.
+//    b. Edges, on the kept nodes: A = |adjacency| with rows summing to 1, the influence
+//       z = ((I - A)^-1 - I)^T w (w: logit probabilities), edge score A[t, s] (z_t + w_t); the
+//       edges below the edge threshold's find_threshold cutoff go.
+//    c. Then, repeated until nothing changes: circuit-tracer's rule drops every feature and error
+//       node without a kept outgoing edge and every feature without a kept incoming edge; the
+//       appendix's drops the features that had outgoing edges in (b) and kept none.
 // 2. The header's replacement and completeness scores are scores.py's, of that drawn graph.
 // 3. Error nodes can be hidden; supernodes collapsed into one node each with summed edges.
-// The view (graph, selection, pins, thresholds, toggles) lives in the URL hash.
+// The view (graph, selection, pins, thresholds, rule, toggles) lives in the URL hash.
 "use strict";
 (function () {
   const SVG_NS = "http://www.w3.org/2000/svg";
@@ -26,11 +34,12 @@
   const ROW_H = [70, 150], GAP = 18, MIN_COL = 60, MARGIN_L = 58, MARGIN_T = 90, MARGIN_B = 70;
   const N_EDGES_LISTED = 15, N_RANKED = 40, N_SEARCH = 30, LABEL_CHARS = 26;
   const LABEL_SIZE = 11, MIN_TEXT_PX = 10, K_MIN = 0.05, K_MAX = 8;
+  const RULES = ["circuit-tracer", "appendix"], DEFAULT_RULE = "circuit-tracer";  // prune.py
   const HINT = "Hover a node to see it; click to keep it here. Shift-click pins a node.";
 
   const state = {
     data: null, selected: null, hovered: null, pinned: new Set(), supernodes: [],
-    nt: 1, et: 1, showErrors: true, collapse: false, onlyPinned: false, query: "",
+    nt: 1, et: 1, rule: DEFAULT_RULE, showErrors: true, collapse: false, onlyPinned: false, query: "",
     keep: null, keepEdge: null, scores: null, nodes: [], edges: [], nodeEls: new Map(), labelEls: new Map(),
     edgeEls: [], incoming: new Map(), outgoing: new Map(), xy: [], cols: null, size: [0, 0],
     keyIndex: new Map(), highlighted: [], cam: { x: 0, y: 0, k: 1 }, view: "",
@@ -110,6 +119,7 @@
     if (state.pinned.size) parts.push("pins=" + [...state.pinned].join("."));
     if (state.nt < 1) parts.push("nt=" + state.nt);
     if (state.et < 1) parts.push("et=" + state.et);
+    if (state.rule !== recordedRule()) parts.push("rule=" + state.rule);
     if (!state.showErrors) parts.push("err=0");
     if (state.collapse) parts.push("col=1");
     if (state.onlyPinned) parts.push("only=1");
@@ -127,6 +137,7 @@
     const num = (v, d) => (v === undefined || !isFinite(Number(v)) ? d : Math.min(1, Math.max(0, Number(v))));
     state.nt = num(hs.nt, 1);
     state.et = num(hs.et, 1);
+    state.rule = RULES.includes(hs.rule) ? hs.rule : recordedRule();
     state.showErrors = hs.err !== "0";
     state.collapse = hs.col === "1";
     state.onlyPinned = hs.only === "1";
@@ -137,11 +148,19 @@
     syncControls();
   }
 
+  // the rule the graph was pruned by, which the sliders start with (payload.py)
+  function recordedRule() {
+    const r = state.data && state.data.prune_rule;
+    return RULES.includes(r) ? r : DEFAULT_RULE;
+  }
+
   function syncControls() {
     $("node-threshold").value = state.nt;
     $("edge-threshold").value = state.et;
     $("node-threshold-value").textContent = state.nt.toFixed(2);
     $("edge-threshold-value").textContent = state.et.toFixed(2);
+    $("prune-rule").value = state.rule;
+    $("prune-rule").disabled = !state.data || state.data.kind !== "graph";
     $("show-errors").checked = state.showErrors;
     $("collapse").checked = state.collapse;
     $("only-pinned").checked = state.onlyPinned;
@@ -264,33 +283,42 @@
     const nodes = data.nodes, edges = data.edges, n = nodes.length;
     const keep = new Array(n).fill(true), edgeOn = new Array(edges.length).fill(true);
     if (data.kind !== "graph") return { keep, edgeOn, scores: null };
+    const ct = state.rule === "circuit-tracer";
+    // a. nodes (prune.py select_nodes)
     const si = (x) => (x.slider_influence === undefined ? x.influence || 0 : x.slider_influence || 0);
     const cut = findThreshold(nodes.filter((x) => x.kind !== "logit").map(si), state.nt);
-    nodes.forEach((x, i) => { keep[i] = x.kind !== "feature" || si(x) >= cut; });
-    edges.forEach((e, i) => { edgeOn[i] = keep[e[0]] && keep[e[1]]; });
+    const always = ct ? ["embedding", "logit"] : ["embedding", "logit", "error"];
+    nodes.forEach((x, i) => { keep[i] = always.includes(x.kind) || si(x) >= cut; });
+    // b. edges (prune.py _prune_edges); an edge of weight 0 is no edge there
+    edges.forEach((e, i) => { edgeOn[i] = keep[e[0]] && keep[e[1]] && !!e[2]; });
+    const hadOut = new Array(n).fill(false);
+    edges.forEach((e, i) => { if (edgeOn[i]) hadOut[e[0]] = true; });
     if (state.et < 1) {
       const { infl, rowSum } = influence(nodes, edges, keep, edgeOn);
       const idx = [], score = [];
       edges.forEach((e, i) => {
-        if (!edgeOn[i] || !(e[2] || 0)) return;
+        if (!edgeOn[i]) return;
         idx.push(i);
         score.push((Math.abs(e[2]) / rowSum[e[1]]) * (infl[e[1]] + logitWeight(nodes[e[1]])));
       });
       const ecut = findThreshold(score, state.et);
-      const hadOut = new Array(n).fill(false);
-      idx.forEach((i) => { hadOut[edges[i][0]] = true; });
       idx.forEach((i, j) => { if (score[j] < ecut) edgeOn[i] = false; });
-      for (;;) {  // features left without an outgoing edge go (prune.py step 4)
-        const hasOut = new Array(n).fill(false);
-        edges.forEach((e, i) => { if (edgeOn[i] && keep[e[0]] && keep[e[1]]) hasOut[e[0]] = true; });
-        let dropped = false;
-        nodes.forEach((x, i) => {
-          if (keep[i] && x.kind === "feature" && hadOut[i] && !hasOut[i]) { keep[i] = false; dropped = true; }
-        });
-        if (!dropped) break;
-      }
-      edges.forEach((e, i) => { edgeOn[i] = edgeOn[i] && keep[e[0]] && keep[e[1]]; });
     }
+    // c. nodes left without the links their rule asks for go, until none is left
+    const needsOut = nodes.map((x, i) => (ct ? x.kind === "feature" || x.kind === "error" : x.kind === "feature" && hadOut[i]));
+    const needsIn = nodes.map((x) => ct && x.kind === "feature");
+    for (;;) {
+      const hasOut = new Array(n).fill(false), hasIn = new Array(n).fill(false);
+      edges.forEach((e, i) => {
+        if (edgeOn[i] && keep[e[0]] && keep[e[1]]) { hasOut[e[0]] = true; hasIn[e[1]] = true; }
+      });
+      let dropped = false;
+      nodes.forEach((x, i) => {
+        if (keep[i] && ((needsOut[i] && !hasOut[i]) || (needsIn[i] && !hasIn[i]))) { keep[i] = false; dropped = true; }
+      });
+      if (!dropped) break;
+    }
+    edges.forEach((e, i) => { edgeOn[i] = edgeOn[i] && keep[e[0]] && keep[e[1]]; });
     return { keep, edgeOn, scores: graphScores(nodes, edges, keep, edgeOn) };
   }
 
@@ -958,6 +986,7 @@
     });
     slider("node-threshold", "nt");
     slider("edge-threshold", "et");
+    $("prune-rule").addEventListener("change", () => { state.rule = $("prune-rule").value; recompute(); });
     $("show-errors").addEventListener("change", () => { state.showErrors = $("show-errors").checked; recompute(); });
     $("collapse").addEventListener("change", () => { state.collapse = $("collapse").checked; recompute(); });
     $("only-pinned").addEventListener("change", () => { state.onlyPinned = $("only-pinned").checked; applyOnlyPinned(); writeHash(); });

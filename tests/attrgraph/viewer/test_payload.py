@@ -25,7 +25,7 @@ def test_every_node_and_edge_as_stored():
     A = g.adjacency.toarray()
     assert len(data["edges"]) == g.n_edges
     for s, t, w in data["edges"]:
-        assert w == pytest.approx(A[t, s], rel=1e-5) and w != 0
+        assert w == float(A[t, s]) and w != 0  # full precision: the sliders score edges by them
     rows = {n["kind"]: n["row"] for n in data["nodes"]}
     assert rows["embedding"] == 0 and rows["logit"] == data["n_layers"] + 1 == 3
     assert data["row_labels"] == ["emb", "L0", "L1", "logit"]
@@ -140,13 +140,23 @@ def test_feature_names_say_a_for_attention_and_sliders_read_stored_unpruned_infl
         letter = "A" if i in feats[:2] else "L"
         assert names[int(i)] == f"{letter}{graph.nodes.layer[i]}/F{graph.nodes.feature[i]}"
     assert data["slider_influence"] == "stored"
-    assert [n["slider_influence"] for n in data["nodes"]] == [
-        float(f"{x:.6g}") for x in graph.nodes.influence
-    ]
+    # full precision: the page's sliders rank and cut by these (viewer.js step 1)
+    assert [n["slider_influence"] for n in data["nodes"]] == graph.nodes.influence.tolist()
     full = np.linspace(1.0, 2.0, graph.n_nodes)
     graph.meta["unpruned_influence"] = full.tolist()  # as a pruned graph may remember it (issue 21)
     data = graph_payload(graph, "g")
     assert data["slider_influence"] == "unpruned"
-    assert [n["slider_influence"] for n in data["nodes"]] == [float(f"{x:.6g}") for x in full]
+    assert [n["slider_influence"] for n in data["nodes"]] == full.tolist()
     graph.meta["unpruned_influence"] = [1.0, 2.0]  # the wrong length: not used
     assert graph_payload(graph, "g")["slider_influence"] == "stored"
+
+
+def test_the_sliders_start_with_the_rule_the_view_was_pruned_by(monkeypatch):
+    g = random_full_graph(0, n_feat=60)
+    assert graph_payload(g, "g")["prune_rule"] == "circuit-tracer"  # unpruned: prune_graph's default
+    for rule in ("appendix", "circuit-tracer"):
+        assert graph_payload(prune_graph(g, 0.8, 0.98, rule=rule), "p")["prune_rule"] == rule
+    old = marked_pruned(random_graph(2))  # pruned before the rule was recorded: the appendix's
+    assert "prune_rule" not in old.meta and graph_payload(old, "o")["prune_rule"] == "appendix"
+    monkeypatch.setattr(payload_module, "MAX_NODES", 40)  # shown pruned by prune_graph's default
+    assert graph_payload(g, "g")["prune_rule"] == "circuit-tracer"

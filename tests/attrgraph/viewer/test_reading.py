@@ -1,6 +1,6 @@
 """Reading a graph in the page (headless chromium, the pruned IOI graph of the bundled model):
-labels beside the nodes, the error toggle, threshold sliders checked against prune_graph and
-scores.py, wheel zoom and drag pan with a minimum text size, search, features ranked by influence,
+labels beside the nodes, the error toggle, threshold sliders and the pruning rule selector checked
+against prune_graph (both rules) and scores.py, wheel zoom and drag pan with a minimum text size, search, features ranked by influence,
 edge weight on hover, edge lists with layer and position, collapsed supernodes with summed edges,
 the pinned pane, labels edited in the page, the view in the URL hash, the pin button after grouping.
 Expected values come from the Python side (the Graph, prune.py, scores.py, the dashboards file)."""
@@ -13,12 +13,13 @@ import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.prune import RULES, prune_graph
 from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.supernode_store import save_supernodes
 from attrgraph.graph.supernodes import supernode
+from attrgraph.viewer.payload import view_keys
 from tests.attrgraph.viewer.viewer_helpers import get_json, served, sha
 
 pytestmark = pytest.mark.bundled("default", "default-plt")
@@ -50,6 +51,31 @@ def set_slider(browser, id_, value):
         id_,
         str(value),
     )
+
+
+IOI_THRESHOLDS = [(1.0, 1.0), (0.6, 1.0), (0.7, 0.9), (0.6, 0.6), (0.9, 0.6)]
+"""(node, edge) thresholds of the slider tests on the IOI graph; by circuit-tracer's rule, a feature
+drops for want of an input at (0.6, 0.6) and (0.9, 0.6), an error node for want of an output at
+(0.9, 0.6)."""
+
+
+def slider_reference(graph, nt: float, et: float, rule: str):
+    """What the page's sliders should draw for `graph` (viewer.js step 1): prune_graph on the graph
+    the page received (unmarked, so that prune_graph takes it), its step 3 ranking by each node's
+    influence in the unpruned graph, which the pruned graph stores."""
+    received = graph.subgraph(np.ones(graph.n_nodes, bool))
+    del received.meta["pruned"]
+    return prune_graph(received, nt, et, influence=graph.nodes.unpruned_influence, rule=rule)
+
+
+def view_index(graph, pruned) -> list[int]:
+    """For each node of `pruned` (pruned from `graph`), its index in `graph`: the page's node id."""
+    where = {k: i for i, k in enumerate(view_keys(graph))}
+    return [where[k] for k in view_keys(pruned)]
+
+
+def pick_rule(browser, rule: str):
+    Select(browser.find_element(By.ID, "prune-rule")).select_by_value(rule)
 
 
 def drawn_ids(browser) -> list[int]:
@@ -105,22 +131,126 @@ def test_error_nodes_can_be_hidden_and_shown(browser, ioi, ioi_file):
         assert len(browser.find_elements(By.CSS_SELECTOR, "g.node.error")) == len(errors)
 
 
-@pytest.mark.parametrize("nt, et", [(1.0, 1.0), (0.6, 1.0), (0.7, 0.9), (0.5, 0.7)])
-def test_threshold_sliders_prune_as_prune_graph_and_scores_follow(browser, ioi, ioi_file, nt, et):
-    ref = prune_graph(ioi, nt, et, influence=ioi.nodes.influence)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("nt, et", IOI_THRESHOLDS)
+def test_threshold_sliders_prune_as_prune_graph_and_scores_follow(browser, ioi, ioi_file, nt, et, rule):
+    ref = slider_reference(ioi, nt, et, rule)
     scores = compute_graph_scores(ref)
     with served(ioi_file) as server:
         data = get_json(server, "/api/graph?name=ioi")
-        assert data["slider_influence"] == "stored"  # this graph stores no unpruned influence
+        assert data["slider_influence"] == "unpruned"  # the pruned graph stores it
         open_page(browser, server, "graph:ioi", ioi.n_nodes)
+        assert browser.find_element(By.ID, "prune-rule").get_attribute("value") == ioi.meta["prune_rule"]
+        pick_rule(browser, rule)
         set_slider(browser, "node-threshold", nt)
         set_slider(browser, "edge-threshold", et)
-        assert len(drawn_ids(browser)) == ref.n_nodes
+        assert sorted(drawn_ids(browser)) == sorted(view_index(ioi, ref))  # the same nodes, not only as many
         assert len(browser.find_elements(By.CSS_SELECTOR, "path.edge")) == ref.n_edges
         summary = browser.find_element(By.ID, "summary").text
         assert f"replacement {scores.replacement:.3f}" in summary, summary
         assert f"completeness {scores.completeness:.3f}" in summary, summary
         assert f"{ref.n_nodes} nodes, {ref.n_edges} edges" in summary
+        assert ("rule=appendix" in browser.current_url) == (rule != ioi.meta["prune_rule"])
+    assert severe(browser) == []
+
+
+def test_the_two_rules_draw_different_graphs_at_the_thresholds_tested(ioi):
+    """The slider test above can tell the rules apart: at each pruning threshold pair it uses, the
+    two rules keep different nodes of the IOI graph."""
+    for nt, et in IOI_THRESHOLDS[1:]:
+        a, b = (slider_reference(ioi, nt, et, rule) for rule in RULES)
+        assert view_index(ioi, a) != view_index(ioi, b), (nt, et)
+
+
+def hand_built_graph():
+    """A random signed DAG (ag_helpers) made so that every part of both rules' last step acts:
+    three features and an error node without an outgoing edge, three features without an incoming
+    one; influence computed
+    (prune.py steps 1-2), stored unpruned."""
+    import scipy.sparse as sp
+
+    from attrgraph.graph.prune import compute_influence, normalize_matrix
+    from tests.attrgraph.ag_helpers import random_graph
+
+    g = random_graph(5, n_feat=30)
+    A = g.adjacency.toarray()
+    feats = np.flatnonzero(g.nodes.kind == "feature")
+    A[:, feats[20:23]] = 0.0  # rows are targets: these send nothing
+    A[:, np.flatnonzero(g.nodes.kind == "error")[0]] = 0.0
+    A[feats[3:6], :] = 0.0  # and these receive nothing
+    g = g.subgraph(np.ones(g.n_nodes, bool), adjacency=sp.csr_array(A))
+    g.nodes.influence = compute_influence(normalize_matrix(g.adjacency), g.logit_weights())
+    return g
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("nt, et", [(1.0, 1.0), (1.0, 0.8), (0.9, 0.7)])
+def test_the_sliders_drop_nodes_left_without_links_as_each_rule_says(browser, tmp_path, nt, et, rule):
+    """circuit-tracer's rule drops features and errors without an outgoing edge and features without
+    an incoming one; the appendix's only features that had outgoing edges and lost them (prune.py
+    step 5). A hand-built unpruned graph: the sliders rank by its stored influence."""
+    from attrgraph.graph.store import save_graph
+
+    g = hand_built_graph()
+    ref = prune_graph(g, nt, et, influence=g.nodes.influence, rule=rule)
+    path = tmp_path / "hand.h5"
+    save_graph(g, path, "hand")
+    with served(path) as server:
+        assert get_json(server, "/api/graph?name=hand")["prune_rule"] == "circuit-tracer"  # unpruned
+        open_page(browser, server, "graph:hand", None)
+        pick_rule(browser, rule)
+        set_slider(browser, "node-threshold", nt)
+        set_slider(browser, "edge-threshold", et)
+        ids = drawn_ids(browser)
+        kinds = g.nodes.kind[ids]
+        for kind in ("embedding", "error", "feature", "logit"):
+            assert (kinds == kind).sum() == (ref.nodes.kind == kind).sum(), kind
+        assert sorted(g.nodes.feature[ids][kinds == "feature"]) == sorted(
+            ref.nodes.feature[ref.nodes.kind == "feature"]
+        )
+        assert len(browser.find_elements(By.CSS_SELECTOR, "path.edge")) == ref.n_edges
+        scores = compute_graph_scores(ref)
+        summary = browser.find_element(By.ID, "summary").text
+        assert f"replacement {scores.replacement:.3f}" in summary, summary
+        assert f"completeness {scores.completeness:.3f}" in summary, summary
+    assert severe(browser) == []
+
+
+def test_the_hand_built_graph_tells_every_part_of_the_last_step_apart():
+    """Each threshold pair above draws a different graph under each rule, and the appendix's keeps a
+    feature that never had an outgoing edge (what `had_out` is for)."""
+    g = hand_built_graph()
+    for nt, et in [(1.0, 1.0), (1.0, 0.8), (0.9, 0.7)]:
+        ct, app = (prune_graph(g, nt, et, influence=g.nodes.influence, rule=r) for r in RULES)
+        assert (ct.n_nodes, ct.n_edges) != (app.n_nodes, app.n_edges), (nt, et)
+    app = prune_graph(g, 1.0, 0.8, influence=g.nodes.influence, rule="appendix")
+    silent = set(g.nodes.feature[np.flatnonzero(g.nodes.kind == "feature")[20:23]].tolist())
+    assert silent <= set(app.nodes.feature.tolist())
+
+
+def test_the_rule_selector_starts_with_the_recorded_rule_and_lives_in_the_hash(browser, ioi, ioi_file):
+    from attrgraph.graph.store import save_graph
+
+    other = ioi.subgraph(np.ones(ioi.n_nodes, bool))
+    other.meta["prune_rule"] = "appendix"  # as if pruned by the appendix's rule
+    save_graph(other, ioi_file, "ioi_app")
+    want = {rule: slider_reference(ioi, 0.6, 1.0, rule).n_nodes for rule in RULES}
+    with served(ioi_file) as server:
+        open_page(browser, server, "graph:ioi_app&nt=0.6")
+        assert browser.find_element(By.ID, "prune-rule").get_attribute("value") == "appendix"
+        assert len(drawn_ids(browser)) == want["appendix"]
+        open_page(browser, server, "graph:ioi&nt=0.6&rule=appendix")
+        assert browser.find_element(By.ID, "prune-rule").get_attribute("value") == "appendix"
+        assert len(drawn_ids(browser)) == want["appendix"]
+        js(browser, "location.hash = 'graph:ioi&nt=0.6'")  # no rule: the recorded one
+        WebDriverWait(browser, 10).until(
+            lambda b: b.find_element(By.ID, "prune-rule").get_attribute("value") == "circuit-tracer"
+        )
+        assert len(drawn_ids(browser)) == want["circuit-tracer"]
+        pick_rule(browser, "appendix")
+        assert "rule=appendix" in browser.current_url and len(drawn_ids(browser)) == want["appendix"]
+        pick_rule(browser, "circuit-tracer")
+        assert "rule=" not in browser.current_url
     assert severe(browser) == []
 
 
@@ -183,7 +313,8 @@ def test_search_and_features_ranked_by_influence(browser, ioi, ioi_file):
             js(browser, "return window.attrgraphViewer.matches[0]")
         )
         feats = np.flatnonzero(ioi.nodes.kind == "feature")
-        order = feats[np.lexsort((feats, -ioi.nodes.influence[feats].astype(np.float64)))][:40]
+        # by each node's influence in the unpruned graph (the sliders' ranking), ties by index
+        order = feats[np.lexsort((feats, -ioi.nodes.unpruned_influence[feats]))][:40]
         ranked = [
             int(li.get_attribute("data-id")) for li in browser.find_elements(By.CSS_SELECTOR, "#ranked li")
         ]
@@ -308,12 +439,13 @@ def test_a_label_edited_in_the_page_is_saved_in_the_dashboards_file(browser, ioi
 
 def test_the_view_lives_in_the_url_hash(browser, ioi, ioi_file):
     feats = np.flatnonzero(ioi.nodes.kind == "feature")
-    top = feats[np.argsort(-ioi.nodes.influence[feats])]  # kept at any node threshold used here
+    top = feats[np.argsort(-ioi.nodes.unpruned_influence[feats])]  # the sliders' ranking
     sel, pins = int(top[0]), [int(top[1]), int(top[2])]
-    ref = prune_graph(ioi, 0.7, 1.0, influence=ioi.nodes.influence)
+    ref = slider_reference(ioi, 0.7, 1.0, ioi.meta["prune_rule"])
+    assert set(view_index(ioi, ref)) >= {sel, *pins}  # kept at the node threshold used here
     with served(ioi_file) as server:
         open_page(browser, server, f"graph:ioi&sel={sel}&pins={pins[0]}.{pins[1]}&nt=0.7&err=0")
-        n_err = int((ioi.nodes.kind == "error").sum())
+        n_err = int((ref.nodes.kind == "error").sum())
         assert len(drawn_ids(browser)) == ref.n_nodes - n_err
         assert browser.find_element(By.ID, "pin-count").text == "2"
         assert browser.find_element(By.ID, "node-threshold").get_attribute("value") == "0.7"
