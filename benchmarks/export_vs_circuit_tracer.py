@@ -33,21 +33,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from peer_compare import SMALL  # benchmarks/, on the path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_HARNESS = ROOT.parent / "shared" / "peer"
-SHAPE = [
-    "--n-layers",
-    "3",
-    "--d-model",
-    "64",
-    "--d-transcoder",
-    "256",
-    "--prompt-len",
-    "12",
-    "--d-vocab",
-    "128",
-]
+SHAPE = SMALL  # the peer benchmark's small shape
 CASES = [  # (label, harness arguments)
     ("gpt2 PLT", ["--arch", "gpt2", "--transcoder", "plt", "--seed", "1"]),
     ("gemma2 CLT", ["--arch", "gemma2", "--transcoder", "clt", "--seed", "2"]),

@@ -57,3 +57,26 @@ def random_set(kind="plt", activation="jumprelu", skip=False, n_layers=2, d_mode
         if tc.threshold is not None:
             tc.threshold.abs_()
     return tc
+
+
+# a tiny feature-sharded training run of the bundled model (test_distributed*.py)
+CLI_ARGS = [
+    "--kind",
+    "plt",
+    "--d-sae",
+    "32",
+    "--n-tokens",
+    "1024",
+    "--batch-size",
+    "256",
+    "--block-tokens",
+    "1024",
+]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.transcoders.tc_helpers import tiny_model
+from tests.transcoders.tc_helpers import CLI_ARGS, free_port, tiny_model
 from transcoders import ConfigError
 from transcoders.train import TrainConfig, train
 
@@ -277,28 +277,6 @@ def test_sharding_refuses_what_it_cannot_do_exactly():
     with pytest.raises(ConfigError, match="batch_size 127"):
         check(Dist(0, 2, "data"), 127, 32, "topk")
     check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
-
-
-CLI_ARGS = [
-    "--kind",
-    "plt",
-    "--d-sae",
-    "32",
-    "--n-tokens",
-    "1024",
-    "--batch-size",
-    "256",
-    "--block-tokens",
-    "1024",
-]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(flags: list[str], out) -> subprocess.Popen:

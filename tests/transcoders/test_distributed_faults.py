@@ -3,30 +3,12 @@ with a message naming it, instead of gloo's 30-minute wait in silence."""
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import torch.multiprocessing as mp
 
-CLI = [
-    "--kind",
-    "plt",
-    "--d-sae",
-    "32",
-    "--n-tokens",
-    "1024",
-    "--batch-size",
-    "256",
-    "--block-tokens",
-    "1024",
-]
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+from tests.transcoders.tc_helpers import CLI_ARGS, free_port
 
 
 def _stalling_worker(rank: int, root: str, port: str) -> None:
@@ -47,14 +29,14 @@ def _stalling_worker(rank: int, root: str, port: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     try:
-        main([*CLI, "--parallel", "features", "--dist-timeout", "2", "--out", f"{root}/run"])
+        main([*CLI_ARGS, "--parallel", "features", "--dist-timeout", "2", "--out", f"{root}/run"])
     except StalledRankError as e:
         Path(root, "error.txt").write_text(str(e))
 
 
 def test_a_stalled_rank_stops_the_run_naming_it(tmp_path):
     ctx = mp.start_processes(
-        _stalling_worker, args=(str(tmp_path), _free_port()), nprocs=2, join=False, start_method="spawn"
+        _stalling_worker, args=(str(tmp_path), str(free_port())), nprocs=2, join=False, start_method="spawn"
     )
     rank0, rank1 = ctx.processes
     try:
@@ -85,7 +67,7 @@ def _finishing_worker(rank: int, root: str, port: str) -> None:
         RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
     )
     torch.set_num_threads(1)
-    code = main([*CLI, "--parallel", "features", "--out", f"{root}/run"])
+    code = main([*CLI_ARGS, "--parallel", "features", "--out", f"{root}/run"])
     done = Path(root, "run", "transcoders", "manifest.json").exists()
     Path(root, f"rank{rank}.txt").write_text(f"{code} {done}")
 
@@ -94,6 +76,6 @@ def test_ranks_end_together_after_rank_0_evaluates(tmp_path):
     """Rank 1 used to leave (destroying its end of the process group) while rank 0 still evaluated;
     now no rank returns before rank 0's manifest is written, and both exit cleanly."""
     mp.start_processes(
-        _finishing_worker, args=(str(tmp_path), _free_port()), nprocs=2, join=True, start_method="spawn"
+        _finishing_worker, args=(str(tmp_path), str(free_port())), nprocs=2, join=True, start_method="spawn"
     )
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["0 True", "0 True"]
