@@ -45,18 +45,19 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
 5. "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU against log L0 between
    its two sweep points around an L0, only inside its measured range, compared with ours.
 
-What makes the difference between ours and sae_lens's JumpReLU: gradient clipping. Both clip the
+What made the difference between ours and sae_lens's JumpReLU: gradient clipping. Both clipped the
 gradient norm at 1, but sae_lens's loss sums the MSE over the 128 dims where ours averages, so its
-clipping binds and ours (a loss 128x smaller) never does. Checks outside the results files (one run
-each, sae_lens l0_coefficient 0.035 = L0 23.1, FVU 0.0147 above, or ours; a scratch script
-monkeypatching `torch.nn.utils.clip_grad_norm_` / the sae_lens class):
+clipping bound and ours (a loss 128x smaller) never did. Checks made before the fix (one run each,
+sae_lens l0_coefficient 0.035 = L0 23.1, FVU 0.0147; a scratch script monkeypatching
+`torch.nn.utils.clip_grad_norm_` / the sae_lens class):
 - sae_lens with its threshold trained as log(theta) (ours): L0 26.3, FVU 0.0133 (on its curve);
 - sae_lens with our initialization: L0 20.3, FVU 0.0164 (on its curve);
-- sae_lens without clipping: L0 26.8, FVU 0.0171 (on our curve, 1.25x its own);
-- sae_lens with log(theta), our init and the clip norm x128 (= ours): L0 30.3, FVU 0.0173, the same
-  as "ours with sae_lens's settings" (L0 30.3, FVU 0.0177);
-- ours (tanh, 1.5e-3) with the clip norm / 128: L0 23.9, FVU 0.0152 (KL 0.059), 0.78x our curve and
-  1.04x sae_lens's; ours with sae_lens's settings and the clip / 128: L0 24.2, FVU 0.0150 (KL 0.049).
+- sae_lens without clipping: L0 26.8, FVU 0.0171 (on our old curve, 1.25x its own);
+- sae_lens with log(theta), our init and the clip norm x128 (= our old trainer): L0 30.3, FVU 0.0173.
+`TrainConfig.max_grad_norm` (`--max-grad-norm`, default 1) now clips on sae_lens's scale (the norm of
+the gradient of the dim-summed loss, i.e. ours at max_grad_norm / d_model); the results files were
+measured with it. Before the fix our JumpReLU (tanh) sat at 1.23-1.39x sae_lens's FVU at equal L0;
+with it, within 0.95-1.00x.
 
 Not part of the test suite (eai-sparsify is no dependency). One thread; run it niced:
 
