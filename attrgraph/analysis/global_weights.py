@@ -252,14 +252,14 @@ class GlobalWeights:
         if key not in self._cache:
             coder = self.attn if site == "attn" else self.mlp
             self._cache[key] = self._summed_write(
-                self.writes(site, layer, torch.arange(coder.cfg.d_sae)), slot
+                self.writes(site, layer, torch.arange(coder.cfg.d_sae, device=self.mlp.device)), slot
             )
         return self._cache[key]
 
     def output_weights(self, site: str, layer: int, feature: int) -> Connections:
         """`V[s, t]` from feature s = (site, layer, feature) to every feature its writes reach."""
         self._check(site, layer, feature)
-        writes = self.writes(site, layer, torch.tensor([feature]))
+        writes = self.writes(site, layer, torch.tensor([feature], device=self.mlp.device))
         parts = []
         for (t_site, t_layer), U in sorted(self.reads.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             w = self._summed_write(writes, self.read_slot(t_site, t_layer))
@@ -286,7 +286,9 @@ class GlobalWeights:
     def vocab_weights(self, site: str, layer: int, feature: int) -> Float[Tensor, " d_vocab"]:
         """Output weights over the vocabulary: every write of the feature through the unembedding."""
         self._check(site, layer, feature)
-        w = self._summed_write(self.writes(site, layer, torch.tensor([feature])), 2 * self.n_layers)
+        w = self._summed_write(
+            self.writes(site, layer, torch.tensor([feature], device=self.mlp.device)), 2 * self.n_layers
+        )
         return (w @ self.logit_reads())[0]
 
     def virtual_weight(self, source: tuple[str, int, int], target: tuple[str, int, int]) -> float:
@@ -294,7 +296,8 @@ class GlobalWeights:
         self._check(*source)
         self._check(*target)
         w = self._summed_write(
-            self.writes(source[0], source[1], torch.tensor([source[2]])), self.read_slot(*target[:2])
+            self.writes(source[0], source[1], torch.tensor([source[2]], device=self.mlp.device)),
+            self.read_slot(*target[:2]),
         )
         return 0.0 if w is None else float(w[0] @ self.reads[target[:2]][:, target[2]])
 

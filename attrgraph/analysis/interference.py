@@ -73,7 +73,7 @@ def live_features(model, sets, sequences: torch.Tensor, chunk_seqs: int = 32) ->
     for c, site in zip(coders, ("attn", "mlp") if len(coders) == 2 else ("mlp",)):
         for l in range(c.cfg.n_layers):
             n = counts[offset + l * c.cfg.d_sae : offset + (l + 1) * c.cfg.d_sae]
-            out[(site, l)] = torch.nonzero(n > 0)[:, 0].numpy()
+            out[(site, l)] = torch.nonzero(n > 0)[:, 0].cpu().numpy()
         offset += c.cfg.n_layers * c.cfg.d_sae
     return out
 
@@ -102,7 +102,7 @@ def interference(
     """Steps 1-3 on `sequences` [n_seq, n_ctx] (token ids, BOS first)."""
     sets = transcoder_sets(model, transcoders)
     coders = _coders(sets)
-    sequences = torch.as_tensor(sequences).long()
+    sequences = torch.as_tensor(sequences, device=model.cfg.device).long()
     features = sample_features(live_features(model, sets, sequences, chunk_seqs), n_per_layer, seed)
     scales = mean_norm_scales(model, sequences.split(chunk_seqs))
     gw = GlobalWeights(model, sets, scales)
