@@ -805,7 +805,7 @@
       box.append(h("p", { class: "hint" }, `the edge from the frozen forward ${fmt(r.edge, 5)} (stored ${fmt(r.adjacency, 5)}) is, ` +
         "in every layer, the sum of its heads' parts and the bypass (the paths around that layer's attention)."));
       const top = h("ol", { class: "heads-top" });
-      for (const t of r.top_heads) {
+      for (const t of r.top_heads.filter((x) => x.loading !== 0)) {
         top.append(h("li", { class: "head-row" }, h("span", { class: "w " + (t.loading >= 0 ? "pos" : "neg") }, fmt(t.loading, 4)),
           `L${t.layer}.H${t.head}`, h("span", { class: "where" }, r.edge ? `${(100 * t.loading / r.edge).toFixed(1)}% of the edge` : "")));
       }

@@ -269,7 +269,9 @@ def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(browser, ioi, io
         unused = [
             li.get_attribute("data-name") for li in panel.find_elements(By.CSS_SELECTOR, "li.gw-row.unused")
         ]
-        assert unused == [r["name"] for d in ("output", "input") for r in want[d] if r["coactive"] is False]
+        assert unused and unused == [
+            r["name"] for d in ("output", "input") for r in want[d] if r["coactive"] is False
+        ]
         assert (
             json.dumps(want["logits_top"][0]["token"])
             in panel.find_element(By.CSS_SELECTOR, ".gw-logits-top").text
