@@ -99,6 +99,41 @@ def test_global_connections_are_the_features_global_weights(ioi, ioi_file, bundl
         assert server.viewer.hub.loads == 1  # the model and set, loaded once for every request
 
 
+@pytest.fixture
+def plt_without_dashboards(tmp_path):
+    """default-plt's weights in a folder of their own, with no dashboards file (so no corpus)."""
+    import shutil
+
+    from transcoders.paths import BUNDLED
+
+    folder = tmp_path / "plt-bare"
+    folder.mkdir()
+    for name in ("config.json", "weights.safetensors", "manifest.json"):
+        shutil.copy(BUNDLED["default-plt"] / name, folder / name)
+    return folder
+
+
+def test_without_coactivation_statistics_the_panel_says_so(ioi, ioi_file, bundled, plt_without_dashboards):
+    from attrgraph.analysis.global_weights import GlobalWeights
+
+    model, tc = bundled
+    n = ioi.nodes
+    feats = np.flatnonzero(n.kind == "feature")
+    node = int(feats[np.argmax(n.layer[feats])])
+    with served(ioi_file, transcoders=str(plt_without_dashboards)) as server:
+        got = get_json(server, f"/api/global?graph=ioi&node={node}")
+    co = got["coactivation"]
+    assert (
+        not co["available"]
+        and "no coactivation statistics" in co["note"]
+        and "no dashboards file" in co["note"]
+    )
+    assert got["input"] and all(r["coactive"] is None and r["n_both"] is None for r in got["input"])
+    assert got["scales"].startswith("raw")
+    want = GlobalWeights(model, tc).input_weights("mlp", int(n.layer[node]), int(n.feature[node])).top(10)
+    np.testing.assert_allclose([r["weight"] for r in got["input"]], want.weight, rtol=1e-9)
+
+
 def test_head_loadings_sum_to_the_graphs_edge_and_equal_the_library(ioi, ioi_file, bundled):
     from attrgraph.analysis.head_loadings import head_loadings
 
@@ -126,8 +161,9 @@ def test_head_loadings_sum_to_the_graphs_edge_and_equal_the_library(ioi, ioi_fil
             ]
 
 
-def test_two_threads_at_once_give_what_one_at_a_time_gives(ioi, ioi_file, bundled):
-    """`frozen_forward` swaps `block.mlp` on the shared model: concurrent sweeps hold `model_lock`."""
+def test_threads_at_once_give_what_one_at_a_time_gives(ioi, ioi_file, bundled):
+    """`frozen_forward` swaps `block.mlp` on the shared model: concurrent sweeps hold `model_lock`
+    (without it, 29 of 30 results of 6 threads at once differed), and so does the corpus pass."""
     from attrgraph.analysis.head_loadings import head_loadings
 
     model, tc = bundled
@@ -152,23 +188,21 @@ def test_two_threads_at_once_give_what_one_at_a_time_gives(ioi, ioi_file, bundle
     for a, b in zip(alone, together):
         np.testing.assert_array_equal(a.heads, b.heads)
         np.testing.assert_array_equal(a.edge, b.edge)
+    feats = np.flatnonzero(ioi.nodes.kind == "feature")
+    urls = [f"/api/heads?graph=ioi&source={s}&target={t}" for s, t in edges] + [
+        f"/api/global?graph=ioi&node={int(f)}" for f in feats[[0, len(feats) // 2, -1]]
+    ]
     with served(ioi_file) as one:
-        sequential = [get_json(one, f"/api/heads?graph=ioi&source={s}&target={t}") for s, t in edges]
+        sequential = [get_json(one, url) for url in urls]
     with served(ioi_file) as server:  # a fresh server: every request loads or computes at once
-        replies = at_once(
-            lambda i: request(
-                server, "GET", f"/api/heads?graph=ioi&source={edges[i][0]}&target={edges[i][1]}"
-            ),
-            len(edges),
-        )
+        replies = at_once(lambda i: request(server, "GET", urls[i]), len(urls))
         assert server.viewer.hub.loads == 1
-    for (status, body), want, a in zip(replies, sequential, alone):
+    for (status, body), want in zip(replies, sequential):
         assert status == 200, body
-        got = json.loads(body)
-        assert got == want
-        np.testing.assert_allclose(
-            [layer["heads"] for layer in got["layers"]], a.heads[0], rtol=1e-12, atol=0
-        )
+        assert json.loads(body) == want
+    for (_, body), a in zip(replies, alone):
+        heads = [layer["heads"] for layer in json.loads(body)["layers"]]
+        np.testing.assert_allclose(heads, a.heads[0], rtol=1e-12, atol=0)
 
 
 def test_bad_parameters_are_json_400s(ioi, ioi_file, tmp_path):
@@ -244,7 +278,9 @@ def severe(browser) -> list:
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
-def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(browser, ioi, ioi_file):
+def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(
+    browser, ioi, ioi_file, plt_without_dashboards
+):
     n = ioi.nodes
     feats = np.flatnonzero(n.kind == "feature")
     node = int(feats[np.argmax(n.layer[feats])])
@@ -292,5 +328,18 @@ def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(browser, ioi, io
         browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()  # back to the feature
         WebDriverWait(browser, 20).until(
             lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
+        )
+    with served(ioi_file, transcoders=str(plt_without_dashboards)) as server:  # no corpus: said, not marked
+        browser.get(server.url + "#graph:ioi")
+        WebDriverWait(browser, 20).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == ioi.n_nodes
+        )
+        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()
+        panel = WebDriverWait(browser, 120).until(
+            lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
+        )
+        assert "no coactivation statistics" in panel.text
+        assert panel.find_elements(By.CSS_SELECTOR, "li.gw-row") and not panel.find_elements(
+            By.CSS_SELECTOR, ".unused"
         )
     assert severe(browser) == []
