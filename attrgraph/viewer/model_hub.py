@@ -9,7 +9,8 @@
 3. What a loaded spec holds (`Loaded`): the model, the sets, a `ReplacementModel` for head
    loadings and, built on first use, the corpus statistics and the `GlobalWeights`.
 4. The corpus: the one the MLP set's dashboards were computed on (`dashboards.h5` attributes
-   `corpus` and its config's `seed`), its first `CORPUS_SEQS` sequences. Over it: every feature's
+   `corpus` and its config's `seed`), its first `corpus_seqs(n_ctx)` sequences (about
+   `CORPUS_TOKENS` tokens), read in chunks of at most `CHUNK_BYTES` of activations. Over it: every feature's
    activations (sparse, BOS position skipped) for coactivation (`coactivation`: the statistics
    of transcoders/coactivation.py for the pairs asked), and the mean norm denominators the global
    weights use (global_weights.py step 4). No dashboards file, or a corpus no package provides and
@@ -32,9 +33,10 @@ from attrgraph.errors import ViewRequestError
 
 MAX_LOADED = 2
 """Model specs held at once (step 2)."""
-CORPUS_SEQS = 64
-"""Corpus sequences for coactivation and mean norm denominators (step 4)."""
-CHUNK_SEQS = 16
+CORPUS_TOKENS = 8192
+"""Corpus tokens for coactivation and mean norm denominators (step 4): 64 sequences of the bundled model."""
+CHUNK_BYTES = 1 << 27
+"""Most bytes of dense activations one chunk of the corpus pass holds."""
 MAX_CACHED = 512
 """Answers kept per loaded spec (global connections) and per server (head loadings)."""
 
@@ -139,6 +141,11 @@ class Loaded:
         return value
 
 
+def corpus_seqs(n_ctx: int) -> int:
+    """How many sequences of `n_ctx` tokens the corpus pass reads (step 4)."""
+    return max(1, -(-CORPUS_TOKENS // n_ctx))
+
+
 def _corpus_stats(loaded: Loaded) -> Corpus:
     """Step 4 (the caller holds `loaded.lock`)."""
     import scipy.sparse as sp
@@ -164,20 +171,23 @@ def _corpus_stats(loaded: Loaded) -> Corpus:
     except (TypeError, ValueError):
         seed = 0
     model = loaded.model
+    n_seqs = corpus_seqs(model.cfg.n_ctx)
     try:
         stream = sequence_source(model, name, seed)
-        seqs = stream[:CORPUS_SEQS] if isinstance(stream, torch.Tensor) else _first(stream(), CORPUS_SEQS)
+        seqs = stream[:n_seqs] if isinstance(stream, torch.Tensor) else _first(stream(), n_seqs)
     except (TranscoderError, OSError, KeyError, StopIteration, ValueError) as e:
         return Corpus(
             f"no coactivation statistics: the corpus {name!r} of {path} cannot be read here "
             f"({type(e).__name__}: {e})."
         )
+    n_features = sum(c.cfg.n_layers * c.cfg.d_sae for c in loaded.coders)
+    chunk = max(1, CHUNK_BYTES // (4 * seqs.shape[1] * n_features))
     chunks = []
     with torch.no_grad(), model_lock(model):
-        for tokens in seqs.split(CHUNK_SEQS):
+        for tokens in seqs.split(chunk):
             a = flat_activations(model, loaded.coders, tokens)[:, 1:]
             chunks.append(sp.csr_array(a.reshape(-1, a.shape[-1]).numpy()))
-        scales = mean_norm_scales(model, seqs.split(CHUNK_SEQS))
+        scales = mean_norm_scales(model, seqs.split(chunk))
     acts = sp.vstack(chunks).tocsc()
     return Corpus(
         f"coactivation over {acts.shape[0]} positions ({len(seqs)} sequences) of the corpus {name!r} "

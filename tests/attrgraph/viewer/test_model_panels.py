@@ -55,11 +55,11 @@ def corpus(model, n_seqs: int) -> torch.Tensor:
 
 def test_global_connections_are_the_features_global_weights(ioi, ioi_file, bundled):
     from attrgraph.analysis.global_weights import GlobalWeights, mean_norm_scales
-    from attrgraph.viewer.model_hub import CORPUS_SEQS
+    from attrgraph.viewer.model_hub import corpus_seqs
     from transcoders.coactivation import compute_coactivation, flat_index
 
     model, tc = bundled
-    seqs = corpus(model, CORPUS_SEQS)
+    seqs = corpus(model, corpus_seqs(model.cfg.n_ctx))
     gw = GlobalWeights(model, tc, mean_norm_scales(model, seqs.split(8)))
     n = ioi.nodes
     feats = np.flatnonzero(n.kind == "feature")
