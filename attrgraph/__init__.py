@@ -132,6 +132,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "TargetError",
         "UnsupportedModelError",
         "ValidationError",
+        "ViewRequestError",
     ],
 }
 _WHERE = {

@@ -122,3 +122,8 @@ class NonFiniteValueError(AttrgraphError, FloatingPointError):
 
 class LabelError(AttrgraphError, ValueError):
     """A feature label the viewer cannot save: no such feature in the graph, or no dashboards file to hold it."""
+
+
+class ViewRequestError(AttrgraphError, ValueError):
+    """A viewer request for a model panel (global connections, head loadings) with bad parameters,
+    or for a graph whose model and transcoders the server cannot name."""

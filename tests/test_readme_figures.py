@@ -407,3 +407,21 @@ def test_frontier(readme):
     for line in rows:
         quoted(readme, line)
     quoted(readme, "](benchmarks/results/frontier.png)")
+
+
+def test_viewer_panels(readme):
+    r = load(RESULTS / "viewer_panels.json")["results"]
+    g, h = r["global first"], r["heads first"]
+    ms = lambda x, d: f"{x[0]:.{d}f}-{x[1]:.{d}f} ms"  # noqa: E731
+    quoted(
+        readme,
+        f"| /api/global | {g['global']['cold_s']:.1f} s | {ms(g['global']['first_ms'], 0)} | "
+        f"{ms(g['global']['repeated_ms'], 1)} |",
+    )
+    quoted(
+        readme,
+        f"| /api/heads | {h['heads']['cold_s']:.2f} s | {ms(h['heads']['first_ms'], 0)} | "
+        f"{ms(h['heads']['repeated_ms'], 1)} |",
+    )
+    quoted(readme, f"the corpus pass ({h['global']['cold_s']:.1f} s when the model is already loaded)")
+    quoted(readme, f"after the model is loaded takes {g['heads']['cold_s']:.2f} s")

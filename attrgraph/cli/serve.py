@@ -7,6 +7,10 @@
    viewer/access.py) and `--port` (default 8765; 0 takes a free one); a port in use is one clear
    line, exit code 2.
 3. Print the URL (with the token, once), optionally open it in a browser (`--open`), serve until Ctrl-C.
+Model panels: a feature's global connections and an edge's head loadings are computed with the
+model and sets each graph records (`attrgraph build`'s --model / --transcoders /
+--attn-transcoders), loaded on the first such request; `--model`, `--transcoders` and
+`--attn-transcoders` here override them for every graph (viewer/model_hub.py).
 Pruning: a graph is shown as stored, pruned by `attrgraph build` with the rule it records
 (circuit-tracer's by default; `build --prune-rule appendix` keeps every error node); an unpruned
 graph too large to draw is shown pruned at 0.8 / 0.98 by `prune_graph`'s default rule,
@@ -50,6 +54,23 @@ def add_parser(sub) -> None:
         metavar="NAME",
         help="another name the page may be reached by (the Host header), e.g. this machine's DNS name; repeatable",
     )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model of the feature panel's global connections and the edge panel's head loadings: "
+        "'default', a model folder or a TransformerLens name (default: the one each graph was built with)",
+    )
+    p.add_argument(
+        "--transcoders",
+        default=None,
+        help="the MLP transcoder set for those panels (default: the one each graph was built with)",
+    )
+    p.add_argument(
+        "--attn-transcoders",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="the attention SAE set for those panels (default: the one each graph was built with, if any)",
+    )
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     p.add_argument("--verbose", action="store_true", help="log every request")
 
@@ -68,6 +89,9 @@ def run(args) -> int:
         args.verbose,
         args.attn_dashboards,
         allow_hosts=tuple(args.allow_host),
+        model=args.model,
+        transcoders=args.transcoders,
+        attn_transcoders=args.attn_transcoders,
     )
     warn_if_exposed(args.host)
     print(f"serving {args.file} at {server.url} (Ctrl-C to stop)", flush=True)

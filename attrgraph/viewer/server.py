@@ -21,12 +21,20 @@
                               supernode_store.save_supernodes (the one atomic writer)
      POST /api/labels         label_request.py: checked, then `transcoders.set_labels` on the
                               dashboards file that labels those features (the same writer)
-   Every error is JSON `{"error": sentence}`: 400 (a bad request; nothing written), 403, 404,
+     /api/global?graph=NAME&node=ID[&k=K]
+                              global_request.py: a feature's strongest global connections
+     /api/heads?graph=NAME&source=ID&target=ID
+                              heads_request.py: the attention heads that carried an edge
+   The last two need the graph's model and sets (model_hub.py: loaded once, shared; what the
+   graph's meta records, or serve's --model / --transcoders / --attn-transcoders).
+   Every error is JSON `{"error": sentence}`: 400 (a bad request; nothing written or computed), 403, 404,
    411, 413, 500 or 501, also for what http.server itself refuses and for a file removed while
    serving.
 4. Payloads are cached per (kind, name) and file version (size, mtime); a write changes the
    version, so the next read sees it. One build per (kind, name) at a time: concurrent first
-   requests wait for the one build. Writes take a lock (and edit_h5 its file lock).
+   requests wait for the one build. Writes take a lock (and edit_h5 its file lock). The model
+   panels' answers are cached too (model_hub.MAX_CACHED each); head loadings run one at a time
+   per model (`model_lock`, analysis/head_loadings.py).
 """
 
 from __future__ import annotations
@@ -39,10 +47,20 @@ import sys
 import threading
 import traceback
 import urllib.parse
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from attrgraph.errors import AttrgraphError, GraphFileError, LabelError, ServeError, SupernodeError
+from attrgraph.errors import (
+    AttrgraphError,
+    GraphError,
+    GraphFileError,
+    LabelError,
+    OptionError,
+    ServeError,
+    SupernodeError,
+    ViewRequestError,
+)
 from attrgraph.viewer.access import LOOPBACK_NAMES, TOKEN_HEADER, WILDCARDS, Access, is_loopback
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -54,6 +72,10 @@ SOCKET_TIMEOUT = 20.0
 BACKLOG = 128
 """Listen backlog (socketserver's default of 5 resets a page's burst of requests)."""
 WRITES = ("/api/supernodes", "/api/labels")
+MODEL_READS = ("/api/global", "/api/heads")
+"""The reads that need the graph's model (step 3)."""
+MAX_VIEWS = 4
+"""Graphs (with their views) held for the model panels."""
 
 
 def static_file(url_path: str, root: Path = STATIC) -> Path | None:
@@ -73,15 +95,21 @@ def static_file(url_path: str, root: Path = STATIC) -> Path | None:
 
 
 class Viewer:
-    """The state behind the routes: the graph file, the dashboards override, payload caches."""
+    """The state behind the routes: the graph file, the dashboards override, payload caches, and
+    the model hub (`model`, `transcoders`, `attn_transcoders`: serve's overrides of what each
+    graph's meta records, model_hub.py)."""
 
     def __init__(
         self,
         path: str | os.PathLike,
         dashboards: str | os.PathLike | None = None,
         attn_dashboards: str | os.PathLike | None = None,
+        model: str | None = None,
+        transcoders: str | None = None,
+        attn_transcoders: str | None = None,
     ):
         from attrgraph.graph.store import list_graphs
+        from attrgraph.viewer.model_hub import ModelHub
 
         self.path = Path(path)
         self.dashboards, self.attn_dashboards = dashboards, attn_dashboards
@@ -102,6 +130,9 @@ class Viewer:
         self.build_locks: dict[tuple[str, str], threading.Lock] = {}
         self.label_files: dict[str, dict[str, Path | None]] = {}
         """Per graph, the dashboards file labelling its "mlp" / "attn" features (None: none)."""
+        self.hub = ModelHub(model, transcoders, attn_transcoders)
+        self.views: OrderedDict[tuple, tuple] = OrderedDict()
+        self.head_cache: OrderedDict[tuple, dict] = OrderedDict()
 
     def version(self) -> tuple[int, int]:
         st = self.path.stat()
@@ -168,6 +199,67 @@ class Viewer:
         payload = graph_payload(graph, name, supernodes, source, attn)
         labels_editable = {site: f is not None for site, f in files.items()}
         return dict(payload, file=self.path.name, editable=True, labels_editable=labels_editable)
+
+    # ------------------------------------------------------------------ the model panels
+    def view_of(self, name: str) -> tuple:
+        """(graph, its view, index in the graph of each view node) of stored graph `name`: the
+        page's node ids index the view (payload.py step 1)."""
+        from attrgraph.graph.store import load_graph
+        from attrgraph.viewer.payload import graph_view
+
+        key = (name, self.version())
+        with self.lock:
+            hit = self.views.get(key)
+        if hit is not None:
+            return hit
+        have = self.graphs()
+        if name not in have:
+            raise LookupError(f"{self.path.name} has no graph named {name!r}; it holds {have}.")
+        graph = load_graph(self.path, name)
+        view, index, _ = graph_view(graph)
+        with self.lock:
+            self.views[key] = (graph, view, index)
+            while len(self.views) > MAX_VIEWS:
+                self.views.popitem(last=False)
+        return graph, view, index
+
+    def global_connections(self, query: dict[str, list[str]]) -> dict:
+        """GET /api/global (global_request.py)."""
+        from attrgraph.viewer.global_request import feature_of, global_json, parse_global
+
+        name, node, k = parse_global(query)
+        graph, view, _ = self.view_of(name)
+        feature = feature_of(view, node)
+        loaded = self.hub.for_graph(graph.meta)
+        try:
+            out = loaded.cached(("global", feature, k), lambda: global_json(loaded, feature, k))
+        except OptionError as e:  # the feature does not fit the sets served
+            raise ViewRequestError(str(e)) from None
+        return dict(out, graph=name, node=node)
+
+    def heads(self, query: dict[str, list[str]]) -> dict:
+        """GET /api/heads (heads_request.py)."""
+        from attrgraph.viewer.heads_request import check_edge, heads_json, parse_heads
+        from attrgraph.viewer.model_hub import MAX_CACHED
+
+        name, source, target = parse_heads(query)
+        graph, view, index = self.view_of(name)
+        check_edge(view, source, target)
+        loaded = self.hub.for_graph(graph.meta)
+        s, t = int(index[source]), int(index[target])
+        key = (name, self.version(), loaded.spec, s, t)
+        with self.lock:
+            hit = self.head_cache.get(key)
+        if hit is None:
+            try:
+                hit = heads_json(loaded, graph, s, t)
+            except (GraphError, OptionError) as e:  # built with other sets, custom targets, ...
+                raise ViewRequestError(str(e)) from None
+            with self.lock:
+                self.head_cache[key] = hit
+                while len(self.head_cache) > MAX_CACHED:
+                    self.head_cache.popitem(last=False)
+        return dict(hit, graph=name, source=source, target=target)
 
     def save_supernodes(self, body: bytes) -> dict:
         from attrgraph.graph.store import load_graph
@@ -305,6 +397,10 @@ class Handler(BaseHTTPRequestHandler):
             if len(names) != 1:
                 return self._error(400, f"{route} needs one ?name=.")
             return self._json(200, self.server.viewer.payload(route.rsplit("/", 1)[1], names[0]))
+        if route in MODEL_READS:
+            viewer = self.server.viewer
+            read = viewer.global_connections if route == "/api/global" else viewer.heads
+            return self._json(200, read(query))
         return self._error(404, f"no such page {route}.")
 
     def do_POST(self) -> None:  # noqa: N802
@@ -346,7 +442,7 @@ class Handler(BaseHTTPRequestHandler):
         """Run a route; every failure becomes a JSON error (step 3)."""
         try:
             route()
-        except (SupernodeError, LabelError) as e:
+        except (SupernodeError, LabelError, ViewRequestError) as e:
             self._error(400, str(e))
         except LookupError as e:
             self._error(404, str(e.args[0]))
@@ -419,13 +515,17 @@ def make_server(
     allow_hosts: tuple[str, ...] = (),
     token: str | None = None,
     socket_timeout: float = SOCKET_TIMEOUT,
+    model: str | None = None,
+    transcoders: str | None = None,
+    attn_transcoders: str | None = None,
 ) -> ViewerServer:
     """A viewer server for the graph file `path`, bound but not yet serving (call
     `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port.
     `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found).
     `allow_hosts`: more names the Host header may give; `token`: the API token (default: a random
-    one when `host` is not loopback, none on loopback)."""
-    viewer = Viewer(path, dashboards, attn_dashboards)
+    one when `host` is not loopback, none on loopback). `model`, `transcoders`, `attn_transcoders`:
+    the model panels' model and sets for every graph (default: what each graph's meta records)."""
+    viewer = Viewer(path, dashboards, attn_dashboards, model, transcoders, attn_transcoders)
     return ViewerServer(viewer, host, port, verbose, tuple(allow_hosts), token, socket_timeout)
 
 

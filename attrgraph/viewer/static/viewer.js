@@ -23,6 +23,11 @@
 //       appendix's drops the features that had outgoing edges in (b) and kept none.
 // 2. The header's replacement and completeness scores are scores.py's, of that drawn graph.
 // 3. Error nodes can be hidden; supernodes collapsed into one node each with summed edges.
+// 4. Model panels (served pages only, loaded when clicked, answers kept): a clicked feature shows
+//    its strongest global connections (api/global: virtual weights in and out, those whose pair
+//    never coactivates on the corpus marked unused, and its output logits); a clicked edge shows
+//    the attention heads that carried it (api/heads: per layer each head's part and the bypass).
+//    Every server string reaches the page as text (textContent), never as markup.
 // The view (graph, selection, pins, thresholds, rule, toggles) lives in the URL hash.
 "use strict";
 (function () {
@@ -43,6 +48,7 @@
     keep: null, keepEdge: null, scores: null, nodes: [], edges: [], nodeEls: new Map(), labelEls: new Map(),
     edgeEls: [], incoming: new Map(), outgoing: new Map(), xy: [], cols: null, size: [0, 0],
     keyIndex: new Map(), highlighted: [], cam: { x: 0, y: 0, k: 1 }, view: "",
+    selectedEdge: null, panels: new Map(),
   };
 
   const $ = (id) => document.getElementById(id);
@@ -393,7 +399,12 @@
     if (state.selected !== null && !state.nodeEls.has(state.selected)) state.selected = null;
     if (state.selected !== null) state.nodeEls.get(state.selected).classList.add("selected");
     for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("pinned");
-    showDetails(state.selected);
+    const edge = state.selectedEdge && state.edges.find((e) => e.src === state.selectedEdge.src && e.tgt === state.selectedEdge.tgt);
+    if (edge) selectEdge(edge);
+    else {
+      state.selectedEdge = null;
+      showDetails(state.selected);
+    }
     renderPins();
     renderSupernodes();
     renderRanked();
@@ -543,6 +554,10 @@
       });
       p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
       p.addEventListener("mouseout", () => edgeTip(null));
+      p.addEventListener("click", (ev) => {
+        ev.stopPropagation();
+        if (!state.dragged) selectEdge(e);
+      });
       edges.append(p);
       state.edgeEls[i] = p;
       state.outgoing.get(e.src).push(i);
@@ -606,10 +621,11 @@
   function hover(id) {
     state.hovered = id;
     refreshFocus();
-    if (state.selected === null) showDetails(id);
+    if (state.selected === null && state.selectedEdge === null) showDetails(id);
   }
 
   function select(id) {
+    markEdge(null);
     if (state.selected !== null && state.nodeEls.has(state.selected)) state.nodeEls.get(state.selected).classList.remove("selected");
     state.selected = id;
     if (id !== null && state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("selected");
@@ -691,7 +707,117 @@
       edgeList("incoming", state.incoming.get(id), (e) => state.edges[e].src),
       edgeList("outgoing", state.outgoing.get(id), (e) => state.edges[e].tgt));
     box.replaceChildren(...parts);
+    if (d.kind === "graph" && n.kind === "feature" && typeof id === "number" && id === state.selected) box.append(globalPanel(id));
     if (d.kind === "graph" && n.kind === "feature") box.append(dashboard(d.dashboards[`${n.site === "attn" ? "A" : ""}${n.layer}/${n.feature}`]));
+  }
+
+  // ------------------------------------------------------------------ step 4: the model panels
+  // A panel's answer, fetched once per URL; fill(box, answer) runs if the box is still shown.
+  function modelPanel(id, title, url, fill) {
+    const box = h("div", { id, class: "model-panel" }, h("h3", {}, title));
+    const status = h("p", { class: "hint panel-status" }, "loading…");
+    box.append(status);
+    if (EMBEDDED) {
+      status.textContent = "computed by `attrgraph serve` with the graph's model; not in a saved page.";
+      return box;
+    }
+    if (!state.panels.has(url)) {
+      const p = getJSON(url);
+      state.panels.set(url, p);
+      p.catch(() => state.panels.delete(url));  // an error is not kept: a later click asks again
+    }
+    state.panels.get(url).then((r) => {
+      if (!box.isConnected) return;
+      status.remove();
+      fill(box, r);
+      box.classList.add("loaded");
+    }, (e) => {
+      status.textContent = e.message;
+      status.className = "error panel-status";
+    });
+    return box;
+  }
+
+  function globalPanel(id) {
+    const url = `api/global?graph=${encodeURIComponent(state.data.name)}&node=${id}`;
+    return modelPanel("global-panel", "Global connections", url, (box, r) => {
+      const co = r.coactivation;
+      box.append(h("p", { class: "hint" }, `virtual weights through the residual stream (norm denominators: ${r.scales}); ` +
+        (co.available ? `unused: the pair never fires together on one token of ${co.n_positions} corpus positions.` : co.note)));
+      box.append(connectionList(`Output weights (top ${r.output.length})`, r.output, co.available, "gw-output"));
+      box.append(connectionList(`Input weights (top ${r.input.length})`, r.input, co.available, "gw-input"));
+      box.append(h("h4", {}, "Output logits (demeaned)"), tokenWeights(r.logits_top, "gw-logits-top"),
+        h("h4", {}, "Most negative logits"), tokenWeights(r.logits_bottom, "gw-logits-bottom"));
+    });
+  }
+
+  function connectionList(title, rows, marked, cls) {
+    const ul = h("ul", { class: "edges-list " + cls });
+    for (const c of rows) {
+      const unused = marked && c.coactive === false;
+      const li = h("li", { class: "gw-row" + (unused ? " unused" : ""), "data-name": c.name,
+        title: marked ? `${c.name}: fires together on ${c.n_both} positions` : c.name },
+        h("span", { class: "w " + (c.weight >= 0 ? "pos" : "neg") }, fmt(c.weight, 4)), c.name);
+      const shown = state.data.nodes.find((x) => x.kind === "feature" && x.name === c.name);
+      if (shown) li.append(h("span", { class: "where" }, short(shown.label, 30)));
+      if (unused) li.append(h("span", { class: "tag" }, "unused"));
+      ul.append(li);
+    }
+    if (!rows.length) ul.append(h("li", { class: "hint" }, "none: nothing reaches it through the residual stream"));
+    return h("div", {}, h("h4", {}, title), ul);
+  }
+
+  function tokenWeights(rows, cls) {
+    return h("div", { class: "logits " + cls }, rows.map((t) => h("span", { class: "tokw" }, `${JSON.stringify(t.token)} ${fmt(t.weight)}   `)));
+  }
+
+  function markEdge(e) {
+    for (const el of document.querySelectorAll("path.edge.selected")) el.classList.remove("selected");
+    state.selectedEdge = e;
+    if (e) {
+      const i = state.edges.indexOf(e);
+      if (i >= 0 && state.edgeEls[i]) state.edgeEls[i].classList.add("selected");
+    }
+  }
+
+  function selectEdge(e) {
+    if (state.selected !== null && state.nodeEls.has(state.selected)) state.nodeEls.get(state.selected).classList.remove("selected");
+    state.selected = null;
+    markEdge(e);
+    refreshFocus();
+    writeHash();
+    const d = state.data, src = nodeById(e.src), tgt = nodeById(e.tgt);
+    const link = (id, n) => h("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(id); } }, n.label);
+    const kv = h("dl", { class: "kv" },
+      h("dt", {}, "from"), h("dd", {}, link(e.src, src), h("span", { class: "where" }, where(src))),
+      h("dt", {}, "to"), h("dd", {}, link(e.tgt, tgt), h("span", { class: "where" }, where(tgt))),
+      h("dt", {}, "weight"), h("dd", {}, fmt(e.w, 4) + (e.index < 0 ? " (summed)" : "")));
+    const parts = [h("h3", { class: "edge-label" }, "Edge"), kv];
+    if (d.kind !== "graph") parts.push(h("p", { class: "hint" }, "head loadings are computed for attribution-graph edges."));
+    else if (e.index < 0 || typeof e.src !== "number") parts.push(h("p", { class: "hint" }, "a summed edge of collapsed supernodes: head loadings are listed for single edges."));
+    else parts.push(headsPanel(e));
+    $("details").replaceChildren(...parts);
+  }
+
+  function headsPanel(e) {
+    const url = `api/heads?graph=${encodeURIComponent(state.data.name)}&source=${e.src}&target=${e.tgt}`;
+    return modelPanel("heads-panel", "Heads", url, (box, r) => {
+      box.append(h("p", { class: "hint" }, `the edge from the frozen forward ${fmt(r.edge, 5)} (stored ${fmt(r.adjacency, 5)}) is, ` +
+        "in every layer, the sum of its heads' parts and the bypass (the paths around that layer's attention)."));
+      const top = h("ol", { class: "heads-top" });
+      for (const t of r.top_heads.filter((x) => x.loading !== 0)) {
+        top.append(h("li", { class: "head-row" }, h("span", { class: "w " + (t.loading >= 0 ? "pos" : "neg") }, fmt(t.loading, 4)),
+          `L${t.layer}.H${t.head}`, h("span", { class: "where" }, r.edge ? `${(100 * t.loading / r.edge).toFixed(1)}% of the edge` : "")));
+      }
+      const table = h("table", { class: "heads-table" },
+        h("tr", {}, h("th", {}, "layer"), [...Array(r.n_heads).keys()].map((k) => h("th", {}, `H${k}`)), h("th", {}, "bypass")));
+      for (const l of r.layers) {
+        table.append(h("tr", { "data-layer": l.layer }, h("th", {}, `L${l.layer}`),
+          l.heads.map((v) => h("td", { class: v > 0 ? "pos" : v < 0 ? "neg" : "zero", title: String(v) }, fmt(v, 3))),
+          h("td", { class: "bypass", title: String(l.bypass) }, fmt(l.bypass, 3))));
+      }
+      box.append(h("h4", {}, "Strongest heads"), top, h("h4", {}, "Every head, per layer"), table);
+    });
   }
 
   function labelEditor(n) {
@@ -863,6 +989,10 @@
         "stroke-width": (0.6 + 3.4 * r).toFixed(2), opacity: (0.3 + 0.6 * r).toFixed(2) });
       p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
       p.addEventListener("mouseout", () => edgeTip(null));
+      p.addEventListener("click", (ev) => {
+        ev.stopPropagation();
+        if (!state.dragged) selectEdge(e);
+      });
       ge.append(p);
     }
     const gn = s("g", {});
@@ -1037,6 +1167,11 @@
       setTimeout(() => { state.dragged = false; }, 0);
     });
     svg.addEventListener("click", () => { if (!state.dragged) select(null); });
+    state.selectEdge = (src, tgt) => {  // for tests and the console
+      const e = state.edges.find((x) => x.src === src && x.tgt === tgt);
+      if (e) selectEdge(e);
+      return !!e;
+    };
     window.addEventListener("resize", () => { if (state.data) applyCam(); });
   }
 

@@ -24,6 +24,13 @@ from tests.attrgraph.ag_helpers import random_graph
 from tests.attrgraph.viewer.viewer_helpers import request, served, sha
 
 HOSTS = ["127.0.0.1", "0.0.0.0"]
+READS = (
+    "/api/graphs",
+    "/api/graph?name=g",
+    "/api/global?graph=g&node=0",
+    "/api/heads?graph=g&source=0&target=1",
+)
+"""Every API read; each gets the same attacks (the model panels' reads included)."""
 
 
 @pytest.fixture
@@ -165,7 +172,7 @@ def test_near_miss_host_names_are_refused(small_file, host):
             f"xlocalhost:{port}",
             "",
         ):
-            for method, url in (("GET", "/api/graphs"), ("GET", "/"), ("POST", "/api/supernodes")):
+            for method, url in [("GET", u) for u in READS] + [("GET", "/"), ("POST", "/api/supernodes")]:
                 body = WIPE if method == "POST" else None
                 status, reply = request(server, method, url, body, {"Host": name, **token_headers(server)})
                 assert status == 403, (name, method, url, status)
@@ -190,7 +197,11 @@ def test_beyond_loopback_every_api_call_needs_the_token(small_file):
         token = server.access.token
         assert token and len(token) >= 32
         assert server.url == f"http://127.0.0.1:{server.server_address[1]}/?token={token}"
-        for url in ("/api/graphs", "/api/graph?name=g", f"/api/graphs?token={token[:-1]}x"):
+        for url in (
+            *READS,
+            f"/api/graphs?token={token[:-1]}x",
+            f"/api/global?graph=g&node=0&token={token[:-1]}x",
+        ):
             status, reply = request(server, "GET", url)
             assert status == 403 and "token" in json.loads(reply)["error"], url
         for headers in ({}, {TOKEN_HEADER: "wrong"}, {TOKEN_HEADER: ""}):
@@ -349,11 +360,7 @@ def test_a_file_removed_while_serving_gives_json_errors(small_file):
     with served(small_file) as server:
         assert request(server, "GET", "/api/graph?name=g")[0] == 200
         small_file.unlink()
-        for method, url in (
-            ("GET", "/api/graphs"),
-            ("GET", "/api/graph?name=g"),
-            ("POST", "/api/supernodes"),
-        ):
+        for method, url in [("GET", u) for u in READS] + [("POST", "/api/supernodes")]:
             body = WIPE if method == "POST" else None
             status, reply = request(server, method, url, body)
             assert status == 404, (url, reply)
