@@ -131,8 +131,31 @@ class Viewer:
         self.label_files: dict[str, dict[str, Path | None]] = {}
         """Per graph, the dashboards file labelling its "mlp" / "attn" features (None: none)."""
         self.hub = ModelHub(model, transcoders, attn_transcoders)
+        if graphs and (model or transcoders or attn_transcoders):
+            self._load_overrides(graphs[0])
         self.views: OrderedDict[tuple, tuple] = OrderedDict()
         self.head_cache: OrderedDict[tuple, dict] = OrderedDict()
+
+    def _load_overrides(self, name: str) -> None:
+        """A wrong --model / --transcoders / --attn-transcoders is an error before serving: load
+        them (with what graph `name` records for the rest) now, which the panels then reuse."""
+        from attrgraph.errors import AttrgraphError
+        from attrgraph.graph.store import load_meta
+
+        try:
+            self.hub.for_graph(load_meta(self.path, name))
+        except (AttrgraphError, OSError, ValueError, KeyError) as e:
+            given = [
+                f"--{flag} {value}"
+                for flag, value in (
+                    ("model", self.hub.model),
+                    ("transcoders", self.hub.transcoders),
+                    ("attn-transcoders", self.hub.attn_transcoders),
+                )
+                if value
+            ]
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ServeError(f"cannot load {' '.join(given)} for graph {name!r}: {first}") from None
 
     def version(self) -> tuple[int, int]:
         st = self.path.stat()

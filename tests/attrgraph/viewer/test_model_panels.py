@@ -274,6 +274,27 @@ def test_serve_takes_the_model_options():
     assert (args.model, args.transcoders, args.attn_transcoders) == (None, None, None)
 
 
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--transcoders", "nosuch"], "no transcoders at nosuch"),
+        (["--model", "nosuch-model"], "is not 'default', a model folder"),
+        (["--attn-transcoders", "default-plt"], "must be an SAE set"),
+    ],
+)
+def test_serve_refuses_model_options_it_cannot_load_before_serving(ioi_file, options, says):
+    """One line and exit 2 before listening (a server that started would outlive the timeout)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "attrgraph.cli", "serve", str(ioi_file), "--port", "0", *options]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and res.stdout == "", (res.returncode, res.stdout, err)
+    assert err.startswith("attrgraph serve: error: cannot load " + " ".join(options)), err
+    assert says in err and "\n" not in err, err
+
+
 def severe(browser) -> list:
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
