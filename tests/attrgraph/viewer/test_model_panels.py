@@ -295,6 +295,18 @@ def test_serve_refuses_model_options_it_cannot_load_before_serving(ioi_file, opt
     assert says in err and "\n" not in err, err
 
 
+def open_global_panel(browser, server, graph, node: int):
+    """Load the page of graph "ioi", click feature `node` and wait for its Global connections."""
+    browser.get(server.url + "#graph:ioi")
+    WebDriverWait(browser, 20).until(
+        lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == graph.n_nodes
+    )
+    browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()
+    return WebDriverWait(browser, 120).until(
+        lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
+    )
+
+
 def severe(browser) -> list:
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -309,14 +321,7 @@ def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(
     browser.get_log("browser")
     with served(ioi_file) as server:
         browser.get("about:blank")
-        browser.get(server.url + "#graph:ioi")
-        WebDriverWait(browser, 20).until(
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == ioi.n_nodes
-        )
-        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()
-        panel = WebDriverWait(browser, 120).until(
-            lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
-        )
+        panel = open_global_panel(browser, server, ioi, node)
         want = get_json(server, f"/api/global?graph=ioi&node={node}")
         names = lambda cls: [  # noqa: E731
             li.get_attribute("data-name") for li in panel.find_elements(By.CSS_SELECTOR, f".{cls} li.gw-row")
@@ -351,14 +356,7 @@ def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(
             lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
         )
     with served(ioi_file, transcoders=str(plt_without_dashboards)) as server:  # no corpus: said, not marked
-        browser.get(server.url + "#graph:ioi")
-        WebDriverWait(browser, 20).until(
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == ioi.n_nodes
-        )
-        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()
-        panel = WebDriverWait(browser, 120).until(
-            lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
-        )
+        panel = open_global_panel(browser, server, ioi, node)
         assert "no coactivation statistics" in panel.text
         assert panel.find_elements(By.CSS_SELECTOR, "li.gw-row") and not panel.find_elements(
             By.CSS_SELECTOR, ".unused"
