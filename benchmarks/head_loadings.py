@@ -6,9 +6,11 @@
    batch; analysis/head_loadings.py) and check every split sums to its edge.
 3. Name-mover-like edges: edges into the top logit (" Mary") from nodes at the position of the
    indirect object "Mary" (earlier in the prompt). Sum their head loadings per head.
-4. Check on the real model: zero one head's output (`hook_z` of that head at the last position)
-   and measure the change of the logit difference " Mary" - " John"; the heads the loadings name
-   should be the heads whose ablation hurts most.
+4. Check on the real model, two ways: cut one head's attention from the last position to the
+   indirect object (its pattern entry set to 0: the path the loadings split, with everything
+   downstream live) and measure the change of the demeaned answer logit; and zero one head's
+   whole output there (`hook_z`), measuring the logit difference " Mary" - " John" (every path
+   through the head, from every position).
 
 Writes benchmarks/results/head_loadings.{json,md}. Usage:
     OMP_NUM_THREADS=1 python benchmarks/head_loadings.py   (about 20 s)
@@ -56,6 +58,46 @@ def ablation_effects(model, tokens, good: int, bad: int) -> np.ndarray:
     return out
 
 
+def knockout_effects(model, tokens, good: int, key: int, hold: bool = False) -> np.ndarray:
+    """[n_layers, n_heads] change of the demeaned logit of `good` at the last position when one
+    head's attention from the last position to position `key` is cut (that pattern entry set to 0,
+    not renormalized), on the real model: the path a head loading of an edge from `key` measures,
+    with everything downstream left live (norms, MLPs, later heads), or with `hold` the MLP outputs
+    from the head's layer on and the final norm's scale held at their clean values (as the graph
+    freezes them; later heads stay live)."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    clean = {}
+    if hold:
+        names = [f"blocks.{l}.hook_mlp_out" for l in range(L)] + ["ln_final.hook_scale"]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
+        clean = {n: cache[n] for n in names}
+
+    def held(layer: int) -> list:
+        if not hold:
+            return []
+        names = [f"blocks.{l}.hook_mlp_out" for l in range(layer, L)] + ["ln_final.hook_scale"]
+        return [(n, lambda x, hook: clean[hook.name]) for n in names]
+
+    def target(hooks=()):
+        with torch.no_grad():
+            logits = model.run_with_hooks(tokens[None], fwd_hooks=list(hooks))[0, -1]
+        return float(logits[good] - logits.mean())
+
+    base = target()
+    out = np.zeros((L, H))
+    for l in range(L):
+        for h in range(H):
+
+            def cut(pattern, hook, h=h):  # [batch, head, query, key]
+                pattern = pattern.clone()
+                pattern[:, h, -1, key] = 0.0
+                return pattern
+
+            out[l, h] = target([(f"blocks.{l}.attn.hook_pattern", cut), *held(l)]) - base
+    return out
+
+
 def main() -> int:
     torch.set_num_threads(1)
     import attrgraph
@@ -93,6 +135,8 @@ def main() -> int:
     good = int(n.token[logit])
     bad = int(model.tokenizer.convert_tokens_to_ids(other.strip()))
     ablate = ablation_effects(model, tokens, good, bad)
+    knock = knockout_effects(model, tokens, good, io_pos)
+    knock_held = knockout_effects(model, tokens, good, io_pos, hold=True)
     order = np.argsort(-np.abs(per_head), axis=None)[:5]
     top = [
         dict(
@@ -100,12 +144,22 @@ def main() -> int:
             head=int(o % per_head.shape[1]),
             loading=float(per_head.flat[o]),
             ablation_delta_logit_diff=float(ablate.flat[o]),
+            knockout_delta_logit=float(knock.flat[o]),
+            knockout_held_delta_logit=float(knock_held.flat[o]),
         )
         for o in order
     ]
     ab_order = np.argsort(ablate, axis=None)[:3]  # the most harmful ablations
     rank_corr = float(
         np.corrcoef(np.argsort(np.argsort(-per_head.ravel())), np.argsort(np.argsort(ablate.ravel())))[0, 1]
+    )
+    held_corr = float(
+        np.corrcoef(np.argsort(np.argsort(per_head.ravel())), np.argsort(np.argsort(-knock_held.ravel())))[
+            0, 1
+        ]
+    )
+    knock_corr = float(
+        np.corrcoef(np.argsort(np.argsort(per_head.ravel())), np.argsort(np.argsort(-knock.ravel())))[0, 1]
     )
     result = dict(
         command="OMP_NUM_THREADS=1 python benchmarks/head_loadings.py",
@@ -126,6 +180,8 @@ def main() -> int:
             for o in ab_order
         ],
         spearman_loading_vs_ablation_harm=rank_corr,
+        spearman_loading_vs_knockout_drop=knock_corr,
+        spearman_loading_vs_held_knockout_drop=held_corr,
     )
     out = ROOT / "benchmarks" / "results" / "head_loadings"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
@@ -140,18 +196,24 @@ def main() -> int:
         f"- name-moving edges (from the {len(sources)} nodes at {words[io_pos]!r}, position {io_pos}, into the "
         f"{answer!r} logit): total {result['name_moving_edge_total']:.3f}.",
         "",
-        "| layer.head | summed loading on the name-moving edges | real model: change of logit diff when the head's output at the last position is zeroed |",
-        "|---|---|---|",
+        "| layer.head | summed loading on the name-moving edges | real model: change of the demeaned "
+        f"{answer!r} logit when the head's attention from the last position to {words[io_pos]!r} is cut | "
+        "the same cut, later MLP outputs and the final norm's scale held | "
+        "real model: change of logit diff when the head's output at the last position is zeroed |",
+        "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {t['layer']}.{t['head']} | {t['loading']:.3f} | {t['ablation_delta_logit_diff']:+.3f} |"
+        f"| {t['layer']}.{t['head']} | {t['loading']:.3f} | {t['knockout_delta_logit']:+.3f} | "
+        f"{t['knockout_held_delta_logit']:+.3f} | {t['ablation_delta_logit_diff']:+.3f} |"
         for t in top
     ]
     lines += [
         "",
         "Most harmful single-head ablations on the real model: "
         + ", ".join(f"{a['layer']}.{a['head']} ({a['delta']:+.3f})" for a in result["most_harmful_ablations"])
-        + f"; Spearman correlation of loading with ablation harm over all heads: {rank_corr:.2f}.",
+        + f"; Spearman correlation over all heads of the loading with the drop when its attention to "
+        f"{words[io_pos]!r} is cut: {knock_corr:.2f} (held: {held_corr:.2f}); with the harm of zeroing its "
+        f"whole output: {rank_corr:.2f}.",
         "",
     ]
     out.with_suffix(".md").write_text("\n".join(lines))

@@ -425,3 +425,20 @@ def test_viewer_panels(readme):
     )
     quoted(readme, f"the corpus pass ({h['global']['cold_s']:.1f} s when the model is already loaded)")
     quoted(readme, f"after the model is loaded takes {g['heads']['cold_s']:.2f} s")
+
+
+def test_head_loadings(readme):
+    """benchmarks/results/head_loadings.json: the parts sum to the edges, and the README quotes each
+    named head's loading beside its knockouts on the real model."""
+    r = load(RESULTS / "head_loadings.json")
+    assert r["worst_relative_sum_error"] <= 1e-5
+    for t in r["top_heads"]:
+        quoted(
+            readme,
+            f"| {t['layer']}.{t['head']} | {t['loading']:.3f} | {t['knockout_delta_logit']:+.3f} | "
+            f"{t['knockout_held_delta_logit']:+.3f} | {t['ablation_delta_logit_diff']:+.3f} |",
+        )
+    quoted(
+        readme,
+        f"cut: {r['spearman_loading_vs_knockout_drop']:.2f} (held: {r['spearman_loading_vs_held_knockout_drop']:.2f})",
+    )
