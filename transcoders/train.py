@@ -30,7 +30,6 @@ activation_store.py). One run:
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import functools
 import json
@@ -299,7 +298,9 @@ def train(
     `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
     `stop_after` ends the run early after that many steps (as an interruption would).
     Inside an initialized torch.distributed process group it trains as `cfg.parallel` says
-    (distributed.py); every rank returns the same full set, and rank 0 alone writes checkpoints.
+    (distributed.py). Data parallel: every rank returns the same full set, and rank 0 alone writes
+    checkpoints. Feature-sharded: every rank creates, trains and checkpoints only its slice of the
+    features; rank 0 returns the full set (gathered at the end), every other rank its own slice.
     """
     from transcoders import build_transcoders
     from transcoders.base import TranscoderOutput
@@ -334,20 +335,18 @@ def train(
         if d.active and dist_backend() == "nccl"
         else next(model.parameters()).device
     )
-    full = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
-    if full.nonlinearity.trained_threshold:
+    # feature-sharded: this rank's slice of the one-process initialization, drawn without the rest
+    part = (d.rank, d.world) if sharded else (0, 1)
+    tc = build_transcoders(tdist.local_config(tcfg, d))
+    tc.init_weights(torch.Generator().manual_seed(cfg.seed), shard=part)
+    if tc.nonlinearity.trained_threshold:
         with torch.no_grad():
-            full.threshold.fill_(cfg.threshold_init)
-    tc = full
-    if sharded:  # this rank's slice of the same initialization
-        tc = build_transcoders(tdist.local_config(tcfg, d))
-        init = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, tcfg.kind, d)
-        tc.load_state_dict({k[3:]: v for k, v in init.items()})
+            tc.threshold.fill_(cfg.threshold_init)
     tc.to(device)
     tc.nonlinearity.begin_training(tc)  # JumpReLU: the optimizer sees log(theta)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
     if (resume := resume_folder(ckpt)) is not None:  # checkpoint.py step 3: or checkpoint.old
-        meta, state = read_checkpoint(resume)
+        meta, state = read_checkpoint(resume, part)  # this rank's features only
         saved = meta["train_config"]
         differs = [
             k
@@ -359,8 +358,6 @@ def train(
                 f"{ckpt} was written by a run with different {differs}; rerun with the same options "
                 "to resume, or pass another --out to start afresh."
             )
-        if sharded:
-            state = tdist.shard_state(state, tcfg.kind, d)
         step, scales, last_fired = apply_state(tc, opt, meta, state)
     else:
         x0, y0 = store.block(0)
@@ -390,11 +387,9 @@ def train(
     local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
 
     def checkpoint(step):
-        if sharded:  # gather the full state (a collective), rank 0 writes it
+        if sharded:  # every rank writes its own slice (checkpoint.py step 1)
             tensors, order, groups = state_tensors(tc, opt, scales, last_fired)
-            tensors = tdist.gather_state(tensors, tcfg.kind, d)
-            if d.main:
-                write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups)
+            write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups, part, dist_barrier)
         elif d.main:
             save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
         if d.active:
@@ -489,16 +484,16 @@ def train(
     bar.close()
     checkpoint(step)
     tc.nonlinearity.end_training(tc)  # the plain threshold again, for gathering, folding and saving
-    if sharded:  # every rank returns the full set
-        state = tdist.gather_state({f"tc.{k}": v for k, v in tc.state_dict().items()}, tcfg.kind, d)
-        full.load_state_dict({k[3:]: v for k, v in state.items()})
-        tc = full
+    opt.state.clear()  # Adam's state is in the checkpoint; free it before rank 0 gathers the set
+    del forward
+    tc.zero_grad(set_to_none=True)
+    if sharded:  # rank 0 gathers the full set; the others keep their slice
+        tc = tdist.gather_set(tc, build_transcoders(tcfg).to(device) if d.main else None, d)
     tc.eval()
     if step < total:
         return tc, {"stopped_at": step}
-    final = copy.deepcopy(tc)
-    final.fold_scales(scales["in"], scales["out"])
-    return final, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
+    tc.fold_scales(scales["in"], scales["out"])
+    return tc, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
 
 
 def dead_features(step: int, last_fired: torch.Tensor, dead_after: int | None) -> torch.Tensor | None:
