@@ -277,6 +277,10 @@ def average_grads(params, d: Dist) -> None:
             p.grad.div_(d.world)
 
 
+NORM_CHUNK = 1 << 20
+"""Gradient values `clip_grad_norm_sharded` squares in float64 at a time."""
+
+
 def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
     """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set.
 
@@ -286,11 +290,13 @@ def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Ten
 
     device = next(p.device for p in list(sharded) + list(replicated))  # NCCL reduces device tensors only
 
-    def sq(ps):
-        return sum(
-            (p.grad.double().pow(2).sum() for p in ps if p.grad is not None),
-            torch.zeros((), dtype=torch.float64, device=device),
-        )
+    def sq(ps):  # in float64, NORM_CHUNK values at a time: no float64 copy of a whole gradient
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for p in ps:
+            if p.grad is not None:
+                for chunk in p.grad.reshape(-1).split(NORM_CHUNK):
+                    total += chunk.double().pow(2).sum()
+        return total
 
     local = sq(sharded)
     dist.all_reduce(local)

@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 
 DEAD_TOKENS = 100_000
 """TopK: a feature silent for this many training tokens counts as dead for the auxiliary loss."""
+EVAL_ACTIVATIONS = 1 << 24
+"""Evaluation runs the set on at most 4096 tokens at a time, fewer when tokens x layers x features
+would pass this (64 MB of float32 pre-activations; a CLT of 16384 features per layer: 256 tokens)."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
@@ -530,7 +533,10 @@ def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq:
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}
     x, y = collect(model, tokens, tc.cfg)
-    metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1)))
+    batch = max(
+        1, min(4096, EVAL_ACTIVATIONS // (tc.n_layers * tc.d_sae))
+    )  # a wide set: fewer tokens at once
+    metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1), batch))
     metrics.update(replacement_metrics(model, tc, tokens))
     if cfg.splice_with:
         others = [load_transcoders(name, device=tc.device, dtype=tc.dtype) for name in cfg.splice_with]
