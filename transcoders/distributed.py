@@ -223,7 +223,8 @@ def gather_set(tc, full, d: Dist):
         parts = [torch.empty_like(t) for _ in range(d.world)] if d.main else None
         dist.gather(t, parts, dst=0)
         if d.main:
-            target[name].copy_(torch.cat(parts, dim))
+            for whole, part in zip(target[name].chunk(d.world, dim), parts, strict=True):
+                whole.copy_(part)
     return full if d.main else tc
 
 

@@ -71,8 +71,9 @@ if TYPE_CHECKING:
 DEAD_TOKENS = 100_000
 """TopK: a feature silent for this many training tokens counts as dead for the auxiliary loss."""
 EVAL_ACTIVATIONS = 1 << 24
-"""Evaluation runs the set on at most 4096 tokens at a time, fewer when tokens x layers x features
-would pass this (64 MB of float32 pre-activations; a CLT of 16384 features per layer: 256 tokens)."""
+"""Evaluation runs the set on at most 4096 tokens (spliced into the model: 16 sequences) at a time,
+fewer when tokens x layers x features would pass this (64 MB of float32 activations; a CLT of 16384
+features per layer on the bundled model: 256 tokens, 2 sequences)."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
@@ -533,16 +534,16 @@ def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq:
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}
     x, y = collect(model, tokens, tc.cfg)
-    batch = max(
-        1, min(4096, EVAL_ACTIVATIONS // (tc.n_layers * tc.d_sae))
-    )  # a wide set: fewer tokens at once
+    per_token = tc.n_layers * tc.d_sae  # a wide set runs on fewer tokens at a time
+    batch = max(1, min(4096, EVAL_ACTIVATIONS // per_token))
     metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1), batch))
-    metrics.update(replacement_metrics(model, tc, tokens))
+    seqs = max(1, min(16, EVAL_ACTIVATIONS // (per_token * tokens.shape[1])))
+    metrics.update(replacement_metrics(model, tc, tokens, seqs))
     if cfg.splice_with:
         others = [load_transcoders(name, device=tc.device, dtype=tc.dtype) for name in cfg.splice_with]
         for other in others:
             check_fits(model, other)
-        joint = spliced_metrics(model, [tc, *others], tokens)
+        joint = spliced_metrics(model, [tc, *others], tokens, seqs)
         metrics["spliced_with"] = {"sets": list(cfg.splice_with), **joint}
     return metrics
 
