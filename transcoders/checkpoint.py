@@ -32,6 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from transcoders.distributed import feature_dim
+from transcoders.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,6 +90,11 @@ def write_checkpoint(
         tmp.mkdir(parents=True)
     if shards > 1:
         barrier()  # the folder exists before any rank writes into it
+        if not tmp.is_dir():
+            raise ConfigError(
+                f"rank {rank} does not see {tmp}, which rank 0 made: a feature-sharded run writes one "
+                "checkpoint file per rank, so --out must be on a filesystem every rank sees."
+            )
         tensors = {k: v for k, v in tensors.items() if rank == 0 or feature_dim(k, tc_cfg.kind) is not None}
     name = state_files(shards)[rank]
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name))

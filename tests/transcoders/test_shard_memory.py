@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.transcoders.tc_helpers import random_set, tiny_model
-from transcoders import build_transcoders
+from transcoders import ConfigError, build_transcoders
 from transcoders import distributed as tdist
 from transcoders.base import uniform_slice
 from transcoders.checkpoint import read_checkpoint, resume_folder, state_tensors, write_checkpoint
@@ -100,6 +100,32 @@ def test_two_rank_files_read_back_as_any_ranks_slice(tmp_path):
             assert meta["step"] == 5 and got.keys() == want.keys()
             for k, v in want.items():
                 assert torch.equal(got[k], v), (world, rank, k)
+
+
+def test_a_rank_that_does_not_see_the_checkpoint_folder_says_so(tmp_path):
+    """Ranks on filesystems of their own (here: other folders) cannot write one checkpoint."""
+    whole = random_set("plt", d_sae=D_SAE, seed=2)
+    tensors, order, groups = adam_state(whole)
+    cfg = TrainConfig(kind="plt", d_sae=D_SAE)
+    sync = threading.Barrier(2, timeout=60)
+    errors = {}
+
+    def write(rank):
+        mine = tdist.shard_state(tensors, "plt", tdist.Dist(rank, 2, "features"))
+        folder = tmp_path / f"node{rank}" / "ckpt"
+        try:
+            write_checkpoint(folder, mine, 5, cfg, whole.cfg, order, groups, (rank, 2), sync.wait)
+        except (ConfigError, threading.BrokenBarrierError) as e:
+            errors[rank] = e
+            sync.abort()  # as torchrun stops the other ranks when one fails
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert isinstance(errors[1], ConfigError) and "filesystem every rank sees" in str(errors[1])
+    assert not (tmp_path / "node0" / "ckpt").exists()  # nothing half-written replaced a checkpoint
 
 
 # ---------------------------------------------------------------------- two ranks training
