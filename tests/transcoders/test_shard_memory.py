@@ -46,6 +46,17 @@ def test_uniform_slice_is_the_slice_of_the_full_draw(shape, axis, world, monkeyp
         assert torch.equal(torch.rand(3, generator=g), after)  # the generator ends where the full draw does
 
 
+def test_uniform_slice_at_full_chunk_size():
+    """The same with draws of RAND_CHUNK values (vectorized kernels could draw large tensors differently)."""
+    from transcoders.base import RAND_CHUNK
+
+    shape = (2, RAND_CHUNK + 3)
+    full = torch.rand(2, 2 * shape[1], generator=torch.Generator().manual_seed(4))
+    for rank in range(2):
+        got = uniform_slice(shape, 1, rank, 2, torch.Generator().manual_seed(4))
+        assert torch.equal(got, full.chunk(2, 1)[rank])
+
+
 @pytest.mark.parametrize("kind", ["plt", "clt", "sae"])
 def test_a_ranks_initialization_is_its_slice_of_one_process(kind):
     whole = random_set(kind, d_sae=D_SAE, seed=0)
