@@ -442,3 +442,27 @@ def test_head_loadings(readme):
         readme,
         f"cut: {r['spearman_loading_vs_knockout_drop']:.2f} (held: {r['spearman_loading_vs_held_knockout_drop']:.2f})",
     )
+
+
+def test_sharded_memory(readme):
+    """benchmarks/results/sharded_memory.json: per-rank training peaks (issue 23), the README's table."""
+    res = load(RESULTS / "sharded_memory.json")
+    for world in (1, 2, 4):
+        ranks = [r for r in res["rows"] if r["world"] == world]
+        others = sorted(r["train_above_mb"] for r in ranks if r["rank"] > 0)
+        span = (
+            "-"
+            if not others
+            else f"{others[0]:.0f}"
+            if len(others) == 1
+            else f"{others[0]:.0f}-{others[-1]:.0f}"
+        )
+        label = "1 (no torchrun)" if world == 1 else str(world)
+        quoted(
+            readme,
+            f"| {label} | {ranks[0]['set_adam_mb']:.0f} MB | {ranks[0]['train_above_mb']:.0f} MB | "
+            + (span if span == "-" else f"{span} MB")
+            + " |",
+        )
+    exits = [r["exit_above_mb"] for r in res["rows"] if r["rank"] == 0 and r["world"] > 1]
+    quoted(readme, f"take rank 0 to {min(exits):.0f}-{max(exits):.0f} MB above the baseline")

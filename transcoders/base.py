@@ -20,6 +20,7 @@ activation; in eval mode (what `load_transcoders` returns) it applies the thresh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -98,16 +99,29 @@ class SparseCoder(nn.Module):
     n_features_init: int
     n_out_init: int
 
+    decoder_feature_axis: int
+    """The feature axis of every tensor of `decoder_weights()` (`W_enc`'s is 2)."""
+
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> SparseCoder:
-        """Initialize as the appendix gives; returns self."""
+    def init_weights(
+        self, generator: torch.Generator | None = None, shard: tuple[int, int] = (0, 1)
+    ) -> SparseCoder:
+        """Initialize as the appendix gives; returns self.
 
-        def uniform_(p: Tensor, bound: float):
-            p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1).mul_(bound).to(p))
+        `shard=(r, n)`: this set is slice r of n equal feature slices of a set n times as wide
+        (feature-sharded training), and gets exactly that set's initialization of its slice
+        (`uniform_slice`: the wide set's random stream drawn in chunks, the other slices' values
+        dropped), without ever holding the wide set.
+        """
+        rank, world = shard
 
-        uniform_(self.W_enc, self.n_features_init**-0.5)
+        def uniform_(p: Tensor, bound: float, axis: int):
+            draw = uniform_slice(p.shape, axis, rank, world, generator)
+            p.copy_((draw * 2 - 1).mul_(bound).to(p))
+
+        uniform_(self.W_enc, (self.n_features_init * world) ** -0.5, 2)
         for W in self.decoder_weights():
-            uniform_(W, (self.n_out_init * self.d_model) ** -0.5)
+            uniform_(W, (self.n_out_init * self.d_model) ** -0.5, self.decoder_feature_axis)
         self.b_enc.zero_()
         self.b_dec.zero_()
         if self.threshold is not None:
@@ -225,3 +239,35 @@ class SparseCoder(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"n_layers={c.n_layers}, d_model={c.d_model}, d_sae={c.d_sae}, activation={c.activation}, skip={c.skip}"
+
+
+RAND_CHUNK = 1 << 20
+"""Values `uniform_slice` draws at a time."""
+
+
+def uniform_slice(
+    shape: tuple[int, ...], axis: int, rank: int, world: int, generator: torch.Generator | None = None
+) -> Float[Tensor, "..."]:
+    """Slice `rank` of `world` equal slices along `axis` of `torch.rand(full, generator=generator)`,
+    `full` being `shape` with `shape[axis] * world` at `axis`; the generator ends where that draw
+    would leave it.
+
+    CPU `torch.rand` draws float32 values one after another from the generator's stream (the same
+    values whatever the split into calls, tests/transcoders/test_shard_memory.py), so the full
+    draw is walked in C order in chunks of at most `RAND_CHUNK` values, keeping this slice's.
+    """
+    shape = tuple(shape)
+    outer, local = math.prod(shape[:axis]), math.prod(shape[axis:])
+    out = torch.empty(outer, local)
+
+    def draw(n: int, into: Tensor | None = None) -> None:
+        for start in range(0, n, RAND_CHUNK):
+            values = torch.rand(min(RAND_CHUNK, n - start), generator=generator)
+            if into is not None:
+                into[start : start + values.numel()] = values
+
+    for row in out:
+        draw(rank * local)
+        draw(local, row)
+        draw((world - rank - 1) * local)
+    return out.reshape(shape)

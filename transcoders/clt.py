@@ -24,6 +24,7 @@ class CrossLayerTranscoder(SparseCoder):
     """`W_dec` is an `nn.ParameterList`; `W_dec[l]` is [d_sae, n_layers - l, d_model]."""
 
     kind = "clt"
+    decoder_feature_axis = 0
 
     def __init__(self, cfg: TranscoderConfig):
         super().__init__(cfg)

@@ -32,9 +32,11 @@ where they were last seen. A run ends together (`finish_together`): the other ra
 store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
 barrier and only then destroy the process group, so no rank tears down its gloo connections while
 another still holds them.
-3. Checkpoints hold the full, unsharded state: `gather_state` all-gathers every sharded
-   tensor along its feature axis (rank 0 writes it), and `shard_state` slices a full state for
-   a rank, so a checkpoint written with N ranks resumes with any number of ranks.
+3. Each rank creates, holds and checkpoints only its slice: `SparseCoder.init_weights(shard=...)`
+   draws its slice of the one-process initialization without the rest, a checkpoint is one file per
+   rank (checkpoint.py step 1; no rank gathers another's state) and reads back as any rank's slice
+   of any number of ranks, and at the end `gather_set` gathers the trained set tensor by tensor to
+   rank 0 alone, which saves and evaluates it. `shard_state` slices a full state for a rank.
 """
 
 from __future__ import annotations
@@ -206,19 +208,24 @@ def shard_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Ten
     return out
 
 
-def gather_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Tensor]:
-    """The full state from every rank's slice (a collective: every rank calls it, every rank gets it)."""
-    out = {}
-    for name in sorted(tensors):  # the same order on every rank
-        t = tensors[name].contiguous()
-        dim = feature_dim(name, kind)
+def gather_set(tc, full, d: Dist):
+    """Rank 0: `full` (a set of the full width, on `tc`'s device) loaded with every rank's slice
+    `tc`, gathered tensor by tensor; the other ranks: their own slice `tc` (they pass `full=None`
+    and never hold the full set). A collective: every rank calls it."""
+    target = full.state_dict() if d.main else {}
+    for name, t in sorted(tc.state_dict().items()):  # the same order on every rank
+        dim = feature_dim(name, tc.cfg.kind)
         if dim is None:
-            out[name] = t
+            if d.main:
+                target[name].copy_(t)
             continue
-        parts = [torch.empty_like(t) for _ in range(d.world)]
-        dist.all_gather(parts, t)
-        out[name] = torch.cat(parts, dim)
-    return out
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(d.world)] if d.main else None
+        dist.gather(t, parts, dst=0)
+        if d.main:
+            for whole, part in zip(target[name].chunk(d.world, dim), parts, strict=True):
+                whole.copy_(part)
+    return full if d.main else tc
 
 
 def local_config(tcfg, d: Dist):
@@ -271,6 +278,10 @@ def average_grads(params, d: Dist) -> None:
             p.grad.div_(d.world)
 
 
+NORM_CHUNK = 1 << 20
+"""Gradient values `clip_grad_norm_sharded` squares in float64 at a time."""
+
+
 def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
     """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set.
 
@@ -280,11 +291,13 @@ def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Ten
 
     device = next(p.device for p in list(sharded) + list(replicated))  # NCCL reduces device tensors only
 
-    def sq(ps):
-        return sum(
-            (p.grad.double().pow(2).sum() for p in ps if p.grad is not None),
-            torch.zeros((), dtype=torch.float64, device=device),
-        )
+    def sq(ps):  # in float64, NORM_CHUNK values at a time: no float64 copy of a whole gradient
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for p in ps:
+            if p.grad is not None:
+                for chunk in p.grad.reshape(-1).split(NORM_CHUNK):
+                    total += chunk.double().pow(2).sum()
+        return total
 
     local = sq(sharded)
     dist.all_reduce(local)

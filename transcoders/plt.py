@@ -21,6 +21,7 @@ class PerLayerTranscoder(SparseCoder):
     """One transcoder per layer; `W_dec` is [n_layers, d_sae, d_model]."""
 
     kind = "plt"
+    decoder_feature_axis = 1
 
     def __init__(self, cfg: TranscoderConfig):
         super().__init__(cfg)

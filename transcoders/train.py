@@ -30,7 +30,6 @@ activation_store.py). One run:
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import functools
 import json
@@ -71,6 +70,10 @@ if TYPE_CHECKING:
 
 DEAD_TOKENS = 100_000
 """TopK: a feature silent for this many training tokens counts as dead for the auxiliary loss."""
+EVAL_ACTIVATIONS = 1 << 24
+"""Evaluation runs the set on at most 4096 tokens (spliced into the model: 16 sequences) at a time,
+fewer when tokens x layers x features would pass this (64 MB of float32 activations; a CLT of 16384
+features per layer on the bundled model: 256 tokens, 2 sequences)."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
@@ -299,7 +302,9 @@ def train(
     `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
     `stop_after` ends the run early after that many steps (as an interruption would).
     Inside an initialized torch.distributed process group it trains as `cfg.parallel` says
-    (distributed.py); every rank returns the same full set, and rank 0 alone writes checkpoints.
+    (distributed.py). Data parallel: every rank returns the same full set, and rank 0 alone writes
+    checkpoints. Feature-sharded: every rank creates, trains and checkpoints only its slice of the
+    features; rank 0 returns the full set (gathered at the end), every other rank its own slice.
     """
     from transcoders import build_transcoders
     from transcoders.base import TranscoderOutput
@@ -334,20 +339,18 @@ def train(
         if d.active and dist_backend() == "nccl"
         else next(model.parameters()).device
     )
-    full = build_transcoders(tcfg).init_weights(torch.Generator().manual_seed(cfg.seed))
-    if full.nonlinearity.trained_threshold:
+    # feature-sharded: this rank's slice of the one-process initialization, drawn without the rest
+    part = (d.rank, d.world) if sharded else (0, 1)
+    tc = build_transcoders(tdist.local_config(tcfg, d))
+    tc.init_weights(torch.Generator().manual_seed(cfg.seed), shard=part)
+    if tc.nonlinearity.trained_threshold:
         with torch.no_grad():
-            full.threshold.fill_(cfg.threshold_init)
-    tc = full
-    if sharded:  # this rank's slice of the same initialization
-        tc = build_transcoders(tdist.local_config(tcfg, d))
-        init = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, tcfg.kind, d)
-        tc.load_state_dict({k[3:]: v for k, v in init.items()})
+            tc.threshold.fill_(cfg.threshold_init)
     tc.to(device)
     tc.nonlinearity.begin_training(tc)  # JumpReLU: the optimizer sees log(theta)
     opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
     if (resume := resume_folder(ckpt)) is not None:  # checkpoint.py step 3: or checkpoint.old
-        meta, state = read_checkpoint(resume)
+        meta, state = read_checkpoint(resume, part)  # this rank's features only
         saved = meta["train_config"]
         differs = [
             k
@@ -359,8 +362,6 @@ def train(
                 f"{ckpt} was written by a run with different {differs}; rerun with the same options "
                 "to resume, or pass another --out to start afresh."
             )
-        if sharded:
-            state = tdist.shard_state(state, tcfg.kind, d)
         step, scales, last_fired = apply_state(tc, opt, meta, state)
     else:
         x0, y0 = store.block(0)
@@ -390,11 +391,9 @@ def train(
     local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
 
     def checkpoint(step):
-        if sharded:  # gather the full state (a collective), rank 0 writes it
+        if sharded:  # every rank writes its own slice (checkpoint.py step 1)
             tensors, order, groups = state_tensors(tc, opt, scales, last_fired)
-            tensors = tdist.gather_state(tensors, tcfg.kind, d)
-            if d.main:
-                write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups)
+            write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups, part, dist_barrier)
         elif d.main:
             save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
         if d.active:
@@ -489,16 +488,16 @@ def train(
     bar.close()
     checkpoint(step)
     tc.nonlinearity.end_training(tc)  # the plain threshold again, for gathering, folding and saving
-    if sharded:  # every rank returns the full set
-        state = tdist.gather_state({f"tc.{k}": v for k, v in tc.state_dict().items()}, tcfg.kind, d)
-        full.load_state_dict({k[3:]: v for k, v in state.items()})
-        tc = full
+    opt.state.clear()  # Adam's state is in the checkpoint; free it before rank 0 gathers the set
+    del forward
+    tc.zero_grad(set_to_none=True)
+    if sharded:  # rank 0 gathers the full set; the others keep their slice
+        tc = tdist.gather_set(tc, build_transcoders(tcfg).to(device) if d.main else None, d)
     tc.eval()
     if step < total:
         return tc, {"stopped_at": step}
-    final = copy.deepcopy(tc)
-    final.fold_scales(scales["in"], scales["out"])
-    return final, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
+    tc.fold_scales(scales["in"], scales["out"])
+    return tc, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
 
 
 def dead_features(step: int, last_fired: torch.Tensor, dead_after: int | None) -> torch.Tensor | None:
@@ -535,13 +534,16 @@ def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq:
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}
     x, y = collect(model, tokens, tc.cfg)
-    metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1)))
-    metrics.update(replacement_metrics(model, tc, tokens))
+    per_token = tc.n_layers * tc.d_sae  # a wide set runs on fewer tokens at a time
+    batch = max(1, min(4096, EVAL_ACTIVATIONS // per_token))
+    metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1), batch))
+    seqs = max(1, min(16, EVAL_ACTIVATIONS // (per_token * tokens.shape[1])))
+    metrics.update(replacement_metrics(model, tc, tokens, seqs))
     if cfg.splice_with:
         others = [load_transcoders(name, device=tc.device, dtype=tc.dtype) for name in cfg.splice_with]
         for other in others:
             check_fits(model, other)
-        joint = spliced_metrics(model, [tc, *others], tokens)
+        joint = spliced_metrics(model, [tc, *others], tokens, seqs)
         metrics["spliced_with"] = {"sets": list(cfg.splice_with), **joint}
     return metrics
 
