@@ -32,11 +32,15 @@ where they were last seen. A run ends together (`finish_together`): the other ra
 store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
 barrier and only then destroy the process group, so no rank tears down its gloo connections while
 another still holds them.
-3. Each rank creates, holds and checkpoints only its slice: `SparseCoder.init_weights(shard=...)`
-   draws its slice of the one-process initialization without the rest, a checkpoint is one file per
-   rank (checkpoint.py step 1; no rank gathers another's state) and reads back as any rank's slice
-   of any number of ranks, and at the end `gather_set` gathers the trained set tensor by tensor to
-   rank 0 alone, which saves and evaluates it. `shard_state` slices a full state for a rank.
+3. Each rank creates, holds, checkpoints, saves and evaluates only its slice:
+   `SparseCoder.init_weights(shard=...)` draws its slice of the one-process initialization without
+   the rest, a checkpoint is one file per rank (checkpoint.py step 1; no rank gathers another's
+   state) and reads back as any rank's slice of any number of ranks. At the end the CLI gathers the
+   trained set to rank 0 one tensor at a time (`gathered_tensors`), which writes each as it comes
+   (formats/native.py `save_native_streamed`), and every rank evaluates its slice as
+   `FeatureShard` (metrics.py step 5: partial reconstructions and counts summed over ranks; the
+   spliced model runs on every rank). `gather_set` gathers the whole set into one module on rank 0
+   (what `train` returns by default); `shard_state` slices a full state for a rank.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import dataclasses
 import datetime
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -142,8 +147,9 @@ def stalled_error(d: Dist, e: BaseException, timeout_s: float) -> StalledRankErr
 
 
 def finish_together(d: Dist) -> None:
-    """The end of a run: rank 0 says it is done (after saving and evaluating); the others wait for
-    it in the store, then all pass one barrier, so every rank destroys the process group together."""
+    """The end of a run: rank 0 says it is done (after saving, evaluating and writing the manifest);
+    the others wait for it in the store, then all pass one barrier, so every rank destroys the
+    process group together."""
     if not d.active:
         return
     store = _store()
@@ -226,6 +232,90 @@ def gather_set(tc, full, d: Dist):
             for whole, part in zip(target[name].chunk(d.world, dim), parts, strict=True):
                 whole.copy_(part)
     return full if d.main else tc
+
+
+def full_shapes(tc, d: Dist) -> dict[str, tuple[int, ...]]:
+    """Rank 0's shapes of the set whose slice `tc` is: every feature axis `d.world` times as long."""
+    shapes = {}
+    for name, t in tc.state_dict().items():
+        dim = feature_dim(name, tc.cfg.kind)
+        shape = list(t.shape)
+        if dim is not None:
+            shape[dim] *= d.world
+        shapes[name] = tuple(shape)
+    return shapes
+
+
+def gathered_tensors(tc, d: Dist) -> Iterator[tuple[str, Tensor | None]]:
+    """Every tensor of the set whose slices the ranks hold as `tc`, in name order, one at a time:
+    rank 0 gets each whole (on the host), the other ranks `None`. A collective: every rank iterates
+    it to the end. Rank 0 holds one whole tensor (and its parts) at a time, never the set."""
+    for name, t in sorted(tc.state_dict().items()):  # the same order on every rank
+        dim = feature_dim(name, tc.cfg.kind)
+        if dim is None:
+            yield name, t.detach().cpu() if d.main else None
+            continue
+        t = t.detach().contiguous()
+        parts = [torch.empty_like(t) for _ in range(d.world)] if d.main else None
+        dist.gather(t, parts, dst=0)
+        if d.main:
+            whole = torch.cat([p.cpu() for p in parts], dim)
+            del parts
+            yield name, whole
+        else:
+            yield name, None
+
+
+class FeatureShard:
+    """Rank `d.rank`'s slice `tc` of a feature-sharded set, standing in for the whole set where
+    metrics.py uses one. Every rank calls the same methods on the same inputs: activations are the
+    rank's own features (TopK's k largest chosen over all ranks', `global_top`), and what the whole
+    set gives (`forward`'s reconstruction, `decode_layer`) is the sum over ranks of the slices'
+    decodes plus the replicated `b_dec` and skip; `sum_over_shards` sums counts (L0, features
+    fired) over ranks. Everything else is the slice's (`d_sae` is this rank's feature count)."""
+
+    def __init__(self, tc, d: Dist):
+        if isinstance(tc, FeatureShard):  # its sums would be summed over the ranks again
+            raise TypeError("FeatureShard takes a rank's slice, not another FeatureShard")
+        self.tc, self.d = tc, d
+
+    def __getattr__(self, name):
+        return getattr(self.tc, name)
+
+    def sum_over_shards(self, t: Tensor) -> Tensor:
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    def activation(self, pre_acts: Tensor) -> Tensor:
+        return sharded_activation(self.tc, pre_acts, self.d)
+
+    def activate_layer(self, pre_acts: Tensor, layer: int) -> Tensor:
+        if self.tc.cfg.activation == "topk":
+            return _global_topk(pre_acts, self.tc.cfg.k, self.d)
+        return self.tc.activate_layer(pre_acts, layer)
+
+    def decode_layer(self, acts: list[Tensor | None], layer: int) -> Tensor:
+        b = self.tc.b_dec[layer]
+        return self.sum_over_shards(self.tc.decode_layer(acts, layer) - b) + b
+
+    def forward(self, x: Tensor):
+        return sharded_forward(self.tc, x, self.d)
+
+    __call__ = forward
+
+
+def sharded_forward(tc, x: Tensor, d: Dist):
+    """The whole set's `forward` from rank `d.rank`'s slice `tc`: the slice's pre-activations and
+    activations, and the full reconstruction (partial decodes summed over ranks, differentiably)."""
+    from transcoders.base import TranscoderOutput
+
+    pre = tc.encode(x)
+    acts = sharded_activation(tc, pre, d)
+    out = reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
+    if tc.W_skip is not None:
+        out = out + tc.skip(x)
+    return TranscoderOutput(pre, acts, out)
 
 
 def local_config(tcfg, d: Dist):
@@ -358,12 +448,17 @@ def sharded_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
     """`tc.activation` for a rank holding a feature slice: TopK / BatchTopK (training) select globally."""
     act, k = tc.cfg.activation, tc.cfg.k
     if act == "topk":  # per token and layer, the k largest pre-activations of all features, ReLU'd
-        mask, _ = global_top(pre_acts, _feature_index(pre_acts.shape, d, pre_acts.device), k, d)
-        return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
+        return _global_topk(pre_acts, k, d)
     if act == "batchtopk" and tc.training:  # per layer, the k * n_tokens largest of the batch
         s_local = pre_acts.shape[-1]
         return _global_batch_topk(tc, pre_acts, d, d.rank * s_local, s_local * d.world, 0, 1)
     return tc.activation(pre_acts)
+
+
+def _global_topk(pre_acts: Tensor, k: int, d: Dist) -> Tensor:
+    """TopK over the sharded last axis: this rank's entries among the k largest of all ranks', ReLU'd."""
+    mask, _ = global_top(pre_acts, _feature_index(pre_acts.shape, d, pre_acts.device), k, d)
+    return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
 
 
 def data_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:

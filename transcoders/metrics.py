@@ -20,6 +20,9 @@ appendix A.3 (the same CE score for attention-output SAEs, MLP transcoders and r
    same formula gives one CE loss recovered; `replacement_metrics` is the case of one set. Each
    set reads the model as the sets before it in the forward pass left it. Two sets may not write
    the same hook.
+5. A feature-sharded set (`distributed.FeatureShard`, every rank calling with the same tokens)
+   evaluates as the whole set would: its reconstructions and decoded layers are summed over the
+   ranks, and L0 and the counts of fired features by `sum_over_shards`; no rank holds the set.
 """
 
 from __future__ import annotations
@@ -54,7 +57,11 @@ def reconstruction_metrics(tc: SparseCoder, x: Tensor, y: Tensor, batch_size: in
         active = res.acts > 0
         l0 += active.sum(dim=(0, 2)).double()
         fired |= active.any(0)
-    err, l0, fired = err.cpu(), l0.cpu(), fired.cpu()
+    # a feature-sharded set (distributed.FeatureShard) counts its features over every rank (step 5)
+    total = getattr(tc, "sum_over_shards", lambda t: t)
+    l0, n_fired = total(l0), total(fired.sum(-1))
+    n_features = total(torch.full_like(n_fired, fired.shape[1]))  # per layer
+    err, l0, n_fired, n_features = err.cpu(), l0.cpu(), n_fired.double().cpu(), n_features.double().cpu()
     var = (y.double() - y.double().mean(0)).pow(2).sum(dim=(0, 2))
     fvu = (err / var).tolist()
     return {
@@ -62,8 +69,8 @@ def reconstruction_metrics(tc: SparseCoder, x: Tensor, y: Tensor, batch_size: in
         "fvu_mean": sum(fvu) / L,
         "l0": (l0 / x.shape[0]).tolist(),
         "l0_mean": float(l0.sum() / x.shape[0] / L),
-        "dead_fraction": (1 - fired.double().mean(-1)).tolist(),
-        "dead_fraction_total": float(1 - fired.double().mean()),
+        "dead_fraction": (1 - n_fired / n_features).tolist(),
+        "dead_fraction_total": float(1 - n_fired.sum() / n_features.sum()),
         "n_tokens": int(x.shape[0]),
     }
 

@@ -25,6 +25,8 @@ activation_store.py). One run:
    (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL, with the
    set's write hooks replaced; with `--splice-with`, CE loss recovered and KL again with those
    sets spliced in at the same time, e.g. an attention SAE together with `default-plt`).
+   Feature-sharded, no rank holds the whole set for this: it is gathered to rank 0 and written one
+   tensor at a time, and every rank evaluates its slice (distributed.py step 3).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from transcoders.checkpoint import (
 from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import ConfigError, NonFiniteError
-from transcoders.formats.native import save_native
+from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.losses import PREACT_FORMS, mse_loss, preact_loss, sparsity_schedule, topk_aux_loss
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
@@ -73,7 +75,8 @@ DEAD_TOKENS = 100_000
 EVAL_ACTIVATIONS = 1 << 24
 """Evaluation runs the set on at most 4096 tokens (spliced into the model: 16 sequences) at a time,
 fewer when tokens x layers x features would pass this (64 MB of float32 activations; a CLT of 16384
-features per layer on the bundled model: 256 tokens, 2 sequences)."""
+features per layer on the bundled model: 256 tokens, 2 sequences). Feature-sharded, the same tokens
+at a time, each rank holding its features' share of the activations."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
     "save_to",
@@ -296,6 +299,7 @@ def train(
     sequences=None,
     progress: bool = True,
     stop_after: int | None = None,
+    gather: bool = True,
 ):
     """Run (or resume) training; returns the trained, folded set and its metrics.
 
@@ -304,10 +308,11 @@ def train(
     Inside an initialized torch.distributed process group it trains as `cfg.parallel` says
     (distributed.py). Data parallel: every rank returns the same full set, and rank 0 alone writes
     checkpoints. Feature-sharded: every rank creates, trains and checkpoints only its slice of the
-    features; rank 0 returns the full set (gathered at the end), every other rank its own slice.
+    features; rank 0 returns the full set (gathered at the end), every other rank its own slice;
+    with `gather=False` every rank returns its slice (the CLI saves and evaluates the slices,
+    `save_and_evaluate`).
     """
     from transcoders import build_transcoders
-    from transcoders.base import TranscoderOutput
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
@@ -424,12 +429,7 @@ def train(
         if fast:
             res = forward(xn, yn, dead)
         elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
-            pre = tc.encode(xn)
-            acts = tdist.sharded_activation(tc, pre, d)
-            out = tdist.reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
-            if tc.W_skip is not None:
-                out = out + tc.skip(xn)
-            res = TranscoderOutput(pre, acts, out)
+            res = tdist.sharded_forward(tc, xn, d)
         elif d.mode == "data":  # BatchTopK: the budget of the global batch (distributed.py step 1)
             res = forward(xn, activation=functools.partial(tdist.data_activation, tc, d=d))
         else:
@@ -491,7 +491,7 @@ def train(
     opt.state.clear()  # Adam's state is in the checkpoint; free it before rank 0 gathers the set
     del forward
     tc.zero_grad(set_to_none=True)
-    if sharded:  # rank 0 gathers the full set; the others keep their slice
+    if sharded and gather:  # rank 0 gathers the full set; the others keep their slice
         tc = tdist.gather_set(tc, build_transcoders(tcfg).to(device) if d.main else None, d)
     tc.eval()
     if step < total:
@@ -534,7 +534,10 @@ def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq:
     tokens = held_out_tokens(model, cfg.corpus, n_seq)
     metrics = {}
     x, y = collect(model, tokens, tc.cfg)
-    per_token = tc.n_layers * tc.d_sae  # a wide set runs on fewer tokens at a time
+    # a wide set runs on fewer tokens at a time; a feature-sharded one as the whole set would, each
+    # rank holding its share of the activations
+    shards = tc.d.world if isinstance(tc, tdist.FeatureShard) else 1
+    per_token = tc.n_layers * tc.d_sae * shards
     batch = max(1, min(4096, EVAL_ACTIVATIONS // per_token))
     metrics.update(reconstruction_metrics(tc, x[:, 1:].flatten(0, 1), y[:, 1:].flatten(0, 1), batch))
     seqs = max(1, min(16, EVAL_ACTIVATIONS // (per_token * tokens.shape[1])))
@@ -592,10 +595,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     try:
         d = tdist.current(cfg.parallel)
         model = load_any_model(cfg.model, model_device(cfg))
-        tc, info = _train_naming_stalls(cfg, model, d)
-        if d.main:
-            _save_and_report(model, tc, info, cfg, argv)
-        tdist.finish_together(d)  # the others wait for rank 0's evaluation, then all end at once
+        sharded = d.mode == "features"
+        tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
+        if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
+            _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
+        tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
     finally:
         if launched:
             import torch.distributed as dist
@@ -604,22 +608,44 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     return 0
 
 
-def _train_naming_stalls(cfg: TrainConfig, model, d):
-    """`train`, with a collective that timed out (a rank stalled or died) turned into a
+def _naming_stalls(cfg: TrainConfig, d, fn):
+    """`fn()`, with a collective that timed out (a rank stalled or died) turned into a
     `StalledRankError` naming the ranks that did not answer (distributed.py)."""
     try:
-        return train(cfg, model=model)
+        return fn()
     except RuntimeError as e:
         if d.active and tdist.is_timeout(e):
             raise tdist.stalled_error(d, e, cfg.dist_timeout) from None
         raise
 
 
-def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None) -> None:
-    """Rank 0 (or the only process): save the set, evaluate it, write the manifest, print a summary."""
+def save_and_evaluate(model, tc, cfg: TrainConfig, d=None) -> tuple[Path, dict]:
+    """Save the trained set to `--save-to` and evaluate it (`evaluate`); returns the folder and metrics.
+
+    Feature-sharded (`d.mode == "features"`, every rank calling with its slice `tc`): the set is
+    gathered to rank 0 one tensor at a time and written as it comes (`save_native_streamed`), and
+    every rank evaluates its slice (`distributed.FeatureShard`, metrics.py step 5): no rank holds
+    the whole set. Every rank returns the metrics; rank 0's go into the manifest."""
     dest = Path(cfg.save_to or Path(cfg.out) / "transcoders")
+    if d is not None and d.mode == "features":
+        tensors = tdist.gathered_tensors(tc, d)
+        if d.main:
+            full_cfg = dataclasses.replace(tc.cfg, d_sae=tc.cfg.d_sae * d.world)
+            save_native_streamed(full_cfg, tdist.full_shapes(tc, d), tensors, dest, tc.dtype)
+        else:
+            for _ in tensors:  # the gathers are collectives: take part, keep nothing
+                pass
+        return dest, evaluate(model, tdist.FeatureShard(tc, d), cfg)
     save_native(tc, dest)
-    metrics = evaluate(model, tc, cfg)
+    return dest, evaluate(model, tc, cfg)
+
+
+def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None, d=None) -> None:
+    """Save and evaluate the set (`save_and_evaluate`); rank 0 (or the only process) then writes the
+    manifest and prints a summary."""
+    dest, metrics = save_and_evaluate(model, tc, cfg, d)
+    if d is not None and not d.main:
+        return
     if argv is None:  # via `attrgraph train-transcoders ...`: record the equivalent module command
         argv = sys.argv[2:] if sys.argv[1:2] == ["train-transcoders"] else sys.argv[1:]
     manifest = write_manifest(dest, cfg, metrics, info, argv)

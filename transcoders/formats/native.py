@@ -11,7 +11,10 @@ manifest.json (optional): sha256 of files under "files", checked on load.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +79,48 @@ def save_native(tc: SparseCoder, path: str | os.PathLike) -> Path:
         state, str(folder / WEIGHTS), metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
     )
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": tc.cfg.to_dict()}
+    (folder / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return folder
+
+
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def save_native_streamed(
+    cfg: TranscoderConfig,
+    shapes: dict[str, tuple[int, ...]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """`save_native` for a set that arrives one tensor at a time (feature-sharded training gathers
+    it so, distributed.py `gathered_tensors`): the same files, holding one tensor at a time.
+
+    `shapes` gives every tensor's shape up front (the safetensors header precedes the data);
+    `tensors` yields `(name, tensor)` in `sorted(shapes)` order, each written as it comes."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    code, size = _DTYPES[dtype], torch.empty((), dtype=dtype).element_size()
+    header: dict = {"__metadata__": {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}}
+    offset = 0
+    for name in sorted(shapes):
+        n = size * math.prod(shapes[name])
+        header[name] = {"dtype": code, "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(folder / WEIGHTS, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        names = iter(sorted(shapes))
+        for name, t in tensors:
+            want = next(names, None)
+            if name != want or tuple(t.shape) != tuple(shapes[name]):
+                got = f"{name!r} {tuple(t.shape)}"
+                raise ValueError(f"expected tensor {want!r} of shape {shapes.get(want)}, got {got}")
+            f.write(t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        if (left := next(names, None)) is not None:
+            raise ValueError(f"tensor {left!r} never came; the weights file is incomplete")
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": cfg.to_dict()}
     (folder / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
     return folder
 
