@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import build_transcoders
 from transcoders import distributed as tdist
-from transcoders.formats.native import load_native
+from transcoders.formats.native import load_native, save_native, save_native_streamed
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.sites import collect
 from transcoders.train import TrainConfig, evaluate
@@ -196,3 +196,17 @@ def test_the_saved_set_is_the_whole_set_and_its_metrics_are_its_own(two_ranks, c
     want = evaluate(tiny_model(), whole, cfg)
     for rank, report in enumerate(ranks):
         assert_same(report[case]["cli_metrics"], want, f"rank {rank}")
+
+
+def test_a_streamed_save_reads_back_as_save_natives(tmp_path):
+    """`save_native_streamed` (one tensor at a time) writes what `save_native` (the whole set) does."""
+    tc = random_set("clt", "jumprelu", skip=True, d_sae=D_SAE, seed=6)
+    state = tc.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    save_native(tc, tmp_path / "whole")
+    save_native_streamed(tc.cfg, shapes, iter(sorted(state.items())), tmp_path / "streamed")
+    assert (tmp_path / "streamed/config.json").read_text() == (tmp_path / "whole/config.json").read_text()
+    a, b = load_native(tmp_path / "whole").state_dict(), load_native(tmp_path / "streamed").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="expected tensor"):
+        save_native_streamed(tc.cfg, shapes, iter(sorted(state.items(), reverse=True)), tmp_path / "bad")
