@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import warnings
 
 DESCRIPTION = (
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for category in ours:  # every run says it, not the first only
             warnings.simplefilter("always", category)
         show_default, warnings.showwarning = warnings.showwarning, show
+        previous = _interrupt_once()
         try:
             return modules[args.command].run(args) or 0
         except AttrgraphError as e:  # TranscoderError included
@@ -87,6 +90,24 @@ def main(argv: list[str] | None = None) -> int:
             _close_progress_bars()  # so that the line starts a line of its own
             print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
             return 130
+        finally:  # an in-process caller gets its handler back, unless a Ctrl-C came (we are ending)
+            if previous is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_once():
+    """The first Ctrl-C raises KeyboardInterrupt and ignores any further one: a second Ctrl-C while
+    the first unwinds (closing files) or while the interpreter exits (torch's atexit hooks) would
+    otherwise end in a traceback instead of the one line. Returns the handler it replaced (None off
+    the main thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, interrupted)
 
 
 INTERRUPTED = "interrupted; any file being written is left as it was."

@@ -239,3 +239,32 @@ def test_a_full_disk_while_build_writes(model_dir, tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     assert "the file would pass the size limit" in error_line(res.stderr, "build")
     assert g.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
+
+
+def test_a_second_ctrl_c_while_exiting_changes_nothing():
+    """A second SIGINT that lands in an atexit hook (torch registers some) after the first ended
+    the command: still the one line and 130, no "Exception ignored in atexit callback"."""
+    script = (
+        "import atexit, os, signal, sys, time\n"
+        "import attrgraph.cli.show as show\n"
+        "from attrgraph.cli import main\n"
+        "def run(args):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "show.run = run\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.5)))\n"
+        "sys.exit(main(['show', 'g.h5']))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert res.returncode == 130, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines() == [
+        "attrgraph show: interrupted; any file being written is left as it was."
+    ]
+
+
+def test_main_gives_an_in_process_caller_its_sigint_handler_back(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["show", str(tmp_path / "missing.h5")]) == 2
+    assert signal.getsignal(signal.SIGINT) is before
