@@ -279,8 +279,16 @@ def held_out_tokens(model: HookedTransformer, corpus: str, n_seq: int) -> torch.
         src = sequence_source(model, corpus, 0)
         if isinstance(src, torch.Tensor):
             return src[-n_seq:]  # the last sequences of a token file are held out
-    it = sequence_source(model, corpus if corpus != "bundled" else "bundled", HELD_OUT_SEED)()
-    return torch.tensor([next(it) for _ in range(n_seq)])
+    return first_sequences(sequence_source(model, corpus, HELD_OUT_SEED), n_seq)
+
+
+def first_sequences(source, n: int) -> torch.Tensor:
+    """[n, n_ctx] the first `n` sequences of a `sequence_source`: a token tensor's first rows, or
+    the first `n` its stream yields (StopIteration when it holds fewer)."""
+    if isinstance(source, torch.Tensor):
+        return source[:n]
+    it = source()
+    return torch.tensor([next(it) for _ in range(n)], dtype=torch.long)
 
 
 # ---------------------------------------------------------------------- the loop

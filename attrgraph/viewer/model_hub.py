@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attrgraph.errors import ViewRequestError
+from attrgraph.viewer.lru import LruCache
 
 MAX_LOADED = 2
 """Model specs held at once (step 2)."""
@@ -77,11 +78,12 @@ class Loaded:
     replacement: object
     """`ReplacementModel` of the model and sets."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards the lazily built members and `cache`."""
+    """Guards the lazily built members."""
     corpus: Corpus | None = None
     weights: object | None = None
     """`GlobalWeights` at the corpus's mean norm denominators."""
-    cache: OrderedDict = field(default_factory=OrderedDict)
+    answers: LruCache = field(default_factory=lambda: LruCache(MAX_CACHED))
+    """The global-connection answers asked of this spec."""
 
     @property
     def coders(self) -> list:
@@ -127,19 +129,6 @@ class Loaded:
         acc.update(torch.from_numpy(corpus.acts[:, used].toarray()))
         return acc.result()
 
-    def cached(self, key, compute):
-        """`compute()` once per `key` (at most `MAX_CACHED` answers kept)."""
-        with self.lock:
-            if key in self.cache:
-                self.cache.move_to_end(key)
-                return self.cache[key]
-        value = compute()
-        with self.lock:
-            self.cache[key] = value
-            while len(self.cache) > MAX_CACHED:
-                self.cache.popitem(last=False)
-        return value
-
 
 def corpus_seqs(n_ctx: int) -> int:
     """How many sequences of `n_ctx` tokens the corpus pass reads (step 4)."""
@@ -156,7 +145,7 @@ def _corpus_stats(loaded: Loaded) -> Corpus:
     from attrgraph.graph.dashboard_lookup import load_cached, resolve_path
     from transcoders.coactivation import flat_activations
     from transcoders.errors import TranscoderError
-    from transcoders.train import sequence_source
+    from transcoders.train import first_sequences, sequence_source
 
     path = resolve_path(loaded.spec.transcoders)
     if not path.is_file():
@@ -173,8 +162,7 @@ def _corpus_stats(loaded: Loaded) -> Corpus:
     model = loaded.model
     n_seqs = corpus_seqs(model.cfg.n_ctx)
     try:
-        stream = sequence_source(model, name, seed)
-        seqs = stream[:n_seqs] if isinstance(stream, torch.Tensor) else _first(stream(), n_seqs)
+        seqs = first_sequences(sequence_source(model, name, seed), n_seqs)
     except (TranscoderError, OSError, KeyError, StopIteration, ValueError) as e:
         return Corpus(
             f"no coactivation statistics: the corpus {name!r} of {path} cannot be read here "
@@ -197,12 +185,6 @@ def _corpus_stats(loaded: Loaded) -> Corpus:
         scales,
         acts.shape[0],
     )
-
-
-def _first(it, n: int):
-    import torch
-
-    return torch.tensor([next(it) for _ in range(n)], dtype=torch.long)
 
 
 class ModelHub:

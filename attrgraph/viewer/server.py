@@ -47,7 +47,6 @@ import sys
 import threading
 import traceback
 import urllib.parse
-from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -62,6 +61,7 @@ from attrgraph.errors import (
     ViewRequestError,
 )
 from attrgraph.viewer.access import LOOPBACK_NAMES, TOKEN_HEADER, WILDCARDS, Access, is_loopback
+from attrgraph.viewer.lru import LruCache
 
 STATIC = Path(__file__).resolve().parent / "static"
 """The page's files (package data)."""
@@ -109,7 +109,7 @@ class Viewer:
         attn_transcoders: str | None = None,
     ):
         from attrgraph.graph.store import list_graphs
-        from attrgraph.viewer.model_hub import ModelHub
+        from attrgraph.viewer.model_hub import MAX_CACHED, ModelHub
 
         self.path = Path(path)
         self.dashboards, self.attn_dashboards = dashboards, attn_dashboards
@@ -133,13 +133,13 @@ class Viewer:
         self.hub = ModelHub(model, transcoders, attn_transcoders)
         if graphs and (model or transcoders or attn_transcoders):
             self._load_overrides(graphs[0])
-        self.views: OrderedDict[tuple, tuple] = OrderedDict()
-        self.head_cache: OrderedDict[tuple, dict] = OrderedDict()
+        self.views = LruCache(MAX_VIEWS)
+        """(graph, view, index) per (name, file version), for the model panels."""
+        self.head_answers = LruCache(MAX_CACHED)
 
     def _load_overrides(self, name: str) -> None:
         """A wrong --model / --transcoders / --attn-transcoders is an error before serving: load
         them (with what graph `name` records for the rest) now, which the panels then reuse."""
-        from attrgraph.errors import AttrgraphError
         from attrgraph.graph.store import load_meta
 
         try:
@@ -230,21 +230,15 @@ class Viewer:
         from attrgraph.graph.store import load_graph
         from attrgraph.viewer.payload import graph_view
 
-        key = (name, self.version())
-        with self.lock:
-            hit = self.views.get(key)
-        if hit is not None:
-            return hit
-        have = self.graphs()
-        if name not in have:
-            raise LookupError(f"{self.path.name} has no graph named {name!r}; it holds {have}.")
-        graph = load_graph(self.path, name)
-        view, index, _ = graph_view(graph)
-        with self.lock:
-            self.views[key] = (graph, view, index)
-            while len(self.views) > MAX_VIEWS:
-                self.views.popitem(last=False)
-        return graph, view, index
+        def load() -> tuple:
+            have = self.graphs()
+            if name not in have:
+                raise LookupError(f"{self.path.name} has no graph named {name!r}; it holds {have}.")
+            graph = load_graph(self.path, name)
+            view, index, _ = graph_view(graph)
+            return graph, view, index
+
+        return self.views.get((name, self.version()), load)
 
     def global_connections(self, query: dict[str, list[str]]) -> dict:
         """GET /api/global (global_request.py)."""
@@ -255,7 +249,7 @@ class Viewer:
         feature = feature_of(view, node)
         loaded = self.hub.for_graph(graph.meta)
         try:
-            out = loaded.cached(("global", feature, k), lambda: global_json(loaded, feature, k))
+            out = loaded.answers.get((feature, k), lambda: global_json(loaded, feature, k))
         except OptionError as e:  # the feature does not fit the sets served
             raise ViewRequestError(str(e)) from None
         return dict(out, graph=name, node=node)
@@ -263,25 +257,20 @@ class Viewer:
     def heads(self, query: dict[str, list[str]]) -> dict:
         """GET /api/heads (heads_request.py)."""
         from attrgraph.viewer.heads_request import check_edge, heads_json, parse_heads
-        from attrgraph.viewer.model_hub import MAX_CACHED
 
         name, source, target = parse_heads(query)
         graph, view, index = self.view_of(name)
         check_edge(view, source, target)
         loaded = self.hub.for_graph(graph.meta)
         s, t = int(index[source]), int(index[target])
-        key = (name, self.version(), loaded.spec, s, t)
-        with self.lock:
-            hit = self.head_cache.get(key)
-        if hit is None:
+
+        def compute() -> dict:
             try:
-                hit = heads_json(loaded, graph, s, t)
+                return heads_json(loaded, graph, s, t)
             except (GraphError, OptionError) as e:  # built with other sets, custom targets, ...
                 raise ViewRequestError(str(e)) from None
-            with self.lock:
-                self.head_cache[key] = hit
-                while len(self.head_cache) > MAX_CACHED:
-                    self.head_cache.popitem(last=False)
+
+        hit = self.head_answers.get((name, self.version(), loaded.spec, s, t), compute)
         return dict(hit, graph=name, source=source, target=target)
 
     def save_supernodes(self, body: bytes) -> dict:
