@@ -216,21 +216,12 @@ def shard_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Ten
 
 def gather_set(tc, full, d: Dist):
     """Rank 0: `full` (a set of the full width, on `tc`'s device) loaded with every rank's slice
-    `tc`, gathered tensor by tensor; the other ranks: their own slice `tc` (they pass `full=None`
-    and never hold the full set). A collective: every rank calls it."""
+    `tc`, gathered tensor by tensor (`gathered_tensors`); the other ranks: their own slice `tc`
+    (they pass `full=None` and never hold the full set). A collective: every rank calls it."""
     target = full.state_dict() if d.main else {}
-    for name, t in sorted(tc.state_dict().items()):  # the same order on every rank
-        dim = feature_dim(name, tc.cfg.kind)
-        if dim is None:
-            if d.main:
-                target[name].copy_(t)
-            continue
-        t = t.contiguous()
-        parts = [torch.empty_like(t) for _ in range(d.world)] if d.main else None
-        dist.gather(t, parts, dst=0)
+    for name, whole in gathered_tensors(tc, d):
         if d.main:
-            for whole, part in zip(target[name].chunk(d.world, dim), parts, strict=True):
-                whole.copy_(part)
+            target[name].copy_(whole)
     return full if d.main else tc
 
 
