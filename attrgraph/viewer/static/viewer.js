@@ -552,12 +552,7 @@
         opacity: (0.12 + 0.78 * r).toFixed(2),
         "data-src": e.src, "data-tgt": e.tgt,
       });
-      p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
-      p.addEventListener("mouseout", () => edgeTip(null));
-      p.addEventListener("click", (ev) => {
-        ev.stopPropagation();
-        if (!state.dragged) selectEdge(e);
-      });
+      listenEdge(p, e);
       edges.append(p);
       state.edgeEls[i] = p;
       state.outgoing.get(e.src).push(i);
@@ -618,6 +613,16 @@
   }
 
   // ------------------------------------------------------------------ focus and details
+  // An edge's path: its tooltip on hover, the edge panel on click.
+  function listenEdge(p, e) {
+    p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
+    p.addEventListener("mouseout", () => edgeTip(null));
+    p.addEventListener("click", (ev) => {
+      ev.stopPropagation();
+      if (!state.dragged) selectEdge(e);
+    });
+  }
+
   function hover(id) {
     state.hovered = id;
     refreshFocus();
@@ -987,12 +992,7 @@
       const [sx, sy] = state.xy[e.src], [tx, ty] = state.xy[e.tgt], my = (sy + ty) / 2, r = Math.sqrt(Math.abs(e.w) / maxW);
       const p = s("path", { class: "pedge " + (e.w >= 0 ? "pos" : "neg"), d: `M${sx},${sy} C${sx},${my} ${tx},${my} ${tx},${ty}`,
         "stroke-width": (0.6 + 3.4 * r).toFixed(2), opacity: (0.3 + 0.6 * r).toFixed(2) });
-      p.addEventListener("mouseover", (ev) => edgeTip(e, ev));
-      p.addEventListener("mouseout", () => edgeTip(null));
-      p.addEventListener("click", (ev) => {
-        ev.stopPropagation();
-        if (!state.dragged) selectEdge(e);
-      });
+      listenEdge(p, e);
       ge.append(p);
     }
     const gn = s("g", {});
