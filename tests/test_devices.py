@@ -32,8 +32,6 @@ FACTORIES = {
 ALLOWED = {
     # the initialization is drawn on the host, so that a seed gives one set whatever the device
     ("transcoders/train.py", "torch.Generator()"),
-    # token ids read from a corpus file, moved to the model's device by the activation store
-    ("transcoders/train.py", "torch.tensor([next(it) for _ in range(n_seq)])"),
 }
 
 

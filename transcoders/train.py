@@ -287,8 +287,8 @@ def first_sequences(source, n: int) -> torch.Tensor:
     the first `n` its stream yields (StopIteration when it holds fewer)."""
     if isinstance(source, torch.Tensor):
         return source[:n]
-    it = source()
-    return torch.tensor([next(it) for _ in range(n)], dtype=torch.long)
+    it = source()  # token ids on the host: the activation store moves them to the model's device
+    return torch.tensor([next(it) for _ in range(n)], dtype=torch.long, device="cpu")
 
 
 # ---------------------------------------------------------------------- the loop
