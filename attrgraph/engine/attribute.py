@@ -34,8 +34,11 @@ import scipy.sparse as sp
 from torch import Tensor
 
 from attrgraph.engine.adaptive import attribute_adaptive
+from attrgraph.engine.batch_plan import CPU_ROWS
+from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.hierarchical import attribute_hierarchical
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
+from attrgraph.engine.precision import PRECISIONS
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
@@ -64,7 +67,7 @@ if TYPE_CHECKING:
 METHODS = ("standard", "hierarchical", "adaptive")
 # the options each method takes beyond (model, transcoders, prompt, exclude_bos, embedding, batch_size, backend)
 _OPTIONS = {
-    "standard": {"max_n_logits", "desired_logit_prob", "targets", "progress"},
+    "standard": {"max_n_logits", "desired_logit_prob", "targets", "progress", "precision"},
     "hierarchical": {"targets", "tau"},
     "adaptive": {"max_n_logits", "desired_logit_prob", "max_feature_nodes"},
 }
@@ -90,6 +93,7 @@ class StandardSetup:
     embedding: str
     max_n_logits: int
     desired_logit_prob: float
+    precision: str = "fp32"
 
     @property
     def n_src(self) -> int:
@@ -101,11 +105,21 @@ class StandardSetup:
         return self.sources.n_columns + len(self.targets)
 
     def rows(
-        self, injections: list[Injection], batch_size: int, progress: bool = False, stats=None
-    ) -> sp.csr_array:
+        self,
+        injections: list[Injection],
+        batch_size: int | None,
+        progress: bool = False,
+        stats=None,
+        keep_on_device: bool = False,
+    ) -> sp.csr_array | DeviceRows:
         """Step 3: the rows of `injections`, `[len(injections), n_columns]` (sources only); `stats`
-        (a dict) adds up the linear engine's flops."""
-        extra = dict(stats=stats) if self.engine is linear_rows and stats is not None else {}
+        (a dict) adds up the linear engine's flops. With `keep_on_device`, rows the linear engine
+        kept on a GPU come back as `DeviceRows` (linear_backward.py step 8)."""
+        if self.engine is linear_rows:
+            extra = dict(precision=self.precision, keep_on_device=keep_on_device)
+            extra |= dict(stats=stats) if stats is not None else {}
+        else:
+            extra, batch_size = {}, batch_size or CPU_ROWS
         return self.engine(
             self.rm, self.state, self.sources, injections, batch_size=batch_size, progress=progress, **extra
         )
@@ -124,6 +138,7 @@ class StandardSetup:
             meta=dict(
                 **graph_provenance(self.model, self.rm, self.state, self.exclude_bos, self.embedding),
                 backend="linear" if self.engine is linear_rows else "autograd",
+                precision=self.precision,
                 backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
                 max_n_logits=int(self.max_n_logits),
                 desired_logit_prob=float(self.desired_logit_prob),
@@ -143,17 +158,20 @@ def standard_setup(
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     targets: list[Target] | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
     backend: str = "auto",
+    precision: str = "fp32",
 ) -> StandardSetup:
     """Steps 1-2 of `attribute` (same options): run the model, choose the targets, build the
     sources, the injections and the node table, and pick the rows engine."""
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
+    if precision not in PRECISIONS:
+        raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
     tokenizer = getattr(model, "tokenizer", None)
     exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
     if targets is not None:
@@ -192,6 +210,7 @@ def standard_setup(
         embedding=embedding,
         max_n_logits=max_n_logits,
         desired_logit_prob=desired_logit_prob,
+        precision=precision,
     )
 
 
@@ -204,13 +223,14 @@ def attribute(
     max_n_logits: int | None = None,
     desired_logit_prob: float | None = None,
     targets: list[Target] | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
     progress: bool = False,
     backend: str = "auto",
     tau: float | None = None,
     max_feature_nodes: int | None = None,
+    precision: str = "fp32",
 ) -> Graph:
     """The attribution graph of `prompt` (module docstring, steps 1-5).
 
@@ -222,8 +242,11 @@ def attribute(
     convention) exactly when it holds the tokenizer's BOS token. `embedding` folds the positional
     embedding into the embedding node ("token+position", default) or leaves it in the bias ("token").
     Influence on the logits (prune.compute_influence) is filled in on the returned graph.
-    `batch_size` is the most targets per backward (the linear engine also closes a batch when its
-    working tensors would pass 4 MiB, linear_backward.py step 4). `backend` picks the rows engine:
+    `batch_size` caps the targets per backward; by default the linear engine sizes its batches
+    from the device (batch_plan.py: cache-sized on the CPU, at most 256 targets; from free memory
+    on a GPU, where the rows also stay on the device and influence is solved there).
+    `precision` ("fp32", default and exact; "tf32" or "bf16", faster on a GPU at a measured price:
+    precision.py) is the linear engine's; the autograd engine takes "fp32" only. `backend` picks the rows engine:
     "autograd" (autograd_rows.py), "linear" (linear_backward.py) or "auto" (linear wherever it
     applies, else autograd; the default); both give equal rows.
     `method="hierarchical"` runs `attribute_hierarchical` from `targets[0]` (default: the top
@@ -234,6 +257,7 @@ def attribute(
     if method not in METHODS:
         raise OptionError(f"method is {method!r}; pass one of {METHODS}.")
     given = dict(
+        precision=None if precision == "fp32" else precision,
         max_n_logits=max_n_logits,
         desired_logit_prob=desired_logit_prob,
         targets=targets,
@@ -248,7 +272,8 @@ def attribute(
             f"method={method!r} does not take {', '.join(wrong)} "
             f"({'; '.join(f'{k} is for method={m}' for k, m in takers.items())}); leave it out or change method."
         )
-    common = dict(exclude_bos=exclude_bos, embedding=embedding, batch_size=batch_size, backend=backend)
+    common = dict(exclude_bos=exclude_bos, embedding=embedding, backend=backend)
+    common["batch_size"] = CPU_ROWS if batch_size is None else batch_size
     logits = dict(
         max_n_logits=10 if max_n_logits is None else max_n_logits,
         desired_logit_prob=0.95 if desired_logit_prob is None else desired_logit_prob,
@@ -276,10 +301,22 @@ def attribute(
         embedding=embedding,
         backend=backend,
         batch_size=batch_size,
+        precision=precision,
         **logits,
     )
+    if precision != "fp32" and setup.engine is not linear_rows:
+        raise OptionError(
+            f"precision={precision!r} is the linear engine's; leave it out or pass backend='linear'."
+        )
     stats: dict = {}
-    rows = setup.rows(setup.injections, batch_size=batch_size, progress=progress, stats=stats)
+    rows = setup.rows(setup.injections, batch_size, progress=progress, stats=stats, keep_on_device=True)
+    on_device = None
+    if isinstance(rows, DeviceRows):  # influence on the device, then one copy (linear_backward.py step 8)
+        nodes = setup.nodes
+        w = np.zeros(setup.n_nodes)
+        w[nodes.mask("logit")] = setup.weights.astype(np.float32)  # as the graph stores them (graph.py)
+        on_device = rows.influence(w, layer_blocks(nodes), nodes.kind == "error", setup.n_src)
+        rows = rows.to_csr()
     # rows only for features and targets; embeddings and errors have no inputs (empty rows)
     # keep the rows' index dtype, so that scipy does not copy the (large) indices
     indptr = np.concatenate([np.zeros(setup.n_src, rows.indptr.dtype), rows.indptr])
@@ -287,7 +324,7 @@ def attribute(
     graph = setup.graph(setup.nodes, adjacency, stats, t0)
     # influence and scores in one streamed pass (no copies of a possibly huge adjacency)
     w = graph.logit_weights()
-    pass_ = streamed_influence(
+    pass_ = on_device or streamed_influence(
         graph.adjacency, w, layer_blocks(graph.nodes), graph.nodes.kind == "error", progress=progress
     )
     graph.nodes.influence = pass_.influence

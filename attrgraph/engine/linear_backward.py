@@ -80,8 +80,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attrgraph.engine.autograd_rows import backward_rows
+from attrgraph.engine.batch_plan import BatchBudget, budget_for, plan_batches
 from attrgraph.engine.csr_rows import CsrRowWriter
-from attrgraph.engine.precision import compute_dtype, numpy_dtype
+from attrgraph.engine.device_rows import DeviceRows
+from attrgraph.engine.precision import compute_dtype, matmul_precision, numpy_dtype, walk_dtype
 from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
 from transcoders import sites
 
@@ -89,11 +91,6 @@ if TYPE_CHECKING:
     from attrgraph.engine.replacement import ReplacementModel
 
 RESID_MID = "blocks.{layer}.hook_resid_mid"
-WORK_BYTES = 1 << 22
-"""Largest [P, B, d_model] working tensor of one batch (step 4): longer runs of one start and one
-position are split evenly, down to `MIN_ROWS` targets (at 6/256/4096, 4 MiB keeps each run of 64
-features whole; 1-8 MiB differ by less than the noise of a shared machine)."""
-MIN_ROWS = 16
 PAD_COLUMNS = 16
 """Decoder matrices are padded to a multiple of this many columns (`_LayerDecoders`)."""
 TRIANGLE_ROWS = 32
@@ -179,10 +176,13 @@ class LinearBackward:
     """The frozen model's transposed Jacobian, precomputed per layer (steps 1-3), applied to
     position-major gradients `[P, B, d_model]` (step 4)."""
 
-    def __init__(self, rm, state):
+    def __init__(self, rm, state, precision: str = "fp32"):
         model, fr, L = rm.model, state.frozen, rm.cfg.n_layers
-        dt = compute_dtype(state.errors.dtype)  # float32 for a half-precision model (precision.py)
+        # float32 for a half-precision model; bfloat16 products when asked (precision.py)
+        dt = walk_dtype(state.errors.dtype, precision)
         self.L, self.dtype, self.device = L, dt, state.errors.device
+        self.out_dtype = compute_dtype(state.errors.dtype)
+        """The rows' dtype (float32 at least, also for bfloat16 products)."""
 
         def norm(module, hook):
             return _Norm(module, fr[hook][0] if hook in fr else None, dt)
@@ -242,20 +242,27 @@ class LinearBackward:
         return torch.addmm(residual.reshape(P * B, d), gv, self.W_V[l]).view(P, B, d)
 
     def attention_back_at(
-        self, l: int, g: Float[Tensor, "B d_model"], positions: Tensor, P: int, residual: bool = True
+        self,
+        l: int,
+        g: Float[Tensor, "B d_model"],
+        positions: Tensor,
+        P: int,
+        residual: bool = True,
+        one_position: int | None = None,
     ) -> Float[Tensor, "P B d_model"]:
         """Gradient at resid_pre[l] from a gradient at resid_mid[l] that row b has only at
         `positions[b]`, given at those positions (a feature target's first attention, step 4):
         attention's part plus, when `residual`, g itself (an attention feature's start, step 7,
-        injects at the attention output: no residual)."""
+        injects at the attention output: no residual). `one_position`: the position of every row,
+        when they share one (known on the host: asking the device would wait for it)."""
         B, d = g.shape
         H = self.pattern[l].shape[0]
         gz = self.ln1_post[l].back_at(g, positions) @ self.W_O[l].T  # [B, H dh]
         dh = gz.shape[-1] // H
         # per head, the value-side vector u_h = W_V[h] gz_h, then spread over keys by A[h, p_b, k]
         u = torch.bmm(gz.view(B, H, dh).transpose(0, 1), self.W_V[l].view(H, dh, d))  # [H, B, d]
-        if bool((positions == positions[0]).all()):  # one query position: one [P, H] @ [H, B d] product
-            a = self.pattern[l][:, :P, int(positions[0])]  # [H, P]; ln1's 1/s is in its rows
+        if one_position is not None:  # one query position: one [P, H] @ [H, B d] product
+            a = self.pattern[l][:, :P, one_position]  # [H, P]; ln1's 1/s is in its rows
             gx = (a.T @ u.view(H, B * d)).view(P, B, d)
         else:
             a = self.pattern[l][:, :P, positions].permute(2, 1, 0)  # [B, P, H]
@@ -264,7 +271,7 @@ class LinearBackward:
             gx[positions, torch.arange(B, device=gx.device)] += g
         return gx
 
-    def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor, P: int):
+    def walk(self, g: Tensor, start: int, at_mid: bool, positions: Tensor, P: int, one_position=None):
         """Step 3: from g at resid_post[start] (`[P, B, d]`), or, when `at_mid`, from g at resid_mid[start]
         that row b has only at `positions[b]` (`[B, d]`, a feature target), down to the embedding.
         Yields `("mlp", l, write-site gradient of layer l)` from the top layer down (with an attention
@@ -281,7 +288,7 @@ class LinearBackward:
                     g = dense
                     yield "attn", l, g
                     continue
-                g = self.attention_back_at(l, g, positions, P)
+                g = self.attention_back_at(l, g, positions, P, one_position=one_position)
                 continue
             w = self.ln2_post[l].back(g)
             yield "mlp", l, w
@@ -295,12 +302,11 @@ class LinearBackward:
             g = self.attention_back(l, g)
         yield "embed", -1, g
 
-    def start(self, injections, P: int) -> tuple[Tensor, int, bool]:
-        """Step 1 for a batch with one start (all logits, or all reads of one layer and site):
-        (gradient, layer the walk starts at, whether that gradient is at resid_mid of that layer,
-        given per row at its position only)."""
+    def start(self, injections, positions: Tensor, P: int, one_position=None) -> tuple[Tensor, int, bool]:
+        """Step 1 for a batch with one start (all logits, or all reads of one layer and site) whose
+        rows sit at `positions` (on the device): (gradient, layer the walk starts at, whether that
+        gradient is at resid_mid of that layer, given per row at its position only)."""
         B, d, dev = len(injections), self.W_U_T.shape[1], self.device
-        positions = torch.tensor([j.position for j in injections], device=dev)
         v = torch.stack([j.vector.to(device=dev) for j in injections]).to(self.dtype)
         j0 = injections[0]
         if j0.logits:
@@ -308,7 +314,8 @@ class LinearBackward:
             g[positions, torch.arange(B, device=dev)] = self.ln_final.back_at(v @ self.W_U_T, positions)
             return g, self.L - 1, False
         if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
-            return self.attention_back_at(j0.layer, v, positions, P, residual=False), j0.layer - 1, False
+            g = self.attention_back_at(j0.layer, v, positions, P, residual=False, one_position=one_position)
+            return g, j0.layer - 1, False
         return (self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v), j0.layer, True
 
     def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
@@ -358,6 +365,8 @@ class _LayerDecoders:
         self.cum = np.zeros(n_pos + 1, np.int64)
         """`cum[P]`: this layer's features at positions < P (their columns are contiguous)."""
         self.positions, self.dec, self.k, self.first_col, self.d = [], [], [], 0, 0
+        self.stacked: Tensor | None = None
+        """`[n_g, n_out d, k_max]` once `stack` has run (a GPU's plan)."""
         if not mine:
             return
         n_out, d = mine[0][3].shape[1:]
@@ -385,41 +394,47 @@ class _LayerDecoders:
         for p, D, k in zip(self.positions[:n_g], self.dec, self.k):
             c = int(self.cum[p])
             w = D.shape[1] if c + D.shape[1] <= end else k
-            torch.mm(G[p], D[:m, :w], out=out[:, c : c + w])
+            if out.dtype == D.dtype:
+                torch.mm(G[p], D[:m, :w], out=out[:, c : c + w])
+            else:  # bfloat16 products into float32 rows (precision.py)
+                out[:, c : c + w] = G[p] @ D[:m, :w]
+
+    def stack(self) -> None:
+        """Step 5 on a GPU: the matrices of every position padded to the widest, one `[n_g, n_out d,
+        k_max]` tensor (the per-position matrices become views of it), so that a batch's contraction is
+        one batched product and one gather (`contract_stacked`): there, launches, not flops, bound
+        a per-position loop."""
+        if not self.dec or self.stacked is not None:
+            return
+        k_max, dev = max(D.shape[1] for D in self.dec), self.dec[0].device
+        S = torch.zeros(len(self.dec), self.dec[0].shape[0], k_max, dtype=self.dec[0].dtype, device=dev)
+        for i, D in enumerate(self.dec):
+            S[i, :, : D.shape[1]] = D
+        self.dec = [S[i, :, : D.shape[1]] for i, D in enumerate(self.dec)]
+        self.stacked = S
+        self.gather = torch.cat([i * k_max + torch.arange(k) for i, k in enumerate(self.k)]).to(dev)
+        p0 = self.positions[0]
+        self.run_of_positions = self.positions == list(range(p0, p0 + len(self.positions)))
+        self.position_index = torch.tensor(self.positions, device=dev)
+
+    def contract_stacked(self, gw: list, P: int, out: Tensor) -> None:
+        """`contract` as one batched product over positions (`stack`)."""
+        n_g = bisect.bisect_left(self.positions, P)
+        if not n_g:
+            return
+        reach = [x for x in gw[self.layer : self.layer + len(self.reads)] if x is not None]
+        G = reach[0] if len(reach) == 1 else torch.cat(reach, -1)  # [P, B, m d]
+        p0 = self.positions[0]
+        G = G[p0 : p0 + n_g] if self.run_of_positions else G.index_select(0, self.position_index[:n_g])
+        R = torch.bmm(G, self.stacked[:n_g, : G.shape[-1]])  # [n_g, B, k_max]
+        end = int(self.cum[P])
+        out[:, :end] = R.transpose(0, 1).reshape(R.shape[1], -1).index_select(1, self.gather[:end])
 
 
 def dot_positions(x: Float[Tensor, "P B d_model"], v: Float[Tensor, "P d_model"]) -> Float[Tensor, "B P"]:
     """`x[p, b] . v[p]`: the columns of one-vector sources (embeddings, errors; step 5). A product
     per position would be a matrix-vector product each, several times slower than this one pass."""
     return (x * v.unsqueeze(1)).sum(-1).T
-
-
-def _batches(key: list, order: list, batch_size: int, row_bytes: int) -> list[list[int]]:
-    """Step 4: rows in `order` (sorted by key = (start, position)) cut into batches. A run of one
-    start and one position becomes its own batches, split evenly where its [P, B, d_model] working
-    tensor would pass `WORK_BYTES` (or B `batch_size`); runs shorter than `MIN_ROWS` are merged with
-    the next runs of the same start (such a batch mixes positions)."""
-    runs: list[list[int]] = []
-    for i in order:
-        if runs and key[runs[-1][0]] == key[i]:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    batches, small = [], []
-    for run in runs:
-        start, pos = key[run[0]]
-        cap = max(1, min(batch_size, max(MIN_ROWS, WORK_BYTES // ((pos + 1) * row_bytes))))
-        if small and (key[small[0]][0] != start or len(small) + len(run) > cap or len(run) >= MIN_ROWS):
-            batches.append(small)
-            small = []
-        if len(run) < MIN_ROWS and len(run) <= cap:
-            small += run
-            continue
-        n = -(-len(run) // cap)
-        batches += [part.tolist() for part in np.array_split(np.asarray(run), n)]
-    if small:
-        batches.append(small)
-    return batches
 
 
 class _BatchRows:
@@ -470,18 +485,34 @@ class _BatchRows:
         self.columns[(top, top_attn, P)] = got = (columns, offsets)
         return got
 
-    def __call__(self, inj: list) -> tuple[np.ndarray, np.ndarray, float]:
-        """(values [B, n], their global columns (ascending), useful flops) for the targets `inj`."""
+    def reach(self, inj: list) -> tuple[int, int, int]:
+        """(the highest MLP layer, the highest attention layer whose sources the rows `inj` reach,
+        their positions P): what sizes the batch's block (`block_columns`)."""
+        P, j0 = max(j.position for j in inj) + 1, inj[0]
+        if j0.logits:
+            top = self.lb.L - 1
+        else:  # a feature's walk starts at its layer's resid_mid (MLP) or below its layer (attention)
+            top = j0.layer - 1
+        top_attn = (top + 1 if j0.site == "mlp" and not j0.logits else top) if self.attn else -1
+        return top, top_attn, P
+
+    def __call__(
+        self, inj: list, positions: Tensor | None = None, out: Tensor | None = None
+    ) -> tuple[Tensor, np.ndarray, float]:
+        """(values [B, n], their global columns (ascending), useful flops) for the targets `inj`, at
+        `positions` (on the device; default: made from `inj`); the values are written into `out`
+        when given (a slice of the resident rows, step 8)."""
         lb, layers, n_exc, L = self.lb, self.layers, self.n_exc, self.lb.L
         pos = np.array([j.position for j in inj])
         P, B = int(pos.max()) + 1, len(inj)
         kind = "logits" if inj[0].logits else inj[0].site
-        g, start, at_mid = lb.start(inj, P)
-        top = start - 1 if at_mid else start  # the highest MLP layer whose sources the rows reach
-        top_attn = start if self.attn else -1  # the highest attention layer (step 7)
+        one = int(pos[0]) if (pos == pos[0]).all() else None
+        positions = torch.from_numpy(pos).to(lb.device) if positions is None else positions
+        g, start, at_mid = lb.start(inj, positions, P, one)
+        top, top_attn, _ = self.reach(inj)
         columns, offsets = self.block_columns(top, top_attn, P)
-        block = torch.empty(B, len(columns), dtype=lb.dtype, device=lb.device)  # every entry is written below
-        walk = lb.walk(g, start, at_mid, torch.from_numpy(pos).to(lb.device), P)
+        block = out if out is not None else torch.empty(B, len(columns), dtype=lb.out_dtype, device=lb.device)
+        walk = lb.walk(g, start, at_mid, positions, P, one)
         del g
         # contract each layer as soon as the walk has passed it, dropping write-site gradients
         # that no lower layer reads (all but one for per-layer transcoders)
@@ -497,7 +528,7 @@ class _BatchRows:
                     block[:, e0:e1] = dot_positions(x[n_exc:], self.attn_errors[l, n_exc:P])
                 if ("attn_feat", l) in offsets:
                     f0, f1 = offsets[("attn_feat", l)]
-                    self.attn_layers[l].contract([None] * l + [x], P, block[:, f0:f1])
+                    self.contract(self.attn_layers[l], [None] * l + [x], P, block[:, f0:f1])
                 del x
                 continue
             gw[l] = x
@@ -506,7 +537,7 @@ class _BatchRows:
                 block[:, e0:e1] = dot_positions(x[n_exc:], self.errors[l, n_exc:P])
             if ("feat", l) in offsets:
                 f0, f1 = offsets[("feat", l)]
-                layers[l].contract(gw, P, block[:, f0:f1])
+                self.contract(layers[l], gw, P, block[:, f0:f1])
                 reads[l] = sum(gw[r] is not None for r in layers[l].reads)
             for j in range(l, L):
                 if self.last_read[j] >= l:
@@ -520,7 +551,16 @@ class _BatchRows:
         flops += 2.0 * d * float(reads[: top + 1] @ self.cum[: top + 1, n].sum(1))
         if self.attn:
             flops += 2.0 * d * ((top_attn + 1) * n_err + float(self.attn_cum[: top_attn + 1, n].sum()))
-        return block.cpu().numpy(), columns, flops
+        return block, columns, flops
+
+    def contract(self, layer: _LayerDecoders, gw: list, P: int, out: Tensor) -> None:
+        """Step 5 for one source layer: per position (CPU), or one batched product (`stacked`)."""
+        (layer.contract_stacked if layer.stacked is not None else layer.contract)(gw, P, out)
+
+    def stack(self) -> None:
+        """Every layer's decoders as one tensor (`_LayerDecoders.stack`: a GPU's plan)."""
+        for x in self.layers + (self.attn_layers if self.attn else []):
+            x.stack()
 
 
 def linear_rows(
@@ -528,22 +568,29 @@ def linear_rows(
     state,
     sources,
     injections: list,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     progress: bool = False,
     stats: dict | None = None,
-) -> sp.csr_array:
+    budget: BatchBudget | None = None,
+    precision: str = "fp32",
+    keep_on_device: bool = False,
+) -> sp.csr_array | DeviceRows:
     """Rows of the attribution graph for `injections` (same contract as `autograd_rows.backward_rows`).
 
+    `batch_size` caps the rows of a batch (default: the budget's). `budget` (batch_plan.py; default:
+    the device's, `budget_for`) sizes the batches and says whether the rows stay on the device
+    (step 8); with `keep_on_device` such rows come back as `DeviceRows` (device_rows.py), else
+    always as a host CSR matrix. `precision`: "fp32", "tf32" or "bf16" (precision.py).
     `stats`, when given, receives `flops` (multiply-adds x 2 of the products each row needs: the
-    backward and the contraction; `LinearBackward.flops`), `threads` (torch threads per batch) and
-    `workers` (batches at once)."""
+    backward and the contraction; `LinearBackward.flops`), `threads` (torch threads per batch),
+    `workers` (batches at once), `batches` and `resident` (whether the rows stayed on the device)."""
     reason = unsupported_reason(rm, injections)
     if reason is not None:
         raise NotImplementedError(
             f"the linear backward does not cover this case ({reason}); use backend='autograd'."
         )
     n_pos, L = state.tokens.shape[0], state.acts.shape[0]
-    lb = LinearBackward(rm, state)
+    lb = LinearBackward(rm, state, precision)
     rows = _BatchRows(lb, sources, n_pos)
     # step 4: group by start (logits = L, attention features of l = l - 0.5) and sort by position,
     # keeping the original row index
@@ -552,7 +599,11 @@ def linear_rows(
     ]
     order = sorted(range(len(injections)), key=lambda i: key[i])
     row_bytes = rows.embed.shape[1] * rows.embed.element_size()  # one target, one position, [d_model]
-    batches = _batches(key, order, max(1, batch_size), row_bytes)
+    if budget is None:
+        budget = budget_for(lb.device, _resident_bytes(rows, injections, lb), _live_tensors(rows))
+    batches = plan_batches(key, order, row_bytes, budget, batch_size)
+    if budget.resident:
+        return _resident_rows(lb, rows, injections, batches, progress, stats, precision, keep_on_device)
     # step 6: one thread per batch unless its largest product pays for parallel waits; then the
     # caller's threads run that many batches at once (on the CPU)
     caller, on_cpu = torch.get_num_threads(), lb.device.type == "cpu"
@@ -561,16 +612,17 @@ def linear_rows(
     # preferred to parallel products wherever the products are small
     threads = 1 if on_cpu and largest < PARALLEL_FLOPS else threads_for(largest)
     workers = caller if on_cpu and threads == 1 and caller > 1 and len(batches) > 1 else 1
-    written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(lb.dtype))
+    written = CsrRowWriter(len(injections), sources.n_columns, numpy_dtype(lb.out_dtype))
     bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
     t_sparse = flops = 0.0
     t0 = time.perf_counter()
 
     def run(idx):
         with torch.no_grad():
-            return rows([injections[i] for i in idx])
+            block, columns, f = rows([injections[i] for i in idx])
+            return block.cpu().numpy(), columns, f
 
-    with torch.no_grad(), torch_threads(threads):
+    with torch.no_grad(), torch_threads(threads), matmul_precision(precision):
         threads = torch.get_num_threads()  # what the batches run on (reported in stats)
         with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
             # results are appended in batch order (rows in order need no permuting copy at the end),
@@ -588,14 +640,76 @@ def linear_rows(
                     del values
                     bar.update(len(idx))
     bar.close()
-    if stats is not None:
-        stats["flops"] = stats.get("flops", 0) + flops
-        stats["seconds_backward"] = stats.get("seconds_backward", 0.0) + time.perf_counter() - t0 - t_sparse
-        stats["seconds_sparse"] = stats.get("seconds_sparse", 0.0) + t_sparse
-        stats["batches"] = stats.get("batches", 0) + len(batches)
-        stats["threads"] = threads
-        stats["workers"] = workers
+    _add_stats(
+        stats, flops, time.perf_counter() - t0 - t_sparse, t_sparse, len(batches), threads, workers, False
+    )
     return written.to_csr()
+
+
+def _add_stats(stats, flops, t_backward, t_sparse, n_batches, threads, workers, resident) -> None:
+    if stats is None:
+        return
+    stats["flops"] = stats.get("flops", 0) + flops
+    stats["seconds_backward"] = stats.get("seconds_backward", 0.0) + t_backward
+    stats["seconds_sparse"] = stats.get("seconds_sparse", 0.0) + t_sparse
+    stats["batches"] = stats.get("batches", 0) + n_batches
+    stats["threads"], stats["workers"], stats["resident"] = threads, workers, resident
+
+
+def _live_tensors(rows: _BatchRows) -> int:
+    """`[P, B, d_model]` tensors a batch keeps alive at once (step 5): the walk's gradient and two
+    temporaries of attention, the write-site gradients a contraction reads (all layers above a
+    cross-layer transcoder's), and the contraction's concatenation of them."""
+    reads = max([len(x.reads) for x in rows.layers], default=1)
+    return 4 + 2 * reads
+
+
+def _resident_bytes(rows: _BatchRows, injections: list, lb: LinearBackward) -> int:
+    """Bytes of every row's reachable columns (an upper bound on the resident rows, step 8)."""
+    n_cols = max(len(rows.block_columns(lb.L - 1, lb.L - 1 if rows.attn else -1, rows.n_pos)[0]), 1)
+    return len(injections) * n_cols * torch.finfo(lb.out_dtype).bits // 8
+
+
+def _resident_rows(
+    lb: LinearBackward,
+    rows: _BatchRows,
+    injections: list,
+    batches: list[list[int]],
+    progress: bool,
+    stats: dict | None,
+    precision: str,
+    keep_on_device: bool,
+) -> sp.csr_array | DeviceRows:
+    """Step 8: every batch writes its block into its slice of one device buffer, sized before the
+    first batch; the positions of all rows go to the device in one copy; nothing in the loop makes
+    the host wait for the device."""
+    t0 = time.perf_counter()
+    reach = [rows.reach([injections[i] for i in idx]) for idx in batches]
+    columns = [rows.block_columns(*r)[0] for r in reach]
+    sizes = np.array([len(idx) * len(c) for idx, c in zip(batches, columns)], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    out = DeviceRows(
+        len(injections),
+        rows.sources.n_columns,
+        torch.empty(int(starts[-1]), dtype=lb.out_dtype, device=lb.device),
+        [(np.asarray(idx), c, int(at)) for idx, c, at in zip(batches, columns, starts[:-1])],
+    )
+    flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    positions = torch.from_numpy(np.array([injections[i].position for i in flat], np.int64)).to(lb.device)
+    rows.stack()
+    bar = tqdm(total=len(injections), desc="attribution (linear)", unit="target", disable=not progress)
+    flops, at = 0.0, 0
+    with torch.no_grad(), matmul_precision(precision):
+        for i, idx in enumerate(batches):
+            _, _, f = rows([injections[j] for j in idx], positions[at : at + len(idx)], out.block(i))
+            flops += f
+            at += len(idx)
+            bar.update(len(idx))
+    bar.close()
+    t1 = time.perf_counter()
+    result = out if keep_on_device else out.to_csr()
+    _add_stats(stats, flops, t1 - t0, time.perf_counter() - t1, len(batches), 1, 1, True)
+    return result
 
 
 def largest_product(lb: LinearBackward, layers: list[_LayerDecoders], shapes: list[tuple[int, int]]) -> float:

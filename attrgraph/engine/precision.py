@@ -15,9 +15,14 @@ computed in the model's dtype is off by a few per cent (benchmarks/results/dtype
    (`e_tok - 1/d_vocab`) and EAP scores are float32 at least too.
 
 `compute_dtype` is `torch.promote_types(dtype, float32)`: it never lowers a dtype.
+4. `precision` (`PRECISIONS`) trades exactness for speed on a GPU: TF32 products, or the linear
+   backward's products in bfloat16; rows stay in `compute_dtype`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -34,3 +39,35 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype of rows computed for a model in `dtype`."""
     return np.dtype(str(compute_dtype(dtype)).removeprefix("torch."))
+
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+"""What the linear engine's products compute in (step 4):
+- "fp32" (default): `compute_dtype`, with TF32 off on a GPU: the exactness contract (DESIGN.md);
+- "tf32": the same dtypes, float32 products on a GPU's tensor cores in TF32 (10-bit mantissa
+  inputs, float32 sums); on the CPU it is "fp32";
+- "bf16": the backward's products in bfloat16 (8-bit mantissa), rows and influence in float32.
+The price of each against "fp32" is measured in benchmarks/results/precision.md."""
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
+
+
+def walk_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
+    """The dtype of the linear backward's products for a model in `dtype` (step 4)."""
+    check_precision(precision)
+    return torch.bfloat16 if precision == "bf16" else compute_dtype(dtype)
+
+
+@contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """TF32 on for "tf32", off otherwise (whatever the caller had set), restored after."""
+    check_precision(precision)
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

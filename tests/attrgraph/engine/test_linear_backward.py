@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from attrgraph.engine import batch_plan
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.linear_backward import linear_rows, unsupported_reason
 from attrgraph.engine.replacement import ReplacementModel
@@ -86,7 +87,6 @@ def test_attribute_backends_agree_end_to_end():
 
 @pytest.mark.parametrize("kind", ["plt", "clt"])
 def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
-    import attrgraph.engine.linear_backward as lb
 
     model = tiny_model("gpt2")
     rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
@@ -94,8 +94,8 @@ def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
     sources = build_sources(rm, state)
     inj = injections_for(rm, state)
     whole = linear_rows(rm, state, sources, inj, batch_size=len(inj)).toarray()
-    monkeypatch.setattr(lb, "WORK_BYTES", 1)
-    monkeypatch.setattr(lb, "MIN_ROWS", 2)
+    monkeypatch.setattr(batch_plan, "WORK_BYTES", 1)
+    monkeypatch.setattr(batch_plan, "MIN_ROWS", 2)
     stats = {}
     split = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=stats).toarray()
     np.testing.assert_allclose(split, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
@@ -128,7 +128,6 @@ def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, attn, monke
     """Runs shorter than MIN_ROWS are merged into batches of several positions: the rows do not
     change, and neither does the flop count (only what each row needs is counted); with an
     attention set too (attention feature targets, attention write sites)."""
-    import attrgraph.engine.linear_backward as lb
 
     model = tiny_model("llama")
     tc = tiny_transcoders(model, kind, True)
@@ -140,7 +139,7 @@ def test_batches_mixing_positions_give_the_same_rows_and_flops(kind, attn, monke
         inj = feature_injections(rm, sources.features, sources.attn) + inj[-3:]
     alone = {}
     one = linear_rows(rm, state, sources, inj, batch_size=1, stats=alone).toarray()
-    monkeypatch.setattr(lb, "MIN_ROWS", 10**6)  # every run is short: one batch per start
+    monkeypatch.setattr(batch_plan, "MIN_ROWS", 10**6)  # every run is short: one batch per start
     mixed = {}
     merged = linear_rows(rm, state, sources, inj, batch_size=len(inj), stats=mixed).toarray()
     assert mixed["batches"] <= (2 if attn else 1) * rm.cfg.n_layers + 1 < alone["batches"]

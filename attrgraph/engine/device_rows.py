@@ -1,0 +1,93 @@
+"""The rows of a graph held on the device until it is assembled (linear_backward.py step 8).
+
+On a GPU, copying each batch's block of rows to the host makes the host wait for the device once
+per batch, and building the CSR arrays and solving for influence on the host leaves the device
+idle. Instead:
+
+1. Every batch writes its block `[B, n]` (the batch's reachable columns, ascending) into its own
+   slice of one device buffer, allocated once for the whole graph (sizes known from the plan).
+2. Logit influence and error shares are solved on the device from those blocks (`influence`),
+   the same numbers as `graph.streamed_influence` (seed: circuit-tracing appendix, "Graph
+   Pruning"): blocks of nodes from the last, `z_B = w_B + acc_B`, and each batch of block B adds
+   `(z_t / rowsum_t) |A[t, s]|` over its rows t to `acc_s` (one matrix-vector product, float64);
+   a row's error share is `sum_{s error} |A[t, s]| / rowsum_t`.
+3. The buffer is checked for NaN and inf and copied to the host once (`to_csr`); the CSR arrays are
+   written from the host copy (csr_rows.py: a block without zeros is copied as it is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from jaxtyping import Float
+
+from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.finite import check_rows
+from attrgraph.errors import GraphError
+from attrgraph.graph.streamed_influence import StreamedInfluence
+
+
+@dataclass
+class DeviceRows:
+    """Rows `[n_rows, n_cols]` as dense blocks in one device buffer (module docstring, step 1)."""
+
+    n_rows: int
+    n_cols: int
+    buffer: Float[torch.Tensor, " n_entries"]
+    batches: list[tuple[np.ndarray, np.ndarray, int]] = field(default_factory=list)
+    """Per batch: its rows, its columns (ascending), its first entry in `buffer`."""
+
+    def block(self, i: int) -> torch.Tensor:
+        """Batch i's block `[B, n]`, a view of the buffer."""
+        rows, columns, at = self.batches[i]
+        return self.buffer[at : at + len(rows) * len(columns)].view(len(rows), len(columns))
+
+    def influence(
+        self,
+        logit_weights: Float[np.ndarray, " n_nodes"],
+        blocks: list[tuple[int, int]],
+        is_error: np.ndarray,
+        first_node: int,
+    ) -> StreamedInfluence:
+        """Step 2, on the device; row r is node `first_node + r`, a column is a node index."""
+        dev = self.buffer.device
+        w = torch.as_tensor(np.asarray(logit_weights, np.float64), device=dev)
+        err = torch.as_tensor(np.asarray(is_error, np.float64), device=dev)
+        z, acc, share = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
+        starts = np.array([b0 for b0, _ in blocks])
+        by_block: dict[int, list[int]] = {}
+        for i, (rows, columns, _) in enumerate(self.batches):
+            nodes = first_node + rows
+            b = int(np.searchsorted(starts, nodes.min(), side="right")) - 1
+            b0, b1 = blocks[b]
+            if nodes.max() >= b1 or (len(columns) and columns[-1] >= b0):
+                raise GraphError(
+                    "a batch of rows spans two blocks or reads its own block; order nodes as graph.NODE_ORDER documents."
+                )
+            by_block.setdefault(b, []).append(i)
+        for b in range(len(blocks) - 1, -1, -1):
+            b0, b1 = blocks[b]
+            z[b0:b1] = w[b0:b1] + acc[b0:b1]
+            for i in by_block.get(b, []):
+                rows, columns, _ = self.batches[i]
+                nodes = torch.as_tensor(first_node + rows, device=dev)
+                cols = torch.as_tensor(columns, device=dev)
+                a = self.block(i).abs().double()  # [B, n]
+                rowsum = a.sum(1)
+                inv = torch.where(rowsum > 0, 1.0 / rowsum, torch.zeros_like(rowsum))
+                acc.index_add_(0, cols, (z[nodes] * inv) @ a)
+                share[nodes] = (a @ err[cols]) * inv
+        return StreamedInfluence(influence=(z - w).cpu().numpy(), error_share=share.cpu().numpy())
+
+    def to_csr(self) -> sp.csr_array:
+        """Step 3: the rows as a host CSR matrix (one copy of the buffer)."""
+        if not bool(torch.isfinite(self.buffer).all()):
+            check_rows(self.buffer.cpu().numpy())  # names the count of bad values
+        host = self.buffer.cpu().numpy()
+        written = CsrRowWriter(self.n_rows, self.n_cols, host.dtype)
+        for rows, columns, at in self.batches:
+            written.append(rows, host[at : at + len(rows) * len(columns)].reshape(len(rows), -1), columns)
+        return written.to_csr()

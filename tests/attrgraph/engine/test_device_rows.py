@@ -1,0 +1,156 @@
+"""Rows kept on the device (linear_backward.py step 8, device_rows.py), exercised on the CPU with a
+GPU's budget: the rows equal the autograd engine's, influence equals the dense formula
+`((I - A)^-1 - I)^T w` on the normalized matrix, the row loop never makes the host wait, and the
+bf16 / tf32 precisions cost what they should."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attrgraph.engine.linear_backward as lb
+from attrgraph.engine.attribute import attribute
+from attrgraph.engine.autograd_rows import backward_rows
+from attrgraph.engine.batch_plan import device_budget
+from attrgraph.engine.device_rows import DeviceRows
+from attrgraph.engine.linear_backward import linear_rows
+from attrgraph.engine.replacement import ReplacementModel
+from attrgraph.engine.sources import build_sources, feature_injections
+from attrgraph.errors import OptionError
+from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.engine.test_linear_backward import TOKENS, injections_for
+
+GPU = device_budget(8 << 30, 1 << 20, 6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,skip", TRANSCODERS)
+@pytest.mark.parametrize("attn", [False, True])
+def test_resident_rows_equal_autograd_rows(arch, kind, skip, attn):
+    model = tiny_model(arch)
+    tc = tiny_transcoders(model, kind, skip)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    if attn:
+        inj = feature_injections(rm, sources.features, sources.attn) + inj[-3:]
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    stats = {}
+    kept = linear_rows(rm, state, sources, inj, budget=GPU, stats=stats, keep_on_device=True)
+    assert isinstance(kept, DeviceRows) and stats["resident"] and stats["batches"] <= 2 * rm.cfg.n_layers + 2
+    fast = kept.to_csr().toarray()
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+def _dense_influence(adjacency: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The appendix's formula, densely: rows of |A| normalized to sum 1, then ((I - A)^-1 - I)^T w."""
+    A = np.abs(adjacency)
+    s = A.sum(1, keepdims=True)
+    A = np.divide(A, s, out=np.zeros_like(A), where=s > 0)
+    n = len(A)
+    return (np.linalg.inv(np.eye(n) - A) - np.eye(n)).T @ w
+
+
+@pytest.mark.parametrize("attn", [False, True])
+def test_attribute_with_resident_rows_solves_influence_on_the_device(attn, monkeypatch):
+    model = tiny_model("gpt2", torch.float32)  # rows, stored adjacency and device buffer all float32
+    tc = tiny_transcoders(model, "clt", True)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    host = attribute(model, rm, TOKENS)
+    monkeypatch.setattr(lb, "budget_for", lambda *a: GPU)
+    kept = attribute(model, rm, TOKENS)
+    dense = kept.adjacency.toarray()
+    np.testing.assert_allclose(dense, host.adjacency.toarray(), rtol=0, atol=1e-6 * np.abs(dense).max())
+    expected = _dense_influence(dense, kept.logit_weights())
+    # the dense formula in float64 on the stored float32 edges; the nodes table keeps float32 influence
+    np.testing.assert_allclose(kept.nodes.influence, expected, rtol=1e-6, atol=1e-9)
+    for score in ("unpruned_replacement_score", "unpruned_completeness_score"):
+        assert kept.meta[score] == pytest.approx(host.meta[score], rel=1e-6)
+
+
+class _HostWaits(TorchDispatchMode):
+    """Counts what makes a host wait for a device: a tensor's value read into Python
+    (`_local_scalar_dense`: item, bool, int) and copies out of it (`Tensor.cpu`, `.numpy`, `.tolist`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def _count_host_waits(monkeypatch, run) -> int:
+    counter = _HostWaits()
+    for name in ("cpu", "numpy", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **k):
+            counter.n += 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    with counter:
+        run()
+    monkeypatch.undo()
+    return counter.n
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_the_row_loop_never_waits_for_the_device(kind, monkeypatch):
+    """With a GPU's budget the host waits a fixed number of times per graph (the NaN check and the
+    one copy of the rows), however many batches; the CPU's plan copies every batch."""
+    model = tiny_model("llama", torch.float32)
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    waits, batches = {}, {}
+    for batch_size in (1, 4, None):
+        stats = {}
+
+        def run(batch_size=batch_size, stats=stats):
+            linear_rows(rm, state, sources, inj, batch_size=batch_size, budget=GPU, stats=stats)
+
+        waits[batch_size] = _count_host_waits(monkeypatch, run)
+        batches[batch_size] = stats["batches"]
+    assert batches[1] == len(inj) > batches[4] > batches[None]
+    assert waits[1] == waits[4] == waits[None] <= 3
+    stats = {}
+    on_cpu = _count_host_waits(
+        monkeypatch, lambda: linear_rows(rm, state, sources, inj, batch_size=1, stats=stats)
+    )
+    assert on_cpu >= stats["batches"] == len(inj)
+
+
+def test_bf16_rows_cost_a_bounded_error_and_fp32_none(monkeypatch):
+    """bfloat16 keeps 8 significant bits: its rows differ from fp32's by about 2^-8 of the largest
+    edge (and never by more than a few per cent); "tf32" on the CPU computes fp32."""
+    model = tiny_model("llama", torch.float32)
+    rm = ReplacementModel(model, tiny_transcoders(model, "plt", True))
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    inj = injections_for(rm, state)
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    scale = np.abs(ref).max()
+    for budget in (None, GPU):
+        fp32 = linear_rows(rm, state, sources, inj, budget=budget).toarray()
+        tf32 = linear_rows(rm, state, sources, inj, budget=budget, precision="tf32").toarray()
+        bf16 = linear_rows(rm, state, sources, inj, budget=budget, precision="bf16")
+        assert bf16.dtype == np.float32
+        assert np.abs(fp32 - ref).max() <= 1e-5 * scale and np.array_equal(tf32, fp32)
+        err = np.abs(bf16.toarray() - fp32).max() / scale
+        assert 2**-12 < err < 0.05
+
+
+def test_precision_is_refused_where_it_does_not_apply():
+    model = tiny_model("gpt2")
+    rm = ReplacementModel(model, tiny_transcoders(model))
+    with pytest.raises(OptionError, match="precision"):
+        attribute(model, rm, TOKENS, precision="fp16")
+    with pytest.raises(OptionError, match="linear engine"):
+        attribute(model, rm, TOKENS, precision="bf16", backend="autograd")
+    with pytest.raises(OptionError, match="standard"):
+        attribute(model, rm, TOKENS, precision="bf16", method="adaptive", max_feature_nodes=4)
