@@ -21,15 +21,16 @@ def tiny_model(seed: int = 0, **overrides):
     kw.update(overrides)
     model = HookedTransformer(HookedTransformerConfig(**kw))
     # TL initializes norm weights to 1 and biases to 0; make them non-trivial so a
-    # convention that drops ln2's weight or bias cannot pass by accident.
+    # convention that drops ln2's weight or bias cannot pass by accident. The noise is drawn on the
+    # host (the same values on every device) and moved beside the parameter (a cuda model).
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             leaf = name.split(".")[-1]
             if leaf.startswith("b"):
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
+                p.add_(0.1 * torch.randn(p.shape, generator=g).to(p.device))
             elif leaf == "w":
-                p.mul_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+                p.mul_(1.0 + 0.3 * torch.randn(p.shape, generator=g).to(p.device))
     return model.eval()
 
 
@@ -53,7 +54,7 @@ def random_set(kind="plt", activation="jumprelu", skip=False, n_layers=2, d_mode
     tc = build_transcoders(cfg).init_weights(g)
     with torch.no_grad():  # non-trivial biases, thresholds and skip, so round trips test every tensor
         for p in tc.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
+            p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
         if tc.threshold is not None:
             tc.threshold.abs_()
     return tc
