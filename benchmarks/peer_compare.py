@@ -371,16 +371,28 @@ def compare(g, d: Path) -> dict:
     unmapped_max = (
         float(np.abs(ref[:, unmapped]).max() + np.abs(ref[unmapped]).max()) if len(unmapped) else 0.0
     )
-    diff = 0.0
+    row_diff = np.zeros(g.n_nodes)  # per row of ours, max |A_ours - A_ct|
+    row_scale = np.zeros(g.n_nodes)  # per row, max |A_ct|
     for lo in range(0, g.n_nodes, 2048):  # row blocks: two dense [N, N] copies would not fit at gpt2-small
         rows = slice(lo, lo + 2048)
-        diff = max(diff, float(np.abs(g.adjacency[rows].toarray() - ref[np.ix_(idx[rows], idx)]).max()))
-    rel = diff / scale
+        theirs = ref[np.ix_(idx[rows], idx)]
+        row_diff[rows] = np.abs(g.adjacency[rows].toarray() - theirs).max(1, initial=0.0)
+        row_scale[rows] = np.abs(theirs).max(1, initial=0.0)
+    rel = float(row_diff.max()) / scale
+    by_kind = {}
+    for kind in ("feature", "logit"):  # each kind's rows against the largest edge of those rows
+        mask = n.kind == kind
+        by_kind[f"{kind}_rows_rel_diff"] = (
+            float(row_diff[mask].max() / row_scale[mask].max())
+            if mask.any() and row_scale[mask].max()
+            else 0.0
+        )
     return dict(
         match=bool(rel <= TOL and unmapped_max == 0.0),
         max_rel_diff=rel,
         unmapped_abs=unmapped_max,
         ct_nodes=int(ref.shape[0]),
+        **by_kind,
     )
 
 

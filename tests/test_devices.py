@@ -124,6 +124,23 @@ def test_attribution_on_device_equals_the_cpu_graph(device, foreign_default_devi
         np.testing.assert_allclose(h.nodes.influence, g.nodes.influence, rtol=1e-4, atol=1e-7, err_msg=name)
 
 
+def test_rows_kept_on_the_device_equal_the_cpu_graph(device, foreign_default_device, monkeypatch):
+    """The GPU's plan (rows resident on the device, influence solved there; linear_backward.py step 8)
+    on `device`, whatever the default device: the same graph as the CPU's plan on the CPU."""
+    import attrgraph.engine.linear_backward as lb
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.batch_plan import device_budget
+
+    ref = attribute(*_model("cpu", "llama"), PROMPT, backend="linear")
+    model, tc = _model(device, "llama")
+    monkeypatch.setattr(lb, "budget_for", lambda *a: device_budget(1 << 30, 1 << 20, 8))
+    with foreign_default_device():
+        got = attribute(model, tc, PROMPT, backend="linear")
+    scale = np.abs(ref.dense()).max()
+    np.testing.assert_allclose(got.dense(), ref.dense(), rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(got.nodes.influence, ref.nodes.influence, rtol=1e-4, atol=1e-7)
+
+
 def _analyses(model, tc, graph):
     from attrgraph.analysis.intervene import intervene
     from attrgraph.analysis.qk import qk_attribution

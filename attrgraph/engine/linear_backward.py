@@ -24,11 +24,12 @@ general autograd graph, apply it layer by layer with matrix products:
    positional embeddings enter the residual stream additively).
 4. Only what a target can reach is computed: everything is causal, so a target at position p
    needs positions `<= p` only, and a feature of layer l only layers < l (plus the attention of
-   l). Batches are the targets of one start (logits, the MLP features of one layer, or the
-   attention features of one layer) and one position, so that each is cut to exactly its
-   positions (runs shorter than `MIN_ROWS` targets are merged with the next positions, and the
-   merged rows carry zeros beyond their position). A run is split evenly where its working tensor
-   would pass `WORK_BYTES`. Gradients are position-major, `[P, B, d_model]`: each position's rows
+   l). Batches hold the targets of one start (logits, the MLP features of one layer, or the
+   attention features of one layer) cut to the positions they reach, planned from the device
+   (batch_plan.py): on the CPU one position per batch, split where its working tensor would pass a
+   cache-sized budget, short runs merged with the next positions (their rows carry zeros beyond
+   their position); on a GPU bands of positions as large as free memory allows, at most 25% more
+   flops than their rows need. Gradients are position-major, `[P, B, d_model]`: each position's rows
    are one contiguous `[B, d_model]` matrix for step 5. A feature target's first attention sees
    one query position: `u_h = W_V[h] W_O[h] g` once, spread over the keys by the pattern row
    `A[h, p, :]` (d_head times fewer products than the general step). From `2 TRIANGLE_ROWS`
@@ -59,6 +60,14 @@ general autograd graph, apply it layer by layer with matrix products:
    encoder vector at the attention output, whose frozen attention (`attention_back_at`, ln1_post
    included, no residual) gives the gradient at resid_pre[l], and walks on from layer l - 1.
 
+8. On a GPU (batch_plan.py's `resident` budget) the rows stay on the device: every batch writes its
+   block into one buffer sized before the first batch, each layer's decoders are one stacked tensor
+   contracted by one batched product per batch (`_LayerDecoders.stack`), the positions of all rows
+   are copied to the device once, and nothing in the row loop reads a value back: the host never
+   waits for the device until the graph is assembled (device_rows.py: influence on the device, one
+   copy). Rows that would not fit are copied to the host batch by batch, with a warning.
+9. `precision` (precision.py): "fp32" (default, TF32 off), "tf32" or "bf16" products.
+
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
 (`unsupported_reason` says why not); `attribute(..., backend="auto")` falls back to autograd.
 """
@@ -67,6 +76,7 @@ from __future__ import annotations
 
 import bisect
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -412,7 +422,7 @@ class _LayerDecoders:
             S[i, :, : D.shape[1]] = D
         self.dec = [S[i, :, : D.shape[1]] for i, D in enumerate(self.dec)]
         self.stacked = S
-        self.gather = torch.cat([i * k_max + torch.arange(k) for i, k in enumerate(self.k)]).to(dev)
+        self.gather = torch.cat([i * k_max + torch.arange(k, device=dev) for i, k in enumerate(self.k)])
         p0 = self.positions[0]
         self.run_of_positions = self.positions == list(range(p0, p0 + len(self.positions)))
         self.position_index = torch.tensor(self.positions, device=dev)
@@ -600,7 +610,15 @@ def linear_rows(
     order = sorted(range(len(injections)), key=lambda i: key[i])
     row_bytes = rows.embed.shape[1] * rows.embed.element_size()  # one target, one position, [d_model]
     if budget is None:
-        budget = budget_for(lb.device, _resident_bytes(rows, injections, lb), _live_tensors(rows))
+        need = _resident_bytes(rows, injections, lb)
+        budget = budget_for(lb.device, need, _live_tensors(rows))
+        if lb.device.type != "cpu" and not budget.resident:
+            warnings.warn(
+                f"the rows of this graph (up to {need / 2**30:.1f} GiB) do not fit in half of the free "
+                f"memory of {lb.device}: each batch is copied to the host as it is done (slower); free "
+                "device memory or use attribute(method='adaptive', max_feature_nodes=...) to bound the graph.",
+                stacklevel=2,
+            )
     batches = plan_batches(key, order, row_bytes, budget, batch_size)
     if budget.resident:
         return _resident_rows(lb, rows, injections, batches, progress, stats, precision, keep_on_device)

@@ -1,0 +1,241 @@
+"""circuit-tracer and attrgraph on the same GPU and identical weights: time, peak memory, agreement, FLOP floor.
+
+1. For each case (a model shape and a prompt length), circuit-tracer's side runs `../shared/peer/ct_gpu.py`
+   in a fresh process (its packages on `--ct-path`, see `../shared/GPU.md`): it builds a seeded random
+   model and JumpReLU transcoders calibrated to ~64 active features per layer and position, saves them,
+   reloads them on the device, times its `attribute` (second of two runs) and saves its graph.
+2. Ours, in a fresh process (`--_worker`): `load_model(DIR, device)`, `load_transcoders(DIR/transcoders,
+   device)`, `attribute(..., exclude_bos=True, embedding="token")` twice at each precision (fp32, tf32,
+   bf16), the second run timed between `torch.cuda.synchronize()` calls with the peak device memory
+   (`torch.cuda.max_memory_allocated`) reset before it.
+3. Agreement (peer_compare.compare): our fp32 feature rows and logit rows against circuit-tracer's,
+   each as max |difference| over the largest |edge| of those rows (goal: feature rows 1e-5); for tf32 and
+   bf16, the edge error against our own fp32 graph and the overlap (Jaccard) of the features kept by
+   pruning (0.8 / 0.98, circuit-tracer's rule).
+4. The FLOP floor: the products our linear backward needs (`meta["backward_gflop"]`, counted per row
+   at its own positions) over the device's float32 matmul rate (8192^3 products, TF32 off, best of 3):
+   the share of that floor reached is `gflop / seconds / rate`.
+5. Print a table and write `benchmarks/results/gpu_vs_circuit_tracer.{md,json}` (on a CPU:
+   `..._cpu_smoke.{md,json}`).
+
+Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
+2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
+each at 32 and 128 tokens; vocabularies of 8,192 (a vocabulary equal to d_model confuses
+circuit-tracer's logit rows, ../shared/GPU.md). `--smoke` runs one tiny case on the CPU (circuit-tracer
+from the peer venv, `--peer-python`) as this script's own test.
+
+Usage (GPU machine): python benchmarks/gpu_vs_circuit_tracer.py --ct-path CT_PKGS [--cases NAME ...]
+        (CPU):         python benchmarks/gpu_vs_circuit_tracer.py --smoke --peer-python /tmp/peer/venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT.parent / "shared" / "peer"
+RESULTS = ROOT / "benchmarks" / "results"
+PRECISIONS = ("fp32", "tf32", "bf16")
+FEATURE_ROWS_TOL = 1e-5
+
+SHAPES = {  # name: ct_gpu.py arguments (L0 64 per layer and position)
+    "gpt2-small": "--arch gpt2 --n-layers 12 --d-model 768 --n-heads 12 --d-transcoder 8192",
+    "llama-1b": "--arch llama --n-layers 16 --d-model 2048 --n-heads 16 --d-transcoder 16384",
+    "gemma2-2b": "--arch gemma2 --n-layers 26 --d-model 2304 --n-heads 8 --d-transcoder 16384",
+}
+CASES = {
+    f"{name}-{n}": f"{args} --prompt-len {n} --l0 64 --d-vocab 8192"
+    for name, args in SHAPES.items()
+    for n in (32, 128)
+}
+SMOKE = {
+    "smoke": "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8 --d-vocab 128"
+}
+
+
+def matmul_tflops(device, n: int = 8192, repeats: int = 3) -> float:
+    """Step 4: the device's float32 matmul rate, TF32 off (TFLOP/s, best of `repeats`)."""
+    import torch
+
+    n = n if device.type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device) for _ in range(2))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best / 1e12
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worker(dir_: str, device: str) -> dict:
+    """Steps 2-4 in this process, on the case folder `dir_`."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from peer_compare import compare
+
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.graph.prune import prune_graph
+    from transcoders.formats import load_transcoders
+
+    dev = torch.device(device)
+    d = Path(dir_)
+    model = load_model(d, device=dev)
+    tc = load_transcoders(d / "transcoders", device=dev)
+    tokens = np.load(d / "input_tokens.npy")
+    out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2)}, {}
+    for precision in PRECISIONS:
+        for _ in range(2):  # the second run is timed
+            _sync(dev)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            t0 = time.perf_counter()
+            g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", precision=precision)
+            _sync(dev)
+            seconds = time.perf_counter() - t0
+        gflop = float(g.meta["backward_gflop"])
+        peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+        row = dict(
+            seconds=round(seconds, 3),
+            peak_gib=round(peak, 2),
+            backward_gflop=gflop,
+            floor_share=round(gflop / seconds / (out["matmul_tflops"] * 1e3), 3),
+            nodes=g.n_nodes,
+            edges=g.n_edges,
+            features=g.n_features,
+        )
+        if precision == "fp32":
+            row.update(compare(g, d))
+        else:
+            ref = graphs["fp32"]
+            scale = float(abs(ref.adjacency).max())
+            row["edge_rel_err"] = float(abs(g.adjacency - ref.adjacency).max()) / scale
+            kept = [set(map(tuple, _kept(prune_graph(x, 0.8, 0.98)))) for x in (ref, g)]
+            row["feature_jaccard"] = round(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])), 4)
+        graphs[precision] = g
+        out[precision] = row
+    return out
+
+
+def _kept(pruned):
+    n = pruned.nodes
+    m = n.kind == "feature"
+    return zip(n.layer[m].tolist(), n.position[m].tolist(), n.feature[m].tolist())
+
+
+def run_case(
+    name: str, args: str, device: str, ct: list[str], ct_env: dict, env: dict, keep: Path | None
+) -> dict:
+    """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`), on one folder."""
+    folder = Path(tempfile.mkdtemp(prefix=f"gpu-{name}-", dir=keep))
+    cmd = [*ct, str(HARNESS / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device))
+    if res.returncode != 0:
+        raise RuntimeError(f"circuit-tracer failed on {name}: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    meta = json.loads((folder / "meta.json").read_text())
+    theirs = dict(
+        seconds=round(float(meta["stats"]["attribute_s"]), 3), log=res.stdout.strip().splitlines()[-1]
+    )
+    ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device]
+    res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(f"our worker failed on {name}: {' '.join(ours_cmd)}\n{res.stderr[-3000:]}")
+    ours = json.loads(res.stdout.strip().splitlines()[-1])
+    return dict(case=name, args=args, circuit_tracer=theirs, attrgraph=ours)
+
+
+def write_results(rows: list[dict], device: str, device_name: str) -> Path:
+    stem = "gpu_vs_circuit_tracer" if device == "cuda" else "gpu_vs_circuit_tracer_cpu_smoke"
+    lines = [
+        f"# circuit-tracer and attrgraph on {device_name}",
+        "",
+        "Written by `python benchmarks/gpu_vs_circuit_tracer.py` (module docstring: method). Times are the",
+        "second of two runs; memory is peak device memory; the floor share is our backward's FLOPs per",
+        "second over the device's float32 matmul rate with TF32 off.",
+        "",
+        "| case | circuit-tracer | attrgraph fp32 | ratio | floor share | peak GiB | feature rows | logit rows "
+        "| tf32 (ratio, edge err, Jaccard) | bf16 (ratio, edge err, Jaccard) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ct, ours = r["circuit_tracer"], r["attrgraph"]
+        f32 = ours["fp32"]
+
+        def variant(p, ct=ct, ours=ours):
+            v = ours[p]
+            return f"{ct['seconds'] / v['seconds']:.2f}x, {v['edge_rel_err']:.1e}, {v['feature_jaccard']:.3f}"
+
+        lines.append(
+            f"| {r['case']} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
+            f"| {f32['floor_share']:.0%} | {f32['peak_gib']} | {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
+            f"| {f32.get('logit_rows_rel_diff', float('nan')):.1e} | {variant('tf32')} | {variant('bf16')} |"
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(device=device_name, cases=rows), indent=1) + "\n")
+    return RESULTS / f"{stem}.md"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", nargs="*", choices=sorted(CASES), help="default: all six")
+    ap.add_argument("--device", default=None, help="default: cuda where present, else cpu")
+    ap.add_argument("--ct-path", help="folder of circuit-tracer's packages, put on PYTHONPATH for its side")
+    ap.add_argument("--peer-python", help="circuit-tracer's own interpreter (the peer venv) instead")
+    ap.add_argument("--ag-path", help="folder of attrgraph's dependencies, put on PYTHONPATH for our side")
+    ap.add_argument("--smoke", action="store_true", help="one tiny case on the CPU (this script's test)")
+    ap.add_argument("--keep", type=Path, help="keep the case folders under this folder")
+    ap.add_argument("--_worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._worker:
+        print(json.dumps(worker(args._worker, args.device or "cpu")))
+        return 0
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    cases = SMOKE if args.smoke else {c: CASES[c] for c in (args.cases or sorted(CASES))}
+    ours_path = [str(ROOT), args.ag_path, os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, ours_path)))
+    if args.peer_python:
+        ct, ct_env = [args.peer_python], dict(env, PYTHONPATH="")
+    elif args.ct_path:
+        ct, ct_env = [sys.executable], dict(env, PYTHONPATH=args.ct_path)
+    else:
+        ap.error("give --ct-path (circuit-tracer's packages) or --peer-python (its venv's python)")
+    rows = []
+    for name, case_args in cases.items():
+        r = run_case(name, case_args, device, ct, ct_env, env, args.keep)
+        rows.append(r)
+        f32 = r["attrgraph"]["fp32"]
+        print(
+            f"{name}: circuit-tracer {r['circuit_tracer']['seconds']:.2f} s, ours {f32['seconds']:.2f} s "
+            f"({f32['floor_share']:.0%} of the fp32 floor, {f32['peak_gib']} GiB), feature rows "
+            f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}",
+            flush=True,
+        )
+    name = torch.cuda.get_device_name() if device == "cuda" else "the CPU"
+    print(f"wrote {write_results(rows, device, name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
