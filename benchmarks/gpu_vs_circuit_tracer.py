@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,10 +161,12 @@ def run_case(
     if res.returncode != 0:
         raise RuntimeError(f"our worker failed on {name}: {' '.join(ours_cmd)}\n{res.stderr[-3000:]}")
     ours = json.loads(res.stdout.strip().splitlines()[-1])
+    if keep is None:
+        shutil.rmtree(folder)
     return dict(case=name, args=args, circuit_tracer=theirs, attrgraph=ours)
 
 
-def write_results(rows: list[dict], device: str, device_name: str) -> Path:
+def write_results(rows: list[dict], device: str, device_name: str, results: Path = RESULTS) -> Path:
     stem = "gpu_vs_circuit_tracer" if device == "cuda" else "gpu_vs_circuit_tracer_cpu_smoke"
     lines = [
         f"# circuit-tracer and attrgraph on {device_name}",
@@ -186,13 +189,13 @@ def write_results(rows: list[dict], device: str, device_name: str) -> Path:
 
         lines.append(
             f"| {r['case']} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
-            f"| {f32['floor_share']:.0%} | {f32['peak_gib']} | {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
+            f"| {f32['floor_share']:.0%} | {f32['peak_gib'] if f32['peak_gib'] == f32['peak_gib'] else '-'} | {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
             f"| {f32.get('logit_rows_rel_diff', float('nan')):.1e} | {variant('tf32')} | {variant('bf16')} |"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(device=device_name, cases=rows), indent=1) + "\n")
-    return RESULTS / f"{stem}.md"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{stem}.json").write_text(json.dumps(dict(device=device_name, cases=rows), indent=1) + "\n")
+    return results / f"{stem}.md"
 
 
 def main(argv=None) -> int:
@@ -204,6 +207,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ag-path", help="folder of attrgraph's dependencies, put on PYTHONPATH for our side")
     ap.add_argument("--smoke", action="store_true", help="one tiny case on the CPU (this script's test)")
     ap.add_argument("--keep", type=Path, help="keep the case folders under this folder")
+    ap.add_argument(
+        "--results", type=Path, default=RESULTS, help="where the tables go (default benchmarks/results)"
+    )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._worker:
@@ -233,7 +239,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     name = torch.cuda.get_device_name() if device == "cuda" else "the CPU"
-    print(f"wrote {write_results(rows, device, name)}")
+    print(f"wrote {write_results(rows, device, name, args.results)}")
     return 0
 
 
