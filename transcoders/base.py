@@ -143,8 +143,8 @@ class SparseCoder(nn.Module):
         return self.nonlinearity.train_call(self, pre_acts)
 
     def encode_layer(self, x: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_sae"]:
-        """Step 1 for one layer: `x @ W_enc[layer] + b_enc[layer]`."""
-        return x @ self.W_enc[layer] + self.b_enc[layer]
+        """Step 1 for one layer: `x . v_f + b_enc[layer, f]` for every feature's encoder vector `v_f`."""
+        return x @ self.encoder_vectors(layer).T + self.b_enc[layer]
 
     def activate_layer(self, pre_acts: Float[Tensor, "... d_sae"], layer: int) -> Float[Tensor, "... d_sae"]:
         """Step 2 for one layer, the per-token rule (BatchTopK: its estimated threshold)."""
@@ -201,9 +201,16 @@ class SparseCoder(nn.Module):
         return TranscoderOutput(pre_acts, acts, out)
 
     # --------------------------------------------------------------- vectors for attribution
-    def encoder_vectors(self, layer: int, features: Int[Tensor, " n"]) -> Float[Tensor, "n d_model"]:
-        """Encoder directions (columns of `W_enc[layer]`) of the given features."""
-        return self.W_enc[layer][:, features].T
+    def encoder_vectors(
+        self, layer: int, features: Int[Tensor, " n"] | None = None
+    ) -> Float[Tensor, "n d_model"]:
+        """The vectors `v_f` that features of `layer` read, `h_f = x . v_f + b_enc[layer, f]` (all of the
+        layer's features when `features` is None): here columns of `W_enc[layer]`.
+
+        Attribution and analysis ask for these and never read `W_enc`, so that a set whose encoder
+        is stored otherwise (e.g. as directions and gains) overrides this and `encode` alone."""
+        W = self.W_enc[layer]
+        return (W if features is None else W[:, features]).T
 
     def decoder_vectors(self, layer: int, features: Int[Tensor, " n"]) -> Float[Tensor, "n n_out d_model"]:
         raise NotImplementedError

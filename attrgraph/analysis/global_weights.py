@@ -14,9 +14,10 @@ every read is linear, so the weight of the residual path from a source feature s
    writes before it) as `w_post * P(W_dec^{l'}) / s_post`; an attention-set feature writes
    `W_dec` at `hook_attn_out` of its layer (after any post-attention norm).
 2. Reads of t (a vector `u_t` with `pre_t = u_t . resid + const`):
-   an MLP feature of layer l reads `ln2(resid_mid)`: `u_t = P(w_ln2 * W_enc[:, t]) / s_ln2`;
+   an MLP feature of layer l reads `ln2(resid_mid)`: `u_t = P(w_ln2 * v_t) / s_ln2`, `v_t` the set's
+   encoder vector of t (`encoder_vectors`: `W_enc[:, t]` for our sets);
    an attention feature of layer l reads the attention output, which reads `ln1(resid_pre)` through
-   each head's OV circuit: `u_t = sum_h P(w_ln1 * W_V^h W_O^h P(w_post * W_enc[:, t]) / s_post) / s_ln1`
+   each head's OV circuit: `u_t = sum_h P(w_ln1 * W_V^h W_O^h P(w_post * v_t) / s_post) / s_ln1`
    (every head attending to the source's position with pattern 1, which is what position 0 sees;
    elsewhere head h's term is scaled by its pattern `A_h[q, k]`); a logit reads
    `ln_final(resid_final)`: `u_tok = P(w_f * W_U[:, tok]) / s_f`. `P` centers (LayerNorm only).
@@ -177,7 +178,7 @@ class GlobalWeights:
         return float(self.scales.get(name, 1.0))
 
     def _mlp_reads(self, layer: int) -> Float[Tensor, "d_model d_sae"]:
-        enc = self.mlp.W_enc[layer].detach().to(self.dtype).T  # [S, d]
+        enc = self.mlp.encoder_vectors(layer).detach().to(self.dtype)  # [S, d]
         if self.mlp.cfg.input_hook == sites.MLP_INPUT:
             name = f"blocks.{layer}.ln2.hook_scale"
             enc = _norm_T(self.model.blocks[layer].ln2, enc, self._scale(name))
@@ -185,7 +186,7 @@ class GlobalWeights:
 
     def _attn_reads(self, layer: int) -> Float[Tensor, "d_model d_attn"]:
         block = self.model.blocks[layer]
-        e = self.attn.W_enc[layer].detach().to(self.dtype).T  # [S, d] at hook_attn_out
+        e = self.attn.encoder_vectors(layer).detach().to(self.dtype)  # [S, d] at hook_attn_out
         post = getattr(block, "ln1_post", None)
         if post is not None:
             e = _norm_T(post, e, self._scale(f"blocks.{layer}.ln1_post.hook_scale"))

@@ -4,10 +4,11 @@ Seed: circuit-tracing appendix, "Attribution Graph Computation" (a feature's pre
 linear target like any other) and linear-computation-graphs section 4 (attributing intermediate
 features). No peer offers this for features that did not fire.
 
-1. The target is the chosen feature's encoder pre-activation `h = x[l, p] . W_enc[l][:, f] + b_enc`
-   at its read site. For the MLP-input read site `x = ln2.hook_normalized * w + b`, so the target
-   direction on `blocks.{l}.ln2.hook_normalized` is `W_enc[:, f] * w` and `b_enc + W_enc[:, f] . b`
-   is a constant offset; other read sites are read literally.
+1. The target is the chosen feature's encoder pre-activation `h = x[l, p] . v_f + b_enc` at its read
+   site, `v_f` the set's encoder vector (`encoder_vectors`; `W_enc[l][:, f]` for our sets). For the
+   MLP-input read site `x = ln2.hook_normalized * w + b`, so the target direction on
+   `blocks.{l}.ln2.hook_normalized` is `v_f * w` and `b_enc + v_f . b` is a constant offset; other
+   read sites are read literally.
 2. `attribute` with that one target gives the exact row `A[h, s]` over every source (embeddings,
    errors, active features) in the frozen replacement model; `bias = h - sum_s A[h, s]` is what the
    frozen model gives with every source at zero.
@@ -90,7 +91,8 @@ def preactivation_target(
             f"feature L{layer}/F{feature} does not exist; the transcoders have {cfg.n_layers} layers of {cfg.d_sae}."
         )
     with torch.no_grad():
-        w_enc = transcoders.W_enc[layer][:, feature].detach().to(model.cfg.dtype)
+        feat = torch.tensor([feature], device=transcoders.device)
+        w_enc = transcoders.encoder_vectors(layer, feat)[0].detach().to(model.cfg.dtype)
         offset = float(transcoders.b_enc[layer, feature])
         vector = w_enc
         if cfg.input_hook == sites.MLP_INPUT:

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 import torch
+from jaxtyping import Float
 from scipy.sparse.linalg import spsolve_triangular
+from torch import Tensor
 from tqdm import tqdm
 
 from attrgraph.analysis.intervene import Add, patched_forward, resolve_edits
@@ -231,6 +233,21 @@ def _compare(
     return cos, nmse
 
 
+def encoder_perturbation(
+    model: HookedTransformer, tc: SparseCoder, state: ReplacementState, l: int, p: int, f: int, delta: float
+) -> Float[Tensor, " d_model"]:
+    """Step 3 (a): feature f's encoder vector `v` (the set's `encoder_vectors`), scaled so that adding
+    it to `hook_resid_mid` of layer l at position p raises f's pre-activation by `delta` with ln2's
+    scale held at its recorded value: `delta / (v . (w * P(v)) / s)`, `P` centering (LayerNorm only)."""
+    v = tc.encoder_vectors(l, torch.tensor([f], device=tc.device))[0].detach().to(state.y_out.dtype)
+    ln2 = model.blocks[l].ln2
+    w = ln2.w.detach() if getattr(ln2, "w", None) is not None else torch.ones_like(v)
+    centered = v if "RMS" in type(ln2).__name__ else v - v.mean()
+    scale = state.frozen[f"blocks.{l}.ln2.hook_scale"][0, p].squeeze()
+    gain = float(v @ (w * centered)) / float(scale)
+    return v * (delta / gain) if abs(gain) > 1e-12 else v * 0
+
+
 def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateConfig, bar=None) -> dict:
     """Step 3: cosine and normalized MSE per downstream layer, for the three perturbation kinds
     (`bar` as in node_to_logit; advanced by each perturbation)."""
@@ -267,15 +284,9 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
                 )
                 und = _underlying(rm, state, [], resid, start_at_layer=m, resid=rep[pre_m])
             else:
-                u = tc.W_enc[l][:, f].detach().to(state.y_out.dtype)
-                ln2 = model.blocks[l].ln2
-                w = ln2.w.detach() if getattr(ln2, "w", None) is not None else torch.ones_like(u)
-                centered = u if "RMS" in type(ln2).__name__ else u - u.mean()
-                scale = state.frozen[f"blocks.{l}.ln2.hook_scale"][0, p].squeeze()
-                gain = float(tc.W_enc[l][:, f].detach().to(u.dtype) @ (w * centered)) / float(scale)
-                vec = u * (cfg.delta / gain) if abs(gain) > 1e-12 else u * 0
+                vec = encoder_perturbation(model, tc, state, l, p, f, cfg.delta)
                 if kind == "random":
-                    r = torch.as_tensor(gen.standard_normal(u.shape[0]), dtype=u.dtype, device=u.device)
+                    r = torch.as_tensor(gen.standard_normal(vec.shape[0]), dtype=vec.dtype, device=vec.device)
                     vec = r / r.norm() * vec.norm()
 
                 def add(x, hook, vec=vec, p=p):

@@ -266,3 +266,35 @@ def bars_finished(err: str, desc: str) -> int:
     bars = final_bars(err, desc)
     assert bars and all(": 100%|" in b for b in bars), (desc, bars, err)
     return len(bars)
+
+
+def gain_encoder_transcoders(model, seed: int = 0):
+    """A PLT whose encoder is not a plain `W_enc`: feature f of layer l reads `g[l, f] * W_enc[l][:, f]`
+    (a weight-normalised encoder: `W_enc` holds directions, `g_enc` their gains, here 0.5 to 2.5), so
+    code that reads `W_enc` instead of asking the set (`encoder_vectors`) is off by `g`. Otherwise
+    `tiny_transcoders(model)`."""
+    import torch
+    from torch import nn
+
+    from transcoders.plt import PerLayerTranscoder
+
+    class GainEncoderPLT(PerLayerTranscoder):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.g_enc = nn.Parameter(torch.ones(cfg.n_layers, cfg.d_sae))
+
+        def encode(self, x):
+            return torch.einsum("...ld,lds->...ls", x, self.W_enc * self.g_enc[:, None, :]) + self.b_enc
+
+        def encoder_vectors(self, layer, features=None):
+            v = (self.W_enc[layer] * self.g_enc[layer]).T
+            return v if features is None else v[features]
+
+    base = tiny_transcoders(model, seed=seed)
+    tc = GainEncoderPLT(base.cfg).to(model.cfg.dtype)
+    tc.load_state_dict(base.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(seed + 5)
+    with torch.no_grad():
+        tc.g_enc.copy_(0.5 + 2 * torch.rand(tc.g_enc.shape, generator=g))
+        tc.W_enc.div_(tc.g_enc[:, None, :])  # about as many features fire as in tiny_transcoders
+    return tc

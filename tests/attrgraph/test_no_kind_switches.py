@@ -87,3 +87,22 @@ def test_the_scan_finds_what_it_forbids():
     ]
     for code in allowed:
         assert not violations(code), code
+
+
+def encoder_reads(source: str) -> list[int]:
+    """Lines of `source` that read a set's `W_enc` attribute."""
+    return [
+        n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute) and n.attr == "W_enc"
+    ]
+
+
+def test_attrgraph_asks_the_set_for_its_encoder_vectors():
+    """The set knows what its features read (`encoder_vectors`); attrgraph never reads `W_enc` itself,
+    so a set whose encoder is stored otherwise works everywhere (issue 33)."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "attrgraph").rglob("*.py"))
+        for line in encoder_reads(path.read_text())
+    ]
+    assert not bad, "use tc.encoder_vectors(layer, features) instead of W_enc:\n" + "\n".join(bad)
+    assert encoder_reads("u = tc.W_enc[l][:, f]") == [1] and not encoder_reads('"W_enc[:, f]"')

@@ -6,7 +6,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import ConfigError, TranscoderConfig, build_transcoders
-from transcoders.metrics import replacement_metrics, splice_hooks, spliced_metrics
+from transcoders.metrics import reconstruction_metrics, replacement_metrics, splice_hooks, spliced_metrics
 
 ATTN = "blocks.{layer}.hook_attn_out"
 
@@ -146,3 +146,20 @@ def test_two_sets_on_one_hook_are_refused():
         splice_hooks(model, [random_set("plt"), random_set("clt")])
     with pytest.raises(ValueError, match="at least one"):
         spliced_metrics(model, [], sequences())
+
+
+def test_reconstruction_metrics_by_hand():
+    """FVU `sum ||y - y_hat||^2 / sum ||y - mean(y)||^2` (metrics.py step 1) on a set whose features never
+    fire, so `y_hat = b_dec`: y = (1, 0), (3, 0), (2, 3) has mean (2, 1) and variance sum 2 + 2 + 4 = 8;
+    `b_dec = 0` errs by 1 + 9 + 4 + 9 = 23, FVU 23 / 8; `b_dec` = the mean explains nothing, FVU 1.
+    L0 is 0 and every feature is dead; a batch size below the token count changes nothing."""
+    cfg = TranscoderConfig(kind="plt", n_layers=1, d_model=2, d_sae=3, activation="relu")
+    tc = build_transcoders(cfg)  # zero encoder: every pre-activation is 0, every activation too
+    x = torch.randn(3, 1, 2, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([[[1.0, 0.0]], [[3.0, 0.0]], [[2.0, 3.0]]])
+    m = reconstruction_metrics(tc, x, y, batch_size=2)
+    assert m["fvu"] == [pytest.approx(23 / 8)] and m["fvu_mean"] == pytest.approx(23 / 8)
+    assert m["l0"] == [0.0] and m["dead_fraction"] == [1.0] and m["n_tokens"] == 3
+    with torch.no_grad():
+        tc.b_dec.copy_(torch.tensor([[2.0, 1.0]]))
+    assert reconstruction_metrics(tc, x, y)["fvu"] == [pytest.approx(1.0)]

@@ -120,3 +120,19 @@ def test_config_rejects_bad_fields(kw):
 def test_config_round_trips_through_dict():
     cfg = TranscoderConfig(kind="clt", n_layers=2, d_model=8, d_sae=16, skip=True, model_name="m")
     assert TranscoderConfig.from_dict({**cfg.to_dict(), "future_field": 1}) == cfg
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt", "sae"])
+def test_encoder_vectors_are_what_the_features_read(kind):
+    """`h_f = x . v_f + b_enc[l, f]` with `v_f` from `encoder_vectors`, against `encode` (all layers at
+    once); all of a layer's features when none are named, in the order named otherwise."""
+    tc = random_set(kind, n_layers=2, d_model=32, d_sae=48, seed=3)
+    x = torch.randn(5, 2, 32, generator=torch.Generator().manual_seed(4))
+    h = tc.encode(x)
+    feats = torch.tensor([40, 2, 17])
+    for l in range(2):
+        v = tc.encoder_vectors(l)
+        assert v.shape == (48, 32)
+        torch.testing.assert_close(x[:, l] @ v.T + tc.b_enc[l], h[:, l])
+        torch.testing.assert_close(tc.encoder_vectors(l, feats), v[feats], rtol=0, atol=0)
+        torch.testing.assert_close(tc.encode_layer(x[:, l], l), h[:, l])

@@ -10,14 +10,22 @@ from attrgraph.analysis.global_weights import GlobalWeights, norm_scales_at, vir
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import OptionError
-from tests.attrgraph.ag_helpers import ARCHS, tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import (
+    ARCHS,
+    gain_encoder_transcoders,
+    tiny_attn_saes,
+    tiny_model,
+    tiny_transcoders,
+)
 
 TOKENS = torch.tensor([3, 7, 1, 12, 5])
 
 
 def _graph(arch, kind):
+    """kind "gain": a PLT whose encoder is not a plain W_enc (`gain_encoder_transcoders`)."""
     model = tiny_model(arch, n_layers=3)
-    sets = [tiny_transcoders(model, kind), tiny_attn_saes(model)]
+    mlp = gain_encoder_transcoders(model) if kind == "gain" else tiny_transcoders(model, kind)
+    sets = [mlp, tiny_attn_saes(model)]
     rm = ReplacementModel(model, sets)
     graph = attribute(model, rm, TOKENS, exclude_bos=False, max_n_logits=3)
     return model, sets, rm, graph
@@ -40,8 +48,9 @@ def _edges_on_residual_path(graph, position_rule):
     return out
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kind", ["plt", "clt"])
+@pytest.mark.parametrize(
+    "arch, kind", [(a, k) for a in ARCHS for k in ("plt", "clt")] + [("gpt2", "gain"), ("gemma2", "gain")]
+)
 def test_edge_equals_activation_times_virtual_weight_at_frozen_scales(arch, kind, one_torch_thread):
     model, sets, rm, graph = _graph(arch, kind)
     state = rm.run(TOKENS, exclude_bos=False)

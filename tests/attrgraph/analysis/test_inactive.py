@@ -54,3 +54,18 @@ def test_unknown_feature_is_refused():
     tc = tiny_transcoders(model)
     with pytest.raises(TargetError, match="does not exist"):
         attribute_inactive(model, tc, TOKENS, 1, 3, 10_000)
+
+
+def test_a_set_whose_encoder_is_not_w_enc():
+    """The target reads the set's encoder vectors, not `W_enc`: on a set whose features read
+    `g * W_enc` the row is still exact (reading `W_enc` it was off by g, and refused)."""
+    from tests.attrgraph.ag_helpers import gain_encoder_transcoders
+
+    model = tiny_model("gpt2", n_layers=3)
+    rm = ReplacementModel(model, gain_encoder_transcoders(model))
+    state = rm.run(torch.tensor(TOKENS), exclude_bos=True)
+    layer, pos = 2, 6
+    f = int(torch.nonzero(state.pre_acts[layer, pos] < 0)[0, 0])
+    res = attribute_inactive(model, rm, TOKENS, layer, pos, f, exclude_bos=True)
+    assert res.pre_activation == pytest.approx(float(state.pre_acts[layer, pos, f]), rel=1e-12)
+    assert res.contributions.sum() + res.bias == pytest.approx(res.pre_activation, rel=1e-9)

@@ -308,3 +308,37 @@ def test_validate_a_graph_with_attention_features():
         validate_graph(model, sets[0], graph, cfg)
     with pytest.raises(ValidationError, match="attention SAEs"):
         validate_graph(model, sets, attribute(model, sets[0], TOKENS, exclude_bos=False), cfg)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("gain", [False, True])
+def test_encoder_perturbation_raises_the_pre_activation_by_delta(arch, gain):
+    """Faithfulness step 3 (a): the vector added at `hook_resid_mid` raises its feature's pre-activation
+    by `delta` with ln2's scale frozen, read through the frozen model and the set's own `encode_layer`;
+    also for a set whose encoder is not a plain `W_enc` (reading `W_enc` it moved by delta / g)."""
+    from attrgraph.analysis.validate import encoder_perturbation
+    from attrgraph.engine.frozen import frozen_forward
+    from tests.attrgraph.ag_helpers import gain_encoder_transcoders
+    from transcoders.sites import MLP_INPUT, mlp_input
+
+    model = tiny_model(arch, n_layers=3)
+    tc = gain_encoder_transcoders(model) if gain else tiny_transcoders(model, "plt")
+    state = ReplacementModel(model, tc).run(torch.tensor(TOKENS), exclude_bos=False)
+    for l, p, f in ((1, 4, 3), (2, 7, 11)):
+        vec = encoder_perturbation(model, tc, state, l, p, f, 0.7)
+
+        def add(x, hook, vec=vec, p=p):
+            x = x.clone()
+            x[:, p] += vec
+            return x
+
+        h = []
+        for hooks in ([], [(f"blocks.{l}.hook_resid_mid", add)]):
+            name = MLP_INPUT.format(layer=l)
+            with (
+                torch.no_grad(),
+                frozen_forward(model, tc.cfg, state.frozen, capture=[name], hooks=hooks) as got,
+            ):
+                model(state.tokens[None])
+                h.append(float(tc.encode_layer(mlp_input(model, got, l)[0, p].to(tc.dtype), l)[f]))
+        assert h[1] - h[0] == pytest.approx(0.7, rel=1e-5)
