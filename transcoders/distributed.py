@@ -16,7 +16,7 @@
    with an all-reduce (`reduce_sum`, whose backward is the identity because every rank then
    computes the same loss); sparsity terms are sums over features, so each rank's term on its
    slice has exactly the global term's gradient for its parameters. Gradient clipping uses the
-   global norm.
+   global norm, summed in float64 as one process sums it (`clip_grad_norm`).
    TopK / BatchTopK (and TopK's auxiliary loss) select over the full feature axis
    (`global_top`): each rank takes its local top-k candidates, the candidates' values and
    global indices are all-gathered (k per rank per token, or per layer for BatchTopK), every
@@ -360,31 +360,37 @@ def average_grads(params, d: Dist) -> None:
 
 
 NORM_CHUNK = 1 << 20
-"""Gradient values `clip_grad_norm_sharded` squares in float64 at a time."""
+"""Gradient values `clip_grad_norm` squares in float64 at a time."""
 
 
-def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
-    """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set.
+def clip_grad_norm(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set, its norm summed
+    in float64; one process, data parallel and feature-sharded alike.
 
-    The squared norms of the sharded gradients are summed over ranks; the replicated ones
-    (equal on every rank) are counted once.
+    Feature-sharded, the squared norms of the sharded gradients are summed over ranks and the
+    replicated ones (equal on every rank) counted once; otherwise `sharded` and `replicated` are
+    just this process's parameters. Not torch's own norm: on the CPU it sums float32 squares one
+    after another, 7.8e-4 too small for one CLT `W_enc` of 8M values (d_sae 16384 on the bundled
+    model), so one process clipped less than the ranks and the runs drifted apart (issue 30).
     """
+    params = list(sharded) + list(replicated)
+    device = next(p.device for p in params)  # NCCL reduces device tensors only
+    acc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
-    device = next(p.device for p in list(sharded) + list(replicated))  # NCCL reduces device tensors only
-
-    def sq(ps):  # in float64, NORM_CHUNK values at a time: no float64 copy of a whole gradient
-        total = torch.zeros((), dtype=torch.float64, device=device)
+    def sq(ps):  # NORM_CHUNK values at a time: no float64 copy of a whole gradient
+        total = torch.zeros((), dtype=acc, device=device)
         for p in ps:
             if p.grad is not None:
                 for chunk in p.grad.reshape(-1).split(NORM_CHUNK):
-                    total += chunk.double().pow(2).sum()
+                    total += chunk.to(acc).pow(2).sum()
         return total
 
     local = sq(sharded)
-    dist.all_reduce(local)
+    if d.mode == "features" and d.active:
+        dist.all_reduce(local)
     total = (local + sq(replicated)).sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in list(sharded) + list(replicated):
+    for p in params:
         if p.grad is not None:
             p.grad.mul_(coef.to(p.grad))
     return total
