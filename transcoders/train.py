@@ -57,7 +57,7 @@ from transcoders.checkpoint import (
 )
 from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import ConfigError, NonFiniteError
+from transcoders.errors import AttrgraphError, ConfigError, NonFiniteError
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.losses import PREACT_FORMS, mse_loss, preact_loss, sparsity_schedule, topk_aux_loss
 from transcoders.manifest import sha256
@@ -79,6 +79,7 @@ features per layer on the bundled model: 256 tokens, 2 sequences). Feature-shard
 at a time, each rank holding its features' share of the activations."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
+    "out",  # a run folder copied elsewhere resumes there
     "save_to",
     "checkpoint_every",
     "cache_dir",
@@ -525,6 +526,14 @@ def dist_barrier() -> None:
     dist.barrier()
 
 
+def _close_progress_bars() -> None:
+    """End every open tqdm bar's line (the training bar of a run an error stopped)."""
+    from tqdm import tqdm
+
+    for bar in list(tqdm._instances):
+        bar.close()
+
+
 def _progress(total: int, start: int, enabled: bool):
     from tqdm import tqdm
 
@@ -615,12 +624,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def _naming_stalls(cfg: TrainConfig, d, fn):
-    """`fn()`, with a collective that timed out (a rank stalled or died) turned into a
-    `StalledRankError` naming the ranks that did not answer (distributed.py)."""
+    """`fn()`, with a collective that timed out or lost its connection (a rank stalled or died)
+    turned into a `StalledRankError` naming the ranks that did not answer (distributed.py)."""
     try:
         return fn()
     except RuntimeError as e:
-        if d.active and tdist.is_timeout(e):
+        if d.active and tdist.is_lost_rank(e):
             raise tdist.stalled_error(d, e, cfg.dist_timeout) from None
         raise
 
@@ -668,7 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     parse_config(parser, TrainConfig, argv)  # a value TrainConfig refuses: one line, exit 2
-    return run(parser.parse_args(argv), argv)
+    try:
+        return run(parser.parse_args(argv), argv)
+    except AttrgraphError as e:  # ours (a resume that does not match, a stalled rank): one line
+        _close_progress_bars()  # so that the line starts a line of its own
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
