@@ -31,7 +31,8 @@ by peer" when a rank is killed), records that too, waits up to `GRACE_S` (at mos
 the others to record theirs, and raises `StalledRankError` naming the ranks that did not (a rank
 stopped, hung or dead never does), with where they were last seen. A silent rank on this host
 whose process is gone is dead, not slow: no wait for it, so the line comes before torchrun, seeing
-the dead child, stops the others. A run ends together (`finish_together`): the other ranks wait in the
+the dead child, stops the others; and that SIGTERM, when it comes first, raises the same error
+naming the dead rank (`naming_dead_ranks`). A run ends together (`finish_together`): the other ranks wait in the
 store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
 barrier and only then destroy the process group, so no rank tears down its gloo connections while
 another still holds them.
@@ -48,11 +49,14 @@ another still holds them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
 import re
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,10 +169,7 @@ def _silent_ranks(d: Dist, timeout_s: float) -> tuple[str, str]:
     store.set(key, f"timed out at {here}")
     deadline = time.monotonic() + min(GRACE_S, timeout_s)
     while True:
-        seen = {}
-        for r in range(d.world):
-            k = f"{_PROGRESS}{r}"
-            seen[r] = store.get(k).decode() if store.check([k]) else "not joined"
+        seen = {r: _last_seen(store, r) for r in range(d.world)}
         silent = {r: w for r, w in seen.items() if not w.startswith("timed out")}
         gone = {r for r in silent if _process_gone(store, r)}
         if len(gone) == len(silent) or time.monotonic() > deadline:
@@ -202,6 +203,46 @@ def _process_gone(store, rank: int) -> bool:
     except PermissionError:  # alive, someone else's
         return False
     return False
+
+
+@contextlib.contextmanager
+def naming_dead_ranks(d: Dist):
+    """Within: a SIGTERM after a rank on this host died raises the `StalledRankError` naming it.
+
+    torchrun, seeing a child killed, stops the others with SIGTERM, often before their next
+    collective fails (a rank computing its batch, or loading the model); without this they end
+    silently and only torchrun's report says what happened. Any other SIGTERM acts as before."""
+    if not d.active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum, frame):
+        try:
+            store = _store()
+            gone = [r for r in range(d.world) if r != d.rank and _process_gone(store, r)]
+            seen = {r: _last_seen(store, r) for r in [d.rank, *gone]}
+        except (RuntimeError, OSError):  # no store to ask: as if no rank had died
+            gone = []
+        if not gone:
+            signal.signal(signal.SIGTERM, previous)
+            signal.raise_signal(signal.SIGTERM)
+            return
+        who = ", ".join(f"rank {r} (last seen: {seen[r]}; its process is gone)" for r in gone)
+        raise StalledRankError(
+            f"rank {d.rank} was stopped (SIGTERM) at {seen[d.rank]} after a rank died: {who}."
+        )
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _last_seen(store, rank: int) -> str:
+    """Where `rank` last said it was (`mark`)."""
+    key = f"{_PROGRESS}{rank}"
+    return store.get(key).decode() if store.check([key]) else "not joined"
 
 
 def finish_together(d: Dist) -> None:

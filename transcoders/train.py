@@ -609,12 +609,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     launched = tdist.init_from_env(cfg.dist_timeout)  # under torchrun: join the process group
     try:
         d = tdist.current(cfg.parallel)
-        model = load_any_model(cfg.model, model_device(cfg))
-        sharded = d.mode == "features"
-        tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
-        if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
-            _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
-        tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
+        with tdist.naming_dead_ranks(d):  # torchrun's SIGTERM after a rank died: the line naming it
+            model = load_any_model(cfg.model, model_device(cfg))
+            sharded = d.mode == "features"
+            tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
+            if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
+                _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
+            tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
     finally:
         if launched:
             import torch.distributed as dist

@@ -121,3 +121,58 @@ def test_ranks_end_together_after_rank_0_evaluates(tmp_path):
         _finishing_worker, args=(str(tmp_path), str(free_port())), nprocs=2, join=True, start_method="spawn"
     )
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["0 True", "0 True"]
+
+
+def _sigterm_worker(rank: int, root: str, port: str) -> None:
+    """Rank 1 joins and kills itself; rank 0 joins and waits outside any collective (as a rank
+    computing its batch does) until torchrun's SIGTERM, sent here by the test."""
+    import torch
+
+    from transcoders import StalledRankError
+    from transcoders import distributed as tdist
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+    )
+    torch.set_num_threads(1)
+    tdist.init_from_env(60.0)
+    if rank == 1:
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._get_default_store().wait(["transcoders/progress/0"])  # rank 0 has joined
+        os.kill(os.getpid(), signal.SIGKILL)
+    d = tdist.Dist(0, 2, "features")
+    tdist.mark(d, "step 7")
+    try:
+        with tdist.naming_dead_ranks(d):
+            Path(root, "ready").touch()
+            time.sleep(120)
+    except StalledRankError as e:
+        Path(root, "error.txt").write_text(str(e))
+
+
+def test_torchruns_sigterm_after_a_rank_died_names_it(tmp_path):
+    """torchrun stops the other ranks with SIGTERM as soon as one is killed, often before their
+    next collective fails: they ended silently; now the SIGTERM raises the line naming the dead rank."""
+    ctx = mp.start_processes(
+        _sigterm_worker, args=(str(tmp_path), str(free_port())), nprocs=2, join=False, start_method="spawn"
+    )
+    rank0, rank1 = ctx.processes
+    try:
+        rank1.join(120)  # dead (and reaped, as torchrun reaps it) before the SIGTERM
+        for _ in range(1200):
+            if (tmp_path / "ready").exists():
+                break
+            time.sleep(0.1)
+        os.kill(rank0.pid, signal.SIGTERM)
+        rank0.join(60)
+        assert rank0.exitcode == 0
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
+    assert (tmp_path / "error.txt").read_text() == (
+        "rank 0 was stopped (SIGTERM) at step 7 after a rank died: "
+        "rank 1 (last seen: joined; its process is gone)."
+    )
