@@ -32,10 +32,10 @@ the others to record theirs, and raises `StalledRankError` naming the ranks that
 stopped, hung or dead never does), with where they were last seen. A silent rank on this host
 whose process is gone is dead, not slow: no wait for it, so the line comes before torchrun, seeing
 the dead child, stops the others; and that SIGTERM, when it comes first, raises the same error
-naming the dead rank (`naming_dead_ranks`). A run ends together (`finish_together`): the other ranks wait in the
-store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
-barrier and only then destroy the process group, so no rank tears down its gloo connections while
-another still holds them.
+naming the dead rank (`naming_dead_ranks`). A run ends together (`finish_together`): the other
+ranks wait in the store, without a collective timeout, until rank 0 has saved and evaluated, then
+all ranks pass one barrier and only then destroy the process group, so no rank tears down its gloo
+connections while another still holds them.
 3. Each rank creates, holds, checkpoints, saves and evaluates only its slice:
    `SparseCoder.init_weights(shard=...)` draws its slice of the one-process initialization without
    the rest, a checkpoint is one file per rank (checkpoint.py step 1; no rank gathers another's
@@ -223,8 +223,8 @@ def naming_dead_ranks(d: Dist):
             seen = {r: _last_seen(store, r) for r in [d.rank, *gone]}
         except (RuntimeError, OSError):  # no store to ask: as if no rank had died
             gone = []
-        if not gone:
-            signal.signal(signal.SIGTERM, previous)
+        if not gone:  # not torchrun stopping us for a dead rank: what SIGTERM did before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
             signal.raise_signal(signal.SIGTERM)
             return
         who = ", ".join(f"rank {r} (last seen: {seen[r]}; its process is gone)" for r in gone)
@@ -236,7 +236,7 @@ def naming_dead_ranks(d: Dist):
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _last_seen(store, rank: int) -> str:

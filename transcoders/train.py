@@ -12,7 +12,8 @@ activation_store.py). One run:
 3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
    (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
    over all of training; optional pre-activation loss; gradient clipping at norm max_grad_norm /
-   d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages). A TopK PLT or
+   d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages), the global norm
+   summed in float64 (distributed.py `clip_grad_norm`, the same with or without ranks). A TopK PLT or
    SAE (without the pre-activation loss, not feature-sharded) takes the sparse step of
    sparse_topk.py: the same loss and gradients from the k active features per token.
 4. A NaN or inf in the loss or the weights stops the run with `NonFiniteError` before the bad
