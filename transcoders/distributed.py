@@ -16,7 +16,7 @@
    with an all-reduce (`reduce_sum`, whose backward is the identity because every rank then
    computes the same loss); sparsity terms are sums over features, so each rank's term on its
    slice has exactly the global term's gradient for its parameters. Gradient clipping uses the
-   global norm.
+   global norm, summed in float64 as one process sums it (`clip_grad_norm`).
    TopK / BatchTopK (and TopK's auxiliary loss) select over the full feature axis
    (`global_top`): each rank takes its local top-k candidates, the candidates' values and
    global indices are all-gathered (k per rank per token, or per layer for BatchTopK), every
@@ -25,13 +25,17 @@
    one-process activation.
 Timeouts and the end of a run: every collective waits at most `timeout_s` (`--dist-timeout`,
 default `DEFAULT_TIMEOUT_S` = 600 s, instead of gloo's 30 minutes). Each rank records in the
-process group's store where it is (`mark`: joined, step t); a rank whose collective times out
-records that too, waits up to `GRACE_S` (at most the timeout) for the others to record theirs, and raises
-`StalledRankError` naming the ranks that did not (a rank stopped, hung or dead never does), with
-where they were last seen. A run ends together (`finish_together`): the other ranks wait in the
-store, without a collective timeout, until rank 0 has saved and evaluated, then all ranks pass one
-barrier and only then destroy the process group, so no rank tears down its gloo connections while
-another still holds them.
+process group's store where it is (`mark`: joined, step t) and, on joining, its host and process
+id; a rank whose collective times out, or loses its connection to a rank (gloo: "Connection reset
+by peer" when a rank is killed), records that too, waits up to `GRACE_S` (at most the timeout) for
+the others to record theirs, and raises `StalledRankError` naming the ranks that did not (a rank
+stopped, hung or dead never does), with where they were last seen. A silent rank on this host
+whose process is gone is dead, not slow: no wait for it, so the line comes before torchrun, seeing
+the dead child, stops the others; and that SIGTERM, when it comes first, raises the same error
+naming the dead rank (`naming_dead_ranks`). A run ends together (`finish_together`): the other
+ranks wait in the store, without a collective timeout, until rank 0 has saved and evaluated, then
+all ranks pass one barrier and only then destroy the process group, so no rank tears down its gloo
+connections while another still holds them.
 3. Each rank creates, holds, checkpoints, saves and evaluates only its slice:
    `SparseCoder.init_weights(shard=...)` draws its slice of the one-process initialization without
    the rest, a checkpoint is one file per rank (checkpoint.py step 1; no rank gathers another's
@@ -45,12 +49,18 @@ another still holds them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
+import re
+import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -83,6 +93,7 @@ DEFAULT_TIMEOUT_S = 600.0
 GRACE_S = 10.0
 """After a timeout, how long a rank waits for the others to report theirs before naming the silent ones."""
 _PROGRESS = "transcoders/progress/"
+_PROCESS = "transcoders/process/"
 _FINISHED = "transcoders/finished"
 
 
@@ -99,7 +110,9 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         dist.init_process_group("nccl", timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
-    mark(Dist(dist.get_rank(), dist.get_world_size(), "data"), "joined")
+    d = Dist(dist.get_rank(), dist.get_world_size(), "data")
+    _store().set(f"{_PROCESS}{d.rank}", f"{socket.gethostname()} {os.getpid()}")
+    mark(d, "joined")
     return True
 
 
@@ -115,35 +128,121 @@ def _store():
     return distributed_c10d._get_default_store()
 
 
-def is_timeout(e: BaseException) -> bool:
-    """A collective that gave up waiting (gloo: "Timed out waiting ...", nccl: "... timeout")."""
+PEER_LOST = ("timed out", "timeout", "connection reset", "connection closed", "broken pipe")
+"""How a collective says it lost a rank (lower case): gloo's and nccl's timeouts, and gloo's
+messages for a peer whose process ended (killed: "Read error ...: Connection reset by peer")."""
+
+
+def is_lost_rank(e: BaseException) -> bool:
+    """A collective that gave up waiting for a rank, or lost its connection to one (`PEER_LOST`)."""
     text = str(e).lower()
-    return isinstance(e, RuntimeError) and ("timed out" in text or "timeout" in text)
+    return isinstance(e, RuntimeError) and any(words in text for words in PEER_LOST)
 
 
 def stalled_error(d: Dist, e: BaseException, timeout_s: float) -> StalledRankError:
-    """The `StalledRankError` for collective timeout `e`: the ranks that did not report a timeout of
-    their own within `GRACE_S` (those waiting on the same stalled rank do), with where they were last."""
+    """The `StalledRankError` for collective error `e` (`is_lost_rank`): the ranks that did not report
+    an error of their own within `GRACE_S` (those waiting on the same stalled rank do), with where
+    they were last; a rank on this host whose process is gone is not waited for."""
+    # gloo's first sentence, less the source location it starts with ("[.../pair.cc:537] Read error ...")
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]).split(". ")[0][:160]
+    try:
+        here, who = _silent_ranks(d, timeout_s)
+    except (RuntimeError, OSError) as lost:  # the store went with the rank that hosted it
+        here, who = "?", f"unknown (the process group's store is gone too: {str(lost)[:80]})"
+    if "time" in first.lower():  # "timed out", "timeout"
+        how, hint = f"waited more than {timeout_s:g} s", " (raise --dist-timeout if a step is just slow)"
+    else:
+        how, hint = "lost its connection to a rank", ""
+    return StalledRankError(
+        f"rank {d.rank} {how} in a collective at {here} ({first}); "
+        f"not answering: {who}; a rank stopped, hung or died{hint}."
+    )
+
+
+def _silent_ranks(d: Dist, timeout_s: float) -> tuple[str, str]:
+    """Record that this rank's collective failed; return where it was and the ranks that do not
+    record the same within `GRACE_S` (none wait for a rank whose process on this host is gone)."""
     store = _store()
     key = f"{_PROGRESS}{d.rank}"
     here = store.get(key).decode() if store.check([key]) else "?"
     store.set(key, f"timed out at {here}")
     deadline = time.monotonic() + min(GRACE_S, timeout_s)
     while True:
-        seen = {}
-        for r in range(d.world):
-            k = f"{_PROGRESS}{r}"
-            seen[r] = store.get(k).decode() if store.check([k]) else "not joined"
+        seen = {r: _last_seen(store, r) for r in range(d.world)}
         silent = {r: w for r, w in seen.items() if not w.startswith("timed out")}
-        if not silent or time.monotonic() > deadline:
+        gone = {r for r in silent if _process_gone(store, r)}
+        if len(gone) == len(silent) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    who = ", ".join(f"rank {r} (last seen: {w})" for r, w in sorted(silent.items())) or "none"
-    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-    return StalledRankError(
-        f"rank {d.rank} waited more than {timeout_s:g} s in a collective at {here} ({first}); "
-        f"not answering: {who}; a rank stopped, hung or died (raise --dist-timeout if a step is just slow)."
+    who = ", ".join(
+        f"rank {r} (last seen: {w}{'; its process is gone' if r in gone else ''})"
+        for r, w in sorted(silent.items())
     )
+    return here, who or "none"
+
+
+def _process_gone(store, rank: int) -> bool:
+    """Whether `rank` ran on this host as a process that has ended (as `init_from_env` recorded it;
+    a killed child its parent has not reaped yet is a zombie, still there for `kill(pid, 0)`)."""
+    key = f"{_PROCESS}{rank}"
+    if not store.check([key]):
+        return False
+    host, pid = store.get(key).decode().rsplit(" ", 1)
+    if host != socket.gethostname():
+        return False
+    if os.path.isdir("/proc/self"):  # Linux: absent, or a zombie ("Z") or dead ("X")
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X")
+        except FileNotFoundError:
+            return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def naming_dead_ranks(d: Dist):
+    """Within: a SIGTERM after a rank on this host died raises the `StalledRankError` naming it.
+
+    torchrun, seeing a child killed, stops the others with SIGTERM, often before their next
+    collective fails (a rank computing its batch, or loading the model); without this they end
+    silently and only torchrun's report says what happened. Any other SIGTERM acts as before."""
+    if not d.active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum, frame):
+        try:
+            store = _store()
+            gone = [r for r in range(d.world) if r != d.rank and _process_gone(store, r)]
+            seen = {r: _last_seen(store, r) for r in [d.rank, *gone]}
+        except (RuntimeError, OSError):  # no store to ask: as if no rank had died
+            gone = []
+        if not gone:  # not torchrun stopping us for a dead rank: what SIGTERM did before
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            signal.raise_signal(signal.SIGTERM)
+            return
+        who = ", ".join(f"rank {r} (last seen: {seen[r]}; its process is gone)" for r in gone)
+        raise StalledRankError(
+            f"rank {d.rank} was stopped (SIGTERM) at {seen[d.rank]} after a rank died: {who}."
+        )
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _last_seen(store, rank: int) -> str:
+    """Where `rank` last said it was (`mark`)."""
+    key = f"{_PROGRESS}{rank}"
+    return store.get(key).decode() if store.check([key]) else "not joined"
 
 
 def finish_together(d: Dist) -> None:
@@ -360,31 +459,37 @@ def average_grads(params, d: Dist) -> None:
 
 
 NORM_CHUNK = 1 << 20
-"""Gradient values `clip_grad_norm_sharded` squares in float64 at a time."""
+"""Gradient values `clip_grad_norm` squares in float64 at a time."""
 
 
-def clip_grad_norm_sharded(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
-    """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set.
+def clip_grad_norm(sharded, replicated, max_norm: float, d: Dist) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) parameter set, its norm summed
+    in float64; one process, data parallel and feature-sharded alike.
 
-    The squared norms of the sharded gradients are summed over ranks; the replicated ones
-    (equal on every rank) are counted once.
+    Feature-sharded, the squared norms of the sharded gradients are summed over ranks and the
+    replicated ones (equal on every rank) counted once; otherwise `sharded` and `replicated` are
+    just this process's parameters. Not torch's own norm: on the CPU it sums float32 squares one
+    after another, 7.8e-4 too small for one CLT `W_enc` of 8M values (d_sae 16384 on the bundled
+    model), so one process clipped less than the ranks and the runs drifted apart (issue 30).
     """
+    params = list(sharded) + list(replicated)
+    device = next(p.device for p in params)  # NCCL reduces device tensors only
+    acc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
-    device = next(p.device for p in list(sharded) + list(replicated))  # NCCL reduces device tensors only
-
-    def sq(ps):  # in float64, NORM_CHUNK values at a time: no float64 copy of a whole gradient
-        total = torch.zeros((), dtype=torch.float64, device=device)
+    def sq(ps):  # NORM_CHUNK values at a time: no float64 copy of a whole gradient
+        total = torch.zeros((), dtype=acc, device=device)
         for p in ps:
             if p.grad is not None:
                 for chunk in p.grad.reshape(-1).split(NORM_CHUNK):
-                    total += chunk.double().pow(2).sum()
+                    total += chunk.to(acc).pow(2).sum()
         return total
 
     local = sq(sharded)
-    dist.all_reduce(local)
+    if d.mode == "features" and d.active:
+        dist.all_reduce(local)
     total = (local + sq(replicated)).sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in list(sharded) + list(replicated):
+    for p in params:
         if p.grad is not None:
             p.grad.mul_(coef.to(p.grad))
     return total

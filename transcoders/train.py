@@ -12,7 +12,8 @@ activation_store.py). One run:
 3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
    (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
    over all of training; optional pre-activation loss; gradient clipping at norm max_grad_norm /
-   d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages). A TopK PLT or
+   d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages), the global norm
+   summed in float64 (distributed.py `clip_grad_norm`, the same with or without ranks). A TopK PLT or
    SAE (without the pre-activation loss, not feature-sharded) takes the sparse step of
    sparse_topk.py: the same loss and gradients from the k active features per token.
 4. A NaN or inf in the loss or the weights stops the run with `NonFiniteError` before the bad
@@ -57,7 +58,7 @@ from transcoders.checkpoint import (
 )
 from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import ConfigError, NonFiniteError
+from transcoders.errors import AttrgraphError, ConfigError, NonFiniteError
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.losses import PREACT_FORMS, mse_loss, preact_loss, sparsity_schedule, topk_aux_loss
 from transcoders.manifest import sha256
@@ -79,6 +80,7 @@ features per layer on the bundled model: 256 tokens, 2 sequences). Feature-shard
 at a time, each rank holding its features' share of the activations."""
 HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
 RESUME_FREE = (
+    "out",  # a run folder copied elsewhere resumes there
     "save_to",
     "checkpoint_every",
     "cache_dir",
@@ -467,10 +469,8 @@ def train(
         loss.backward()
         if sharded:
             tdist.average_grads(replicated, d)
-        if clip and sharded:
-            tdist.clip_grad_norm_sharded(local, replicated, clip, d)
-        elif clip:
-            torch.nn.utils.clip_grad_norm_(tc.parameters(), clip)
+        if clip:  # the global norm, in float64 (torch's CPU norm drifts at 16384 features)
+            tdist.clip_grad_norm(local, replicated, clip, d)
         opt.step()
         with torch.no_grad():
             finite = torch.stack([torch.isfinite(p).all() for p in tc.parameters()]).all()
@@ -525,6 +525,14 @@ def dist_barrier() -> None:
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def _close_progress_bars() -> None:
+    """End every open tqdm bar's line (the training bar of a run an error stopped)."""
+    from tqdm import tqdm
+
+    for bar in list(tqdm._instances):
+        bar.close()
 
 
 def _progress(total: int, start: int, enabled: bool):
@@ -602,12 +610,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     launched = tdist.init_from_env(cfg.dist_timeout)  # under torchrun: join the process group
     try:
         d = tdist.current(cfg.parallel)
-        model = load_any_model(cfg.model, model_device(cfg))
-        sharded = d.mode == "features"
-        tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
-        if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
-            _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
-        tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
+        with tdist.naming_dead_ranks(d):  # torchrun's SIGTERM after a rank died: the line naming it
+            model = load_any_model(cfg.model, model_device(cfg))
+            sharded = d.mode == "features"
+            tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
+            if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
+                _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
+            tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
     finally:
         if launched:
             import torch.distributed as dist
@@ -617,12 +626,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def _naming_stalls(cfg: TrainConfig, d, fn):
-    """`fn()`, with a collective that timed out (a rank stalled or died) turned into a
-    `StalledRankError` naming the ranks that did not answer (distributed.py)."""
+    """`fn()`, with a collective that timed out or lost its connection (a rank stalled or died)
+    turned into a `StalledRankError` naming the ranks that did not answer (distributed.py)."""
     try:
         return fn()
     except RuntimeError as e:
-        if d.active and tdist.is_timeout(e):
+        if d.active and tdist.is_lost_rank(e):
             raise tdist.stalled_error(d, e, cfg.dist_timeout) from None
         raise
 
@@ -670,7 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     parse_config(parser, TrainConfig, argv)  # a value TrainConfig refuses: one line, exit 2
-    return run(parser.parse_args(argv), argv)
+    try:
+        return run(parser.parse_args(argv), argv)
+    except AttrgraphError as e:  # ours (a resume that does not match, a stalled rank): one line
+        _close_progress_bars()  # so that the line starts a line of its own
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

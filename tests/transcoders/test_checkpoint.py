@@ -56,3 +56,33 @@ def test_a_kill_before_old_is_removed_leaves_both_and_the_next_write_goes_on(tmp
     shutil.copytree(ckpt, ckpt.with_name("checkpoint.old"))  # the rmtree of .old never ran
     _, info = run(tmp_path / "cut")
     assert info["steps"] == 6 and not ckpt.with_name("checkpoint.old").exists()
+
+
+def test_a_copied_run_folder_resumes_where_it_lies(tmp_path):
+    """`--out` says where the run folder is, not how it trains: a copy resumes (it was refused as a
+    run "with different ['out']", and rerunning with the old --out would have written to the old
+    folder). Expected: the uninterrupted run."""
+    straight, _ = run(tmp_path / "straight")
+    run(tmp_path / "cut", stop_after=3)
+    shutil.copytree(tmp_path / "cut", tmp_path / "copy")
+    resumed, info = run(tmp_path / "copy")
+    assert info["steps"] == 6
+    for k, v in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_the_cli_says_a_resume_that_does_not_match_in_one_line(tmp_path, capsys):
+    """`python -m transcoders.train` resumed with another option: the sentence that explains it,
+    as one line and exit 2 (it was a traceback ending in the same sentence)."""
+    from tests.transcoders.tc_helpers import CLI_ARGS
+    from transcoders.train import main
+
+    args = [*CLI_ARGS, "--n-tokens", "256", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"python -m transcoders.train: error: {tmp_path / 'run' / 'checkpoint'} was written by a run "
+        "with different ['lr']; rerun with the same options to resume, or pass another --out to start afresh."
+    ]
