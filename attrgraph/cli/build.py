@@ -18,8 +18,8 @@
    the same pruned graph without ever holding the full one, whose edges are most of a long
    prompt's memory; `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
-   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
-   (missing folders are created; an output that cannot be written, and options that make no
+   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full, in
+   the same atomic write: both or neither) to `-o` (missing folders are created; an output that cannot be written, and options that make no
    sense, are refused in one line before step 1). Ctrl-C exits 130 with one line; a write it
    interrupts leaves the old file as it was (store.py). Steps that can take long (attribution, the influence passes,
    writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
@@ -185,7 +185,7 @@ def run(args) -> int:
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
-    from attrgraph.graph.store import check_output, save_graph
+    from attrgraph.graph.store import DEFAULT_NAME, check_output, save_graph, save_graphs
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.config import check_device
 
@@ -248,11 +248,14 @@ def run(args) -> int:
             rule=args.prune_rule,
         )
         t3 = time.perf_counter()
-        name = save_graph(pruned, args.output, args.name)
-        if args.full:
-            save_graph(
-                graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
-            )
+        name = DEFAULT_NAME if args.name is None else args.name
+        # one atomic write: a failure (a full disk, Ctrl-C) leaves neither graph, never the pruned one alone
+        save_graphs(
+            {name: pruned} | ({f"{name}_full": graph} if args.full else {}),
+            args.output,
+            progress=progress,
+            scores={f"{name}_full": _scores_from_attribute(graph)},
+        )
         times = {
             "load_s": t1 - t0,
             "attribute_s": t2 - t1,

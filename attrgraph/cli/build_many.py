@@ -8,9 +8,9 @@
    `--address` names a running one (`ray start --head`; every node needs attrgraph installed), or
    Ray is already initialized in this process. `--workers` actors, one CPU each, load the model
    and transcoders once and keep them; each builds, prunes and returns graphs one prompt at a time.
-3. One writer: the driver stores every result with `save_graph` (atomic: a crash never leaves a
+3. One writer: the driver stores every result with `save_graphs` (atomic: a crash never leaves a
    half-written file), the pruned graph as NAME (and with `--full` the unpruned one as NAME_full,
-   written first, so NAME present means the prompt is done). One run per output at a time: a run
+   in the same write, so NAME present means the prompt is done). One run per output at a time: a run
    holds an flock on `.GRAPHS.h5.build-many.lock` (released by the kernel if the driver dies) and
    a second run on the same output stops at once with `OutputBusyError`.
 4. Resumable, keyed on what was built (build_key.py): every graph records its prompt's token ids,
@@ -406,7 +406,7 @@ def build_many(
 ) -> dict:
     """Build every prompt of `prompts` not yet in `output` (as step 4 decides, `overwrite` choosing
     what a graph built differently gets) on `workers` Ray actors; returns counts
-    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
+    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graphs).
     `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
     result is handled. The failures sidecar is left only when some prompt failed."""
     if workers < 1:
@@ -418,7 +418,7 @@ def build_many(
 def _build_many(prompts, output, options, workers, address, progress, on_result, overwrite) -> dict:
     from tqdm import tqdm
 
-    from attrgraph.graph.store import list_graphs, remove_graphs, save_graph
+    from attrgraph.graph.store import list_graphs, remove_graphs, save_graphs
     from transcoders.config import check_device
 
     if address is None:  # a local cluster has this machine's devices (a remote one: its workers check)
@@ -496,8 +496,7 @@ def _build_many(prompts, output, options, workers, address, progress, on_result,
                     fail({"line": item["line"], "name": item["name"], "error": result["error"]})
                 elif item["name"] not in done:
                     t_write = time.perf_counter()
-                    for name, graph in result.pop("graphs").items():
-                        save_graph(graph, output, name)
+                    save_graphs(result.pop("graphs"), output)  # NAME and NAME_full in one write
                     counts["write_s"] += time.perf_counter() - t_write
                     done.add(item["name"])
                     counts["built"] += 1

@@ -1,0 +1,44 @@
+"""The command line on the faults of round 3 (issue 30, parts 2 and 3; docs/bad_inputs.md): writes
+that must keep their promise (all or nothing, Ctrl-C, outputs that cannot be written, symbolic
+links, a graph name already in the file) and messages (a closed pipe, resume keys, `<bos>` as
+text). Each is one line on stderr and exit status 2 (Ctrl-C: 130), no traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attrgraph.graph.store import list_graphs, save_graph
+from tests.attrgraph.ag_helpers import random_graph
+from tests.attrgraph.cli.test_cli import error_line, model_args
+from transcoders.h5file import RESERVE
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ROOT = Path(__file__).resolve().parents[3]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+PROMPT = "When Mary and John went to the store"
+FULL = """
+import resource, signal, sys
+from attrgraph.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_build_full_on_a_full_disk_writes_neither_graph(model_dir, tmp_path):
+    """The file-size limit (RLIMIT_FSIZE, a full disk any user can make) leaves room for the pruned
+    graph (a few kB plus the writer's 1 MiB margin) but not for the unpruned one (~130 kB of edges):
+    the message promises the old file unchanged, so the pruned graph must not be written alone."""
+    g = tmp_path / "g.h5"
+    save_graph(random_graph(0), g, name="other")
+    before = g.read_bytes()
+    args = ["build", PROMPT, "-o", g, "--full", "--no-progress", *model_args(model_dir)]
+    cmd = [sys.executable, "-c", FULL, str(len(before) + RESERVE + 64 * 1024), *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "(the old file, if any, is unchanged)" in error_line(res.stderr, "build")
+    assert list_graphs(g) == ["other"] and g.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
