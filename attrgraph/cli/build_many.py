@@ -27,6 +27,9 @@
    sidecar is removed when a run starts and written at the first failure, so it lists the prompts
    of the last run that are not in the file and exists only when one failed (also after a killed
    driver: no empty file).
+6. An output that cannot be written (a folder, a file that is not HDF5, a folder this process cannot
+   write in) is refused in one line before the run's lock is taken and before Ray starts
+   (`store.check_output`, as `attrgraph build` does).
 """
 
 from __future__ import annotations
@@ -409,8 +412,11 @@ def build_many(
     `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graphs).
     `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
     result is handled. The failures sidecar is left only when some prompt failed."""
+    from attrgraph.graph.store import check_output
+
     if workers < 1:
         raise OptionError(f"--workers is {workers}; pass at least 1.")
+    check_output(output)  # a folder, a foreign file, no write permission: one line, before the lock and Ray
     with one_run(output):
         return _build_many(prompts, output, options, workers, address, progress, on_result, overwrite)
 

@@ -12,13 +12,14 @@ import pytest
 
 from attrgraph.graph.store import list_graphs, save_graph
 from tests.attrgraph.ag_helpers import random_graph
-from tests.attrgraph.cli.test_cli import error_line, model_args
+from tests.attrgraph.cli.test_cli import error_line, model_args, run
 from transcoders.h5file import RESERVE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[3]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 PROMPT = "When Mary and John went to the store"
+NO_MODEL = ["--model", "/nonexistent/model", "--transcoders", "/nonexistent/tc"]
 FULL = """
 import resource, signal, sys
 from attrgraph.cli import main
@@ -107,3 +108,24 @@ def test_ctrl_c_inside_an_h5py_write_stops_it(model_dir, tmp_path):
         "attrgraph build: interrupted; any file being written is left as it was."
     ]
     assert g.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
+
+
+# ------------------------------------------------------------------ outputs build-many cannot write
+@pytest.mark.parametrize("kind", ["read-only folder", "folder"])
+def test_build_many_outputs_that_cannot_be_written_are_one_line_before_ray(
+    read_only_dir, tmp_path, capsys, monkeypatch, kind
+):
+    """Found before Ray is even imported: without Ray installed, the output's line still comes first."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when Ray is not installed
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    out = read_only_dir / "g.h5" if kind == "read-only folder" else tmp_path
+    rc, _, err = run(capsys, "build-many", tmp_path / "p.jsonl", "-o", out, *NO_MODEL)
+    words = {
+        "read-only folder": "pass an output in a folder you can write",
+        "folder": "is a folder; pass a file name",
+    }
+    assert rc == 2 and words[kind] in error_line(err, "build-many")
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "ro"]
+        and list(read_only_dir.iterdir()) == []
+    )
