@@ -19,6 +19,8 @@
    writer's next checkpoint (`stop_if_interrupted`; h5py would swallow a `KeyboardInterrupt` raised
    inside its own calls and write on), then handed to that handler, which stops the write: the old
    file is left as it was, the temporary removed, and `KeyboardInterrupt` raised.
+6. A path that is a symbolic link is written through (`followed`): its target is locked and replaced,
+   the link is left as it is (renaming over the link would leave the target with its old contents).
 
 h5py is imported on first use: importing this module loads neither it nor torch.
 """
@@ -75,6 +77,14 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def followed(path: str | os.PathLike) -> Path:
+    """The file a write of `path` replaces (step 6): a symbolic link's target, followed to its end, so
+    that the link keeps leading to the new file and writers through the link and through the file
+    take the same lock; any other path as given."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 RESERVE = 1 << 20
 """Bytes reserved beyond the copy of the old file by a writer that gives no bound of its own."""
 
@@ -88,8 +98,9 @@ def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = RESERVE
     `reserve`: a bound on the bytes the writer adds (step 3: a disk without them is refused before
     HDF5 writes). Missing parent folders are created; stale temporaries of dead writers are
     removed. A full disk or a folder that cannot be written raises `error` (the caller's file error class); Ctrl-C
-    raises `KeyboardInterrupt` after removing the temporary (steps 4-5)."""
-    path = Path(path)
+    raises `KeyboardInterrupt` after removing the temporary (steps 4-5). A symbolic link is written
+    through: its target is replaced, the link left as it is (step 6)."""
+    path = followed(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = _one_writer(path)

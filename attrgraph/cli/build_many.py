@@ -350,10 +350,11 @@ def _start_ray(workers: int, address: str | None) -> bool:
 def one_run(output: str | os.PathLike):
     """Step 3: hold `.NAME.build-many.lock` beside the output for the run (h5file.held_lock: the
     kernel drops it when the driver dies, the file goes when the run ends); a second run on the same
-    output raises `OutputBusyError` at once. Without fcntl (Windows), no lock."""
-    from transcoders.h5file import held_lock
+    output raises `OutputBusyError` at once; through a symbolic link the lock is its target's, as the
+    writes are. Without fcntl (Windows), no lock."""
+    from transcoders.h5file import followed, held_lock
 
-    output = Path(output)
+    output = followed(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         try:

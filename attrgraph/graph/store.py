@@ -187,8 +187,9 @@ def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = h5file.
 def check_output(path: str | os.PathLike) -> None:
     """Step 3: refuse, before any work, an output `path` that `save_graph` could not write: a
     directory, an existing file that is not HDF5, a missing folder under a file, or a folder this
-    process cannot create files in (tried for real, with a temporary removed at once)."""
-    path = Path(path)
+    process cannot create files in (tried for real, with a temporary removed at once). A symbolic
+    link is checked as the file it leads to, which the save writes (h5file step 6)."""
+    path = h5file.followed(path)
     if path.is_dir():
         raise GraphFileError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.h5'}.")
     if path.exists():

@@ -129,3 +129,20 @@ def test_build_many_outputs_that_cannot_be_written_are_one_line_before_ray(
         sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "ro"]
         and list(read_only_dir.iterdir()) == []
     )
+
+
+def test_a_second_build_many_run_through_a_symbolic_link_is_refused(tmp_path):
+    """The run lock is the target's: a run on the link while one runs on the file is refused."""
+    from attrgraph.cli.build_many import one_run
+    from attrgraph.errors import OutputBusyError
+
+    target = tmp_path / "g.h5"
+    save_graph(random_graph(0), target)
+    (tmp_path / "link.h5").symlink_to(target)
+    with one_run(target):
+        with pytest.raises(OutputBusyError, match=rf"another build-many run \(pid {os.getpid()}\)"):
+            with one_run(tmp_path / "link.h5"):
+                pass
+    with one_run(tmp_path / "link.h5"):  # released: the next run goes on
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5", "link.h5"]
