@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    from attrgraph.errors import AttrgraphError, ExportWarning, PromptWarning
+    from attrgraph.errors import AttrgraphError, ExportWarning, GraphReplacedWarning, PromptWarning
 
-    ours = (PromptWarning, ExportWarning)
+    ours = (PromptWarning, ExportWarning, GraphReplacedWarning)
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, ours):  # one line, like the errors

@@ -146,3 +146,27 @@ def test_a_second_build_many_run_through_a_symbolic_link_is_refused(tmp_path):
     with one_run(tmp_path / "link.h5"):  # released: the next run goes on
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5", "link.h5"]
+
+
+# ------------------------------------------------------------------ a graph name already in the file
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        ([], "g.h5 already holds 'graph'; this build replaces it (pass --name to keep it)."),
+        (["--full"], "g.h5 already holds 'graph' and 'graph_full'; this build replaces them"),
+        (["--name", "graph_full"], "g.h5 already holds 'graph_full'; this build replaces it"),
+        (["--name", "new"], None),
+    ],
+)
+def test_build_says_before_the_work_that_it_replaces_a_graph(tmp_path, capsys, extra, said):
+    """Said before the model loads (the missing model's error comes after the warning)."""
+    g = tmp_path / "g.h5"
+    save_graph(random_graph(0), g, name="graph")
+    save_graph(random_graph(1), g, name="graph_full")
+    rc, _, err = run(capsys, "build", "hello", "-o", g, *NO_MODEL, *extra)
+    lines = err.strip().splitlines()
+    assert rc == 2 and lines[-1].startswith("attrgraph build: error: ") and "/nonexistent" in lines[-1]
+    if said is None:
+        assert len(lines) == 1
+    else:
+        assert len(lines) == 2 and lines[0].startswith("attrgraph build: warning: ") and said in lines[0]
