@@ -4,6 +4,7 @@ links, a graph name already in the file) and messages (a closed pipe, resume key
 text). Each is one line on stderr and exit status 2 (Ctrl-C: 130), no traceback."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,20 @@ def test_build_says_before_the_work_that_it_replaces_a_graph(tmp_path, capsys, e
         assert len(lines) == 1
     else:
         assert len(lines) == 2 and lines[0].startswith("attrgraph build: warning: ") and said in lines[0]
+
+
+# ------------------------------------------------------------------ messages
+def test_show_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`attrgraph show g.h5 | head -3` once head has gone: the pipe's read end is closed before the
+    command starts, so every write meets it (no timing). No traceback, and the status of a command
+    that SIGPIPE ended (128 + 13), as `yes | head` gives."""
+    g = tmp_path / "g.h5"
+    save_graph(random_graph(0, n_feat=300), g)
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        cmd = [sys.executable, "-m", "attrgraph.cli", "show", str(g), "--top", "300"]
+        res = subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, timeout=120)
+    finally:
+        os.close(w)
+    assert res.returncode == 128 + signal.SIGPIPE and res.stderr == "", res.stderr[-3000:]
