@@ -188,3 +188,27 @@ def test_show_into_a_closed_pipe_ends_quietly(tmp_path):
     finally:
         os.close(w)
     assert res.returncode == 128 + signal.SIGPIPE and res.stderr == "", res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "prompt, said",
+    [
+        ("<bos>", "'<bos>' at token 1 (a second BOS)"),
+        ("When Mary went <eos> John", "'<eos>' at token 4;"),
+    ],
+)
+def test_special_tokens_written_in_the_prompt_are_said_and_strict_refuses_them(
+    model_dir, tmp_path, capsys, prompt, said
+):
+    """The bundled tokenizer reads "<bos>" in the text as its BOS token (id 0), after the one the
+    model adds in front: without a word the graph had two BOS tokens and features at position 1."""
+    g = tmp_path / "g.h5"
+    rc, _, err = run(capsys, "build", prompt, "-o", g, "--no-progress", *model_args(model_dir))
+    [line] = err.strip().splitlines()
+    assert (
+        rc == 0
+        and line.startswith("attrgraph build: warning: prompt text holds special tokens")
+        and said in line
+    )
+    rc, _, err = run(capsys, "build", prompt, "-o", tmp_path / "s.h5", *model_args(model_dir), "--strict")
+    assert rc == 2 and said in error_line(err, "build") and not (tmp_path / "s.h5").exists()
