@@ -316,10 +316,11 @@ def _check_special_tokens(tokenizer, prompt: str, tokens: Tensor, strict: bool) 
     except (NotImplementedError, TypeError, ValueError, KeyError):
         return
     offset = int(tokens.numel()) - len(ids)  # what the model added in front (its BOS)
-    found = [(offset + i, t) for i, t in enumerate(ids) if t in special]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    # a written BOS in front of a model that adds none is the one BOS it needs
+    found = [(offset + i, t) for i, t in enumerate(ids) if t in special and (offset + i, t) != (0, bos)]
     if not found:
         return
-    bos = getattr(tokenizer, "bos_token_id", None)
     names = ", ".join(
         f"{tokenizer.convert_ids_to_tokens(t)!r} at token {p}"
         + (" (a second BOS)" if t == bos and p > 0 else "")
@@ -327,7 +328,7 @@ def _check_special_tokens(tokenizer, prompt: str, tokens: Tensor, strict: bool) 
     ) + (" ..." if len(found) > 5 else "")
     message = (
         f"prompt text holds special tokens, which the model reads as those tokens and not as words: {names}; "
-        "remove them (the model adds its own BOS)"
+        "remove them" + (" (the model adds its own BOS)" if offset > 0 else "")
     )
     if strict:
         raise PromptError(f"{message}.")

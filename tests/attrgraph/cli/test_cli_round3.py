@@ -212,3 +212,17 @@ def test_special_tokens_written_in_the_prompt_are_said_and_strict_refuses_them(
     )
     rc, _, err = run(capsys, "build", prompt, "-o", tmp_path / "s.h5", *model_args(model_dir), "--strict")
     assert rc == 2 and said in error_line(err, "build") and not (tmp_path / "s.h5").exists()
+
+
+def test_a_written_bos_is_the_one_bos_of_a_model_that_adds_none(model_dir):
+    import warnings
+
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.sources import to_tokens
+
+    model = load_model(model_dir)
+    model.cfg.default_prepend_bos = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails
+        tokens = to_tokens(model, "<bos> When Mary went")
+    assert tokens.tolist()[0] == model.tokenizer.bos_token_id and len(tokens) == 4
