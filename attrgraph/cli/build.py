@@ -19,9 +19,10 @@
    prompt's memory; `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full, in
-   the same atomic write: both or neither) to `-o` (missing folders are created; an output that cannot be written, and options that make no
-   sense, are refused in one line before step 1; a graph of the same name already in it is
-   replaced, which a warning says before step 1). Ctrl-C exits 130 with one line; a write it
+   the same atomic write: both or neither) to `-o` (missing folders are created; an output that
+   cannot be written, and options that make no sense, are refused in one line before step 1; a
+   graph of the same name already in it is replaced, which a warning says before step 1).
+   Ctrl-C exits 130 with one line; a write it
    interrupts leaves the old file as it was (store.py). Steps that can take long (attribution, the influence passes,
    writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
 """
@@ -199,11 +200,10 @@ def warn_if_replacing(output, name: str | None, full: bool) -> None:
         return  # a damaged file: the save itself says what it can
     replaced = [n for n in (name, f"{name}_full") if n in held and (full or n == name)]
     if replaced:
-        names = " and ".join(repr(n) for n in replaced)
+        names, them = " and ".join(repr(n) for n in replaced), "them" if len(replaced) > 1 else "it"
         warnings.warn(
             GraphReplacedWarning(
-                f"{output} already holds {names}; this build replaces "
-                f"{'them' if len(replaced) > 1 else 'it'} (pass --name to keep {'them' if len(replaced) > 1 else 'it'})."
+                f"{output} already holds {names}; this build replaces {them} (pass --name to keep {them})."
             ),
             stacklevel=2,
         )
