@@ -113,6 +113,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "ExportWarning",
         "GraphError",
         "GraphFileError",
+        "GraphReplacedWarning",
         "InterventionError",
         "LabelError",
         "ModelNotFoundError",

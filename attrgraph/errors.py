@@ -40,6 +40,10 @@ class GraphFileError(AttrgraphError, OSError):
     """A graph file that is missing, not HDF5, truncated, or lacks the graph asked for."""
 
 
+class GraphReplacedWarning(UserWarning):
+    """A write that will replace a graph of the same name already in the output file."""
+
+
 class ExportError(AttrgraphError, ValueError):
     """An export that cannot be written: an output folder that is a file, a slug that is no plain name."""
 

@@ -15,10 +15,12 @@
    what the write adds (`reserve`), so a disk too full fails there, as one line of the caller's error
    class with the old file intact and no temporary left; HDF5 itself then never meets a failed write
    (after one, h5py's close can crash the interpreter) and truncates the file to its end on close.
-5. Ctrl-C (SIGINT) during a write is held until the writer's next checkpoint
-   (`stop_if_interrupted`; h5py would swallow a `KeyboardInterrupt` raised inside its own calls and
-   write on), then stops the write: the old file is left as it was, the temporary removed, and
-   `KeyboardInterrupt` raised.
+5. Ctrl-C (SIGINT) during a write is held, whatever Python handler is installed, until the
+   writer's next checkpoint (`stop_if_interrupted`; h5py would swallow a `KeyboardInterrupt` raised
+   inside its own calls and write on), then handed to that handler, which stops the write: the old
+   file is left as it was, the temporary removed, and `KeyboardInterrupt` raised.
+6. A path that is a symbolic link is written through (`followed`): its target is locked and replaced,
+   the link is left as it is (renaming over the link would leave the target with its old contents).
 
 h5py is imported on first use: importing this module loads neither it nor torch.
 """
@@ -75,6 +77,14 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def followed(path: str | os.PathLike) -> Path:
+    """The file a write of `path` replaces (step 6): a symbolic link's target, followed to its end, so
+    that the link keeps leading to the new file and writers through the link and through the file
+    take the same lock; any other path as given."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 RESERVE = 1 << 20
 """Bytes reserved beyond the copy of the old file by a writer that gives no bound of its own."""
 
@@ -88,8 +98,9 @@ def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = RESERVE
     `reserve`: a bound on the bytes the writer adds (step 3: a disk without them is refused before
     HDF5 writes). Missing parent folders are created; stale temporaries of dead writers are
     removed. A full disk or a folder that cannot be written raises `error` (the caller's file error class); Ctrl-C
-    raises `KeyboardInterrupt` after removing the temporary (steps 4-5)."""
-    path = Path(path)
+    raises `KeyboardInterrupt` after removing the temporary (steps 4-5). A symbolic link is written
+    through: its target is replaced, the link left as it is (step 6)."""
+    path = followed(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = _one_writer(path)
@@ -183,33 +194,41 @@ def write_error(path: Path, e: OSError, error: type[Exception]) -> Exception:
     return error(f"cannot write {path} ({reason}); the old file, if any, is unchanged.")
 
 
-_held: list[int] = []  # SIGINTs held by _interrupts_held (steps 4-5)
+_held: list = []  # the handler of a SIGINT held by _interrupts_held, due at the next checkpoint
 
 
 def stop_if_interrupted() -> None:
-    """Raise the `KeyboardInterrupt` of a Ctrl-C held during a write (steps 4-5)."""
+    """Hand a Ctrl-C held during a write (step 5) to the SIGINT handler the write displaced:
+    Python's default raises `KeyboardInterrupt`, as does the CLI's (which also ignores any later
+    Ctrl-C); a handler that returns lets the write go on."""
     if _held:
+        handler = _held.pop()
         _held.clear()
-        raise KeyboardInterrupt
+        handler(signal.SIGINT, None)
 
 
 @contextlib.contextmanager
 def _interrupts_held():
     """Hold SIGINT (record it, raise nothing) while a write runs, so that the write stops at one of
-    its own checkpoints (`_stop_if_interrupted`) instead of inside h5py, which would swallow it.
-    Only where Python's default handler is installed, in the main thread; a SIGINT still held at
-    the end is raised then."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    its own checkpoints (`stop_if_interrupted`) instead of inside h5py, which drops what a handler
+    raises where it frees objects (weakref callbacks) and writes on. Whatever Python handler is
+    installed is held (Python's default, the CLI's first-Ctrl-C one, a caller's), in the main
+    thread; SIG_IGN and SIG_DFL are left alone. A SIGINT still held at the end is handed on then."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield
         return
+
+    def hold(signum, frame):
+        _held[:] = [previous]
+
     _held.clear()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if signal.getsignal(signal.SIGINT) is hold:  # the handler handed a Ctrl-C may have set another
+            signal.signal(signal.SIGINT, previous)
     stop_if_interrupted()
 
 

@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     for module in modules.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
-    from attrgraph.errors import AttrgraphError, ExportWarning, PromptWarning
+    from attrgraph.errors import AttrgraphError, ExportWarning, GraphReplacedWarning, PromptWarning
 
-    ours = (PromptWarning, ExportWarning)
+    ours = (PromptWarning, ExportWarning, GraphReplacedWarning)
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, ours):  # one line, like the errors
@@ -81,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         show_default, warnings.showwarning = warnings.showwarning, show
         previous = _interrupt_once()
         try:
-            return modules[args.command].run(args) or 0
+            rc = modules[args.command].run(args) or 0
+            sys.stdout.flush()  # here, so that a reader gone by now is met below and not at exit
+            return rc
+        except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop without a word
+            _stdout_to_devnull()
+            return BROKEN_PIPE
         except AttrgraphError as e:  # TranscoderError included
             # a user's mistake: its one sentence, not a traceback
             print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
@@ -112,6 +117,19 @@ def _interrupt_once():
 
 INTERRUPTED = "interrupted; any file being written is left as it was."
 """What Ctrl-C prints: a write it stops keeps the old file and leaves no temporary (graph/store.py)."""
+
+
+BROKEN_PIPE = 128 + signal.SIGPIPE
+"""The exit status when stdout's reader is gone: a command killed by SIGPIPE, as the shell reports it."""
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered
+    meets no closed pipe (it would print "Exception ignored ... BrokenPipeError")."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout that is no file (a test's capture)
+        pass
 
 
 def _close_progress_bars() -> None:

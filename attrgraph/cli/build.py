@@ -18,9 +18,11 @@
    the same pruned graph without ever holding the full one, whose edges are most of a long
    prompt's memory; `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
-   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full) to `-o`
-   (missing folders are created; an output that cannot be written, and options that make no
-   sense, are refused in one line before step 1). Ctrl-C exits 130 with one line; a write it
+   and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full, in
+   the same atomic write: both or neither) to `-o` (missing folders are created; an output that
+   cannot be written, and options that make no sense, are refused in one line before step 1; a
+   graph of the same name already in it is replaced, which a warning says before step 1).
+   Ctrl-C exits 130 with one line; a write it
    interrupts leaves the old file as it was (store.py). Steps that can take long (attribution, the influence passes,
    writing a large graph) show tqdm bars on stderr unless `--no-progress` or `--json`.
 """
@@ -179,19 +181,48 @@ def _scores_from_attribute(graph):
     return GraphScores(*(graph.meta[k] for k in keys)) if all(k in graph.meta for k in keys) else None
 
 
+def warn_if_replacing(output, name: str | None, full: bool) -> None:
+    """Say, before the work, which graphs of `output` this build will replace (same name; with
+    `--full` also NAME_full): `save_graph` replaces a graph of the same name, which would otherwise
+    be lost without a word."""
+    import warnings
+    from pathlib import Path
+
+    from attrgraph.errors import GraphFileError, GraphReplacedWarning
+    from attrgraph.graph.store import DEFAULT_NAME, list_graphs
+
+    if not Path(output).exists():
+        return
+    name = DEFAULT_NAME if name is None else name
+    try:
+        held = set(list_graphs(output))
+    except GraphFileError:
+        return  # a damaged file: the save itself says what it can
+    replaced = [n for n in (name, f"{name}_full") if n in held and (full or n == name)]
+    if replaced:
+        names, them = " and ".join(repr(n) for n in replaced), "them" if len(replaced) > 1 else "it"
+        warnings.warn(
+            GraphReplacedWarning(
+                f"{output} already holds {names}; this build replaces {them} (pass --name to keep {them})."
+            ),
+            stacklevel=2,
+        )
+
+
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
-    from attrgraph.graph.store import check_output, save_graph
+    from attrgraph.graph.store import DEFAULT_NAME, check_output, save_graph, save_graphs
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
     check_build_options(vars(args))
     check_output(args.output)  # a folder, a foreign file or no write permission: before the work
+    warn_if_replacing(args.output, args.name, args.full)
     check_device(args.device)
     if args.threads:
         import torch
@@ -248,11 +279,14 @@ def run(args) -> int:
             rule=args.prune_rule,
         )
         t3 = time.perf_counter()
-        name = save_graph(pruned, args.output, args.name)
-        if args.full:
-            save_graph(
-                graph, args.output, f"{name}_full", progress=progress, scores=_scores_from_attribute(graph)
-            )
+        name = DEFAULT_NAME if args.name is None else args.name
+        # one atomic write: a failure (a full disk, Ctrl-C) leaves neither graph, never the pruned one alone
+        save_graphs(
+            {name: pruned} | ({f"{name}_full": graph} if args.full else {}),
+            args.output,
+            progress=progress,
+            scores={f"{name}_full": _scores_from_attribute(graph)},
+        )
         times = {
             "load_s": t1 - t0,
             "attribute_s": t2 - t1,

@@ -2,9 +2,10 @@
 
 1. The record (`meta["build"]` of every graph build-many writes, NAME and NAME_full): the prompt's
    token ids (after `--strict` / `--truncate`), the target's token ids (none: the default logit
-   targets), every option in `KEY_OPTIONS`, and the fingerprints (graph/fingerprint.py) of the
-   model and of each transcoder set, which stand for `--model`, `--transcoders` and
-   `--attn-transcoders` (a moved folder is the same set, a retrained one in the same folder is not).
+   targets), every option in `KEY_OPTIONS` (a default left out recorded as its value, `key_options`),
+   and the fingerprints (graph/fingerprint.py) of the model and of each transcoder set, which stand
+   for `--model`, `--transcoders` and `--attn-transcoders` (a moved folder is the same set, a
+   retrained one in the same folder is not).
    `SPEED_OPTIONS` change how fast a graph is built, not what is built, and are not recorded.
 2. Resume: a worker computes the record of every prompt whose name is already in the output, and
    the driver compares it with the stored one (`differences`): equal records are skipped; a graph
@@ -61,12 +62,28 @@ def target_ids(model, target) -> list[int] | None:
     return [logit_target(model, t).token for t in (target if isinstance(target, list) else [target])]
 
 
+def key_options(options: dict) -> dict:
+    """Step 1: the `KEY_OPTIONS` of `options` as the build uses them: an option left out is its
+    default (`--max-logits` 10, `--logit-prob` 0.95: engine/targets.py; `--tau` 0) and
+    `--max-feature-nodes` with the standard method is the adaptive method (build.attribute_options),
+    so a run that passes a default explicitly keys the same graph as one that leaves it out."""
+    from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS
+
+    out = {k: options.get(k) for k in KEY_OPTIONS}
+    for key, default in (("max_logits", MAX_N_LOGITS), ("logit_prob", DESIRED_LOGIT_PROB), ("tau", 0.0)):
+        if out[key] is None:
+            out[key] = default
+    if out["max_feature_nodes"] is not None and out["method"] == "standard":
+        out["method"] = "adaptive"
+    return out
+
+
 def build_record(model, tokens, item: dict, options: dict, prints: dict) -> dict:
     """Step 1's record of one item, as plain JSON values."""
     return dict(
         prompt_ids=[int(t) for t in tokens.tolist()],
         target=target_ids(model, item.get("target")),
-        options={k: options.get(k) for k in KEY_OPTIONS},
+        options=key_options(options),
         **prints,
     )
 
@@ -91,6 +108,7 @@ def differences(stored: dict | None, expected: dict) -> list[str]:
     for key in ("prompt_ids", "target", *FINGERPRINTS):
         if stored.get(key) != expected.get(key):
             out.append("prompt" if key == "prompt_ids" else key)
-    old, new = stored.get("options") or {}, expected["options"]
+    # records written before key_options hold None for a default: read both sides as the build does
+    old, new = key_options(stored.get("options") or {}), key_options(expected["options"])
     out += [f"{k} {old.get(k)!r} -> {new[k]!r}" for k in KEY_OPTIONS if old.get(k) != new[k]]
     return out

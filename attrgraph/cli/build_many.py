@@ -8,9 +8,9 @@
    `--address` names a running one (`ray start --head`; every node needs attrgraph installed), or
    Ray is already initialized in this process. `--workers` actors, one CPU each, load the model
    and transcoders once and keep them; each builds, prunes and returns graphs one prompt at a time.
-3. One writer: the driver stores every result with `save_graph` (atomic: a crash never leaves a
+3. One writer: the driver stores every result with `save_graphs` (atomic: a crash never leaves a
    half-written file), the pruned graph as NAME (and with `--full` the unpruned one as NAME_full,
-   written first, so NAME present means the prompt is done). One run per output at a time: a run
+   in the same write, so NAME present means the prompt is done). One run per output at a time: a run
    holds an flock on `.GRAPHS.h5.build-many.lock` (released by the kernel if the driver dies) and
    a second run on the same output stops at once with `OutputBusyError`.
 4. Resumable, keyed on what was built (build_key.py): every graph records its prompt's token ids,
@@ -27,6 +27,9 @@
    sidecar is removed when a run starts and written at the first failure, so it lists the prompts
    of the last run that are not in the file and exists only when one failed (also after a killed
    driver: no empty file).
+6. An output that cannot be written (a folder, a file that is not HDF5, a folder this process cannot
+   write in) is refused in one line before the run's lock is taken and before Ray starts
+   (`store.check_output`, as `attrgraph build` does).
 """
 
 from __future__ import annotations
@@ -347,10 +350,11 @@ def _start_ray(workers: int, address: str | None) -> bool:
 def one_run(output: str | os.PathLike):
     """Step 3: hold `.NAME.build-many.lock` beside the output for the run (h5file.held_lock: the
     kernel drops it when the driver dies, the file goes when the run ends); a second run on the same
-    output raises `OutputBusyError` at once. Without fcntl (Windows), no lock."""
-    from transcoders.h5file import held_lock
+    output raises `OutputBusyError` at once; through a symbolic link the lock is its target's, as the
+    writes are. Without fcntl (Windows), no lock."""
+    from transcoders.h5file import followed, held_lock
 
-    output = Path(output)
+    output = followed(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         try:
@@ -406,11 +410,14 @@ def build_many(
 ) -> dict:
     """Build every prompt of `prompts` not yet in `output` (as step 4 decides, `overwrite` choosing
     what a graph built differently gets) on `workers` Ray actors; returns counts
-    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graph).
+    `{built, skipped, failed, workers, write_s, seconds}` (write_s: the driver's time in save_graphs).
     `options` holds `BUILD_OPTIONS`; `on_result(result)` is called on the driver after each prompt's
     result is handled. The failures sidecar is left only when some prompt failed."""
+    from attrgraph.graph.store import check_output
+
     if workers < 1:
         raise OptionError(f"--workers is {workers}; pass at least 1.")
+    check_output(output)  # a folder, a foreign file, no write permission: one line, before the lock and Ray
     with one_run(output):
         return _build_many(prompts, output, options, workers, address, progress, on_result, overwrite)
 
@@ -418,7 +425,7 @@ def build_many(
 def _build_many(prompts, output, options, workers, address, progress, on_result, overwrite) -> dict:
     from tqdm import tqdm
 
-    from attrgraph.graph.store import list_graphs, remove_graphs, save_graph
+    from attrgraph.graph.store import list_graphs, remove_graphs, save_graphs
     from transcoders.config import check_device
 
     if address is None:  # a local cluster has this machine's devices (a remote one: its workers check)
@@ -496,8 +503,7 @@ def _build_many(prompts, output, options, workers, address, progress, on_result,
                     fail({"line": item["line"], "name": item["name"], "error": result["error"]})
                 elif item["name"] not in done:
                     t_write = time.perf_counter()
-                    for name, graph in result.pop("graphs").items():
-                        save_graph(graph, output, name)
+                    save_graphs(result.pop("graphs"), output)  # NAME and NAME_full in one write
                     counts["write_s"] += time.perf_counter() - t_write
                     done.add(item["name"])
                     counts["built"] += 1

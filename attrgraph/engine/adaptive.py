@@ -45,7 +45,7 @@ from attrgraph.engine.sources import (
     target_values,
     to_tokens,
 )
-from attrgraph.engine.targets import select_logit_targets
+from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, select_logit_targets
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
@@ -62,8 +62,8 @@ def attribute_adaptive(
     *,
     max_feature_nodes: int = 1024,
     k: int | None = None,
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int = MAX_N_LOGITS,
+    desired_logit_prob: float = DESIRED_LOGIT_PROB,
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
     batch_size: int = 256,

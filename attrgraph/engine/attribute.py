@@ -51,7 +51,13 @@ from attrgraph.engine.sources import (
     target_values,
     to_tokens,
 )
-from attrgraph.engine.targets import Target, check_targets, select_logit_targets
+from attrgraph.engine.targets import (
+    DESIRED_LOGIT_PROB,
+    MAX_N_LOGITS,
+    Target,
+    check_targets,
+    select_logit_targets,
+)
 from attrgraph.engine.threads import threads_for, torch_threads
 from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
@@ -155,8 +161,8 @@ def standard_setup(
     transcoders: SparseCoder | Sequence[SparseCoder] | TranscoderSets | ReplacementModel,
     prompt: str | list[int] | Tensor | np.ndarray,
     *,
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int = MAX_N_LOGITS,
+    desired_logit_prob: float = DESIRED_LOGIT_PROB,
     targets: list[Target] | None = None,
     batch_size: int | None = None,
     exclude_bos: bool | None = None,
@@ -275,8 +281,8 @@ def attribute(
     common = dict(exclude_bos=exclude_bos, embedding=embedding, backend=backend)
     common["batch_size"] = CPU_ROWS if batch_size is None else batch_size
     logits = dict(
-        max_n_logits=10 if max_n_logits is None else max_n_logits,
-        desired_logit_prob=0.95 if desired_logit_prob is None else desired_logit_prob,
+        max_n_logits=MAX_N_LOGITS if max_n_logits is None else max_n_logits,
+        desired_logit_prob=DESIRED_LOGIT_PROB if desired_logit_prob is None else desired_logit_prob,
     )
     if method == "hierarchical":
         if targets is not None and len(targets) != 1:

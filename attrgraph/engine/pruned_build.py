@@ -38,7 +38,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attrgraph.engine.attribute import StandardSetup, standard_setup
-from attrgraph.engine.targets import Target
+from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph_edges, select_nodes
 from attrgraph.graph.scores import scores_from_shares
@@ -62,8 +62,8 @@ def attribute_pruned(
     node_threshold: float = 0.8,
     edge_threshold: float = 0.98,
     *,
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int = MAX_N_LOGITS,
+    desired_logit_prob: float = DESIRED_LOGIT_PROB,
     targets: list[Target] | None = None,
     batch_size: int = 256,
     exclude_bos: bool | None = None,

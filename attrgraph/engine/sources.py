@@ -228,6 +228,7 @@ def to_tokens(
             raise PromptError("the model has no tokenizer; pass the prompt as token ids.")
         tokens = model.to_tokens(prompt, truncate=False)[0]
         _check_known_words(model.tokenizer, prompt, tokens, strict)
+        _check_special_tokens(model.tokenizer, prompt, tokens, strict)
     else:
         tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long, device=model.cfg.device).flatten()
     if tokens.numel() == 0:
@@ -299,6 +300,40 @@ def _check_known_words(tokenizer, prompt: str, tokens: Tensor, strict: bool) -> 
             f"{share} are not in the model's vocabulary and become {tokenizer.unk_token!r}: {names}; "
             "the model sees that token, not these words (strict=True / --strict refuses such prompts)."
         ),
+        stacklevel=3,
+    )
+
+
+def _check_special_tokens(tokenizer, prompt: str, tokens: Tensor, strict: bool) -> None:
+    """Warn (`strict`: raise) when the prompt's text holds special tokens written out ("<bos>",
+    "<eos>"), which the tokenizer reads as those tokens, not as words: a written "<bos>" is a second
+    BOS, with feature and error nodes of its own. The unknown token is `_check_known_words`'s."""
+    special = set(getattr(tokenizer, "all_special_ids", ())) - {getattr(tokenizer, "unk_token_id", None)}
+    if not special:
+        return
+    try:
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        return
+    offset = int(tokens.numel()) - len(ids)  # what the model added in front (its BOS)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    # a written BOS in front of a model that adds none is the one BOS it needs
+    found = [(offset + i, t) for i, t in enumerate(ids) if t in special and (offset + i, t) != (0, bos)]
+    if not found:
+        return
+    names = ", ".join(
+        f"{tokenizer.convert_ids_to_tokens(t)!r} at token {p}"
+        + (" (a second BOS)" if t == bos and p > 0 else "")
+        for p, t in found[:5]
+    ) + (" ..." if len(found) > 5 else "")
+    message = (
+        f"prompt text holds special tokens, which the model reads as those tokens and not as words: {names}; "
+        "remove them" + (" (the model adds its own BOS)" if offset > 0 else "")
+    )
+    if strict:
+        raise PromptError(f"{message}.")
+    warnings.warn(
+        PromptWarning(f"{message}, or keep them as tokens (strict=True / --strict refuses such prompts)."),
         stacklevel=3,
     )
 

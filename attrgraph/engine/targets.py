@@ -30,6 +30,11 @@ from attrgraph.errors import TargetError
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+MAX_N_LOGITS = 10
+"""Step 2's default clamp on the number of logit targets (the appendix's K <= 10)."""
+DESIRED_LOGIT_PROB = 0.95
+"""Step 2's default probability the logit targets cover (the appendix's 0.95)."""
+
 
 @dataclass(frozen=True)
 class Target:
@@ -58,8 +63,8 @@ class Target:
 
 def select_logit_targets(
     logits: Float[Tensor, " d_vocab"],
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int = MAX_N_LOGITS,
+    desired_logit_prob: float = DESIRED_LOGIT_PROB,
     tokenizer=None,
 ) -> list[Target]:
     """Demeaned-logit targets for the smallest top-K past `desired_logit_prob`, K <= `max_n_logits`."""

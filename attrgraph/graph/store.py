@@ -20,7 +20,8 @@
    of loading different data.
 3. Writing is atomic: the new file (a copy of the old one plus the new group) is written to a
    temporary file `.NAME.PID@HOST.XXXXXXXX.tmp` in the same folder and renamed over the target,
-   so a crash never leaves a half-written file under the final name; temporaries left by writers
+   so a crash never leaves a half-written file under the final name (`save_graphs` writes several
+   graphs, such as `build --full`'s pair, in one such write: all or none); temporaries left by writers
    that died (same host, no process with that PID) are removed by the next write. Writers of one
    file take turns (POSIX: an flock on the empty `.NAME.lock` beside it, removed by its holder when
    done, so no lock file is left behind), so that two processes adding graphs at once do not drop
@@ -186,8 +187,9 @@ def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = h5file.
 def check_output(path: str | os.PathLike) -> None:
     """Step 3: refuse, before any work, an output `path` that `save_graph` could not write: a
     directory, an existing file that is not HDF5, a missing folder under a file, or a folder this
-    process cannot create files in (tried for real, with a temporary removed at once)."""
-    path = Path(path)
+    process cannot create files in (tried for real, with a temporary removed at once). A symbolic
+    link is checked as the file it leads to, which the save writes (h5file step 6)."""
+    path = h5file.followed(path)
     if path.is_dir():
         raise GraphFileError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.h5'}.")
     if path.exists():
@@ -226,20 +228,37 @@ def save_graph(
     by default). `progress=True` shows a bar for the edges. `scores`: the graph's scores when
     already computed (as `attribute` does); by default one streamed pass over its edges."""
     name = DEFAULT_NAME if name is None else str(name)
-    if not name or "/" in name:
-        raise GraphFileError(
-            f"graph name {name!r} is empty or contains '/'; pass a plain name such as 'ioi_1'."
-        )
-    graph.validate()
+    save_graphs({name: graph}, path, progress, {name: scores})
+    return name
+
+
+def save_graphs(
+    graphs: dict[str, Graph],
+    path: str | os.PathLike,
+    progress: bool = False,
+    scores: dict[str, GraphScores | None] | None = None,
+) -> None:
+    """Store every `{name: graph}` of `graphs` in `path` in one atomic write (step 3), so that the
+    file holds all of them or, after any failure (a full disk, Ctrl-C), none: `build --full`'s
+    pruned graph and its unpruned NAME_full. Graphs of those names are replaced. `scores`: the
+    scores already computed for some of the graphs (see `save_graph`)."""
+    for name in graphs:
+        if not name or "/" in name:
+            raise GraphFileError(
+                f"graph name {name!r} is empty or contains '/'; pass a plain name such as 'ioi_1'."
+            )
+    for graph in graphs.values():
+        graph.validate()
     path = Path(path)
     check_output(path)
-    with edit_h5(path, reserve=_size_bound(graph)) as f:
+    reserve = sum(_size_bound(g) - h5file.RESERVE for g in graphs.values()) + h5file.RESERVE
+    with edit_h5(path, reserve=reserve) as f:
         _write_text(f.attrs, "format", "attrgraph")
-        graphs = f.require_group("graphs")
-        if name in graphs:
-            del graphs[name]
-        _write_group(graphs.create_group(name), graph, progress, scores)
-    return name
+        group = f.require_group("graphs")
+        for name, graph in graphs.items():
+            if name in group:
+                del group[name]
+            _write_group(group.create_group(name), graph, progress, (scores or {}).get(name))
 
 
 def _size_bound(graph: Graph) -> int:

@@ -388,3 +388,40 @@ def test_build_many_one_run_per_output_and_no_empty_sidecar(cluster, deadline, m
     [record] = [json.loads(line) for line in side.read_text().splitlines()]
     assert record["error"].startswith("TargetError: target word ' zxqv' is not in this model's vocabulary")
     assert "unk" not in list_graphs(out)
+
+
+def test_build_many_resume_keys_on_the_target_and_reads_defaults_as_their_values(
+    cluster, deadline, model_dir, tmp_path
+):
+    """A graph built for another target is refused (or rebuilt with overwrite), never kept; the
+    documented defaults passed explicitly (`--max-logits 10`, `--logit-prob 0.95`, the CLI's help)
+    key the same graphs as leaving them out."""
+    f, out = tmp_path / "p.jsonl", tmp_path / "g.h5"
+    rows = [{"prompt": PROMPT, "name": "mary", "target": " Mary"}, {"prompt": PROMPT, "name": "top"}]
+    write_jsonl(f, rows)
+    o = options(model_dir, max_logits=None)
+    assert build_many.build_many(f, out, o, workers=1, progress=False)["built"] == 2
+    explicit = {**o, "max_logits": 10, "logit_prob": 0.95}
+    counts = build_many.build_many(f, out, explicit, workers=1, progress=False)
+    assert (counts["built"], counts["skipped"]) == (0, 2)
+    write_jsonl(f, [{**rows[0], "target": " John"}, rows[1]])
+    with pytest.raises(ResumeError, match=r"1 graph\(s\) .*\(mary: target\)"):
+        build_many.build_many(f, out, o, workers=1, progress=False)
+    assert list(load_graph(out, "mary").logit_strings) == ["Mary"]
+    counts = build_many.build_many(f, out, o, workers=1, progress=False, overwrite=True)
+    assert (counts["built"], counts["skipped"]) == (1, 1)
+    assert list(load_graph(out, "mary").logit_strings) == ["John"]
+
+
+def test_records_written_before_defaults_were_recorded_still_match():
+    """A record from an older build-many holds None for an option left out; a run passing the
+    documented default (or the adaptive method that --max-feature-nodes alone means) matches it."""
+    from attrgraph.cli.build_key import differences
+
+    def record(**over):
+        opts = dict.fromkeys(KEY_OPTIONS) | dict(node_threshold=0.8, edge_threshold=0.98, method="standard")
+        return {"prompt_ids": [0, 5], "target": None, "options": opts | over}
+
+    assert differences(record(), record(max_logits=10, logit_prob=0.95)) == []
+    assert differences(record(max_feature_nodes=50), record(max_feature_nodes=50, method="adaptive")) == []
+    assert differences(record(), record(max_logits=9)) == ["max_logits 10 -> 9"]

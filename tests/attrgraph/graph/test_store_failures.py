@@ -137,3 +137,30 @@ def test_outputs_that_are_no_graph_files_are_refused_in_words_for_writing(tmp_pa
         store.check_output(tmp_path / "notes.txt" / "g.h5")
     store.check_output(tmp_path / "new" / "deeper" / "g.h5")  # missing folders are created by the save
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------ outputs that are symbolic links
+def test_a_save_through_a_symbolic_link_writes_the_file_it_points_to(tmp_path):
+    """The link stays a link (to the same name) and its target gets the new graph beside its old
+    ones; the temporary and the lock live beside the target, and nothing is left after."""
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "g.h5"
+    save_graph(random_graph(0), target, name="old")
+    link = tmp_path / "link.h5"
+    link.symlink_to(Path("real") / "g.h5")
+    save_graph(random_graph(1), link, name="new")
+    assert link.is_symlink() and os.readlink(link) == str(Path("real") / "g.h5")
+    assert list_graphs(target) == ["new", "old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.h5", "real"]
+    assert [p.name for p in target.parent.iterdir()] == ["g.h5"]
+    chained = tmp_path / "chained.h5"  # a link to a link
+    chained.symlink_to(link)
+    save_graph(random_graph(2), chained, name="third")
+    assert chained.is_symlink() and link.is_symlink() and list_graphs(target) == ["new", "old", "third"]
+
+
+def test_a_dangling_symbolic_link_creates_the_file_it_names(tmp_path):
+    link = tmp_path / "link.h5"
+    link.symlink_to(tmp_path / "new" / "g.h5")
+    save_graph(random_graph(0), link, name="first")
+    assert link.is_symlink() and list_graphs(tmp_path / "new" / "g.h5") == ["first"]
