@@ -89,6 +89,13 @@ def add_build_options(
         "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
     )
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "tf32", "bf16"),
+        default=None,
+        help="the linear engine's products: fp32 (default, exact), tf32 or bf16 (faster on a GPU, at the "
+        "price docs/gpu.md states)",
+    )
     p.add_argument("--method", choices=("standard", "hierarchical", "adaptive"), default="standard")
     p.add_argument(
         "--tau", type=float, default=None, help="hierarchical: detach nodes whose attribution is below tau"
@@ -165,6 +172,7 @@ def attribute_options(options: dict, progress: bool) -> tuple[str, dict]:
         desired_logit_prob=options["logit_prob"],
         tau=options["tau"],
         max_feature_nodes=options["max_feature_nodes"],
+        precision=options.get("precision"),
     )
     kwargs = {k: v for k, v in given.items() if v is not None}
     if method == "standard":

@@ -30,6 +30,7 @@ KEY_OPTIONS = (
     "prune_rule",
     "strict",
     "truncate",
+    "precision",
 )
 """Build options that decide what graph is built: recorded and compared."""
 SOURCE_OPTIONS = ("model", "transcoders", "attn_transcoders")
@@ -64,13 +65,19 @@ def target_ids(model, target) -> list[int] | None:
 
 def key_options(options: dict) -> dict:
     """Step 1: the `KEY_OPTIONS` of `options` as the build uses them: an option left out is its
-    default (`--max-logits` 10, `--logit-prob` 0.95: engine/targets.py; `--tau` 0) and
+    default (`--max-logits` 10, `--logit-prob` 0.95: engine/targets.py; `--tau` 0; `--precision` fp32) and
     `--max-feature-nodes` with the standard method is the adaptive method (build.attribute_options),
     so a run that passes a default explicitly keys the same graph as one that leaves it out."""
     from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS
 
     out = {k: options.get(k) for k in KEY_OPTIONS}
-    for key, default in (("max_logits", MAX_N_LOGITS), ("logit_prob", DESIRED_LOGIT_PROB), ("tau", 0.0)):
+    defaults = (
+        ("max_logits", MAX_N_LOGITS),
+        ("logit_prob", DESIRED_LOGIT_PROB),
+        ("tau", 0.0),
+        ("precision", "fp32"),
+    )
+    for key, default in defaults:
         if out[key] is None:
             out[key] = default
     if out["max_feature_nodes"] is not None and out["method"] == "standard":

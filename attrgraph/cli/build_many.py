@@ -76,6 +76,7 @@ BUILD_OPTIONS = (
     "full",
     "strict",
     "truncate",
+    "precision",
 )
 """The options of `attrgraph build` that apply to every prompt here (the test checks they match)."""
 

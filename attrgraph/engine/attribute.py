@@ -201,6 +201,11 @@ def standard_setup(
         Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
     ]
     values = target_values(rm, state, targets, positions)
+    engine = rows_engine(backend, rm, injections)
+    if precision != "fp32" and engine is not linear_rows:
+        raise OptionError(
+            f"precision={precision!r} is the linear engine's; leave it out or pass backend='linear'."
+        )
     return StandardSetup(
         model=model,
         rm=rm,
@@ -211,7 +216,7 @@ def standard_setup(
         sources=sources,
         injections=injections,
         nodes=node_table(state, sources, targets, positions, values, L),
-        engine=rows_engine(backend, rm, injections),
+        engine=engine,
         exclude_bos=bool(exclude_bos),
         embedding=embedding,
         max_n_logits=max_n_logits,
@@ -310,10 +315,6 @@ def attribute(
         precision=precision,
         **logits,
     )
-    if precision != "fp32" and setup.engine is not linear_rows:
-        raise OptionError(
-            f"precision={precision!r} is the linear engine's; leave it out or pass backend='linear'."
-        )
     stats: dict = {}
     rows = setup.rows(setup.injections, batch_size, progress=progress, stats=stats, keep_on_device=True)
     on_device = None

@@ -70,6 +70,7 @@ def attribute_pruned(
     embedding: str = "token+position",
     progress: bool = False,
     backend: str = "auto",
+    precision: str = "fp32",
     chunk_edges: int = CHUNK_EDGES,
     rule: str = DEFAULT_RULE,
 ) -> Graph:
@@ -89,6 +90,7 @@ def attribute_pruned(
         exclude_bos=exclude_bos,
         embedding=embedding,
         backend=backend,
+        precision=precision,
     )
     stats: dict = {}
     full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
