@@ -33,25 +33,16 @@ import scipy.sparse as sp
 import torch
 
 from attrgraph.engine.linear_backward import rows_engine
-from attrgraph.engine.replacement import ReplacementModel
-from attrgraph.engine.sources import (
-    Injection,
-    build_sources,
-    feature_injections,
-    graph_provenance,
-    node_table,
-    prompt_strings,
-    resolve_exclude_bos,
-    target_values,
-    to_tokens,
-)
-from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, select_logit_targets
+from attrgraph.engine.prompt_run import PromptRun, run_prompt
+from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
+from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target, select_logit_targets
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
+    from attrgraph.engine.replacement import ReplacementModel
     from transcoders.base import SparseCoder
 
 
@@ -74,65 +65,108 @@ def attribute_adaptive(
 
     `k` features are explored per step (default `batch_size`). `trace`, when given, receives one
     dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the result."""
-
     if max_feature_nodes < 0:
         raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
-    t0 = time.perf_counter()
-    k = batch_size if k is None else k
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    tokens = to_tokens(model, prompt)
-    tokenizer = getattr(model, "tokenizer", None)
-    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
-    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
-    n_pos, L = len(tokens), model.cfg.n_layers
-    targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
-    sources = build_sources(rm, state)
-    feats = sources.features.cpu().numpy().reshape(-1, 3)
-    sites = sources.feature_sites()
-    rank = 2 * feats[:, 0] + (sites != "attn")  # blocks of one layer and site, attention first
-    n_feat, n_cols, n_t = len(feats), sources.n_columns, len(targets)
-    n_src = n_pos + sources.n_errors
-    N = n_cols + n_t
-    pos = n_pos - 1
-    logit_inj = [Injection(t.vector, pos, logits=True) for t in targets]
-    engine = rows_engine(backend, rm, logit_inj)
-    w = np.zeros(N)
-    w[n_cols:] = [t.weight for t in targets]
-
-    def rows_for(inj) -> sp.csr_array:
-        """Rows of `inj` over all N nodes (the arrays of the engine's [n, n_cols] result, not a copy)."""
-        r = engine(rm, state, sources, inj, batch_size=batch_size)
-        return sp.csr_array((r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(len(inj), N))
-
-    # step 1-3: rows of explored targets only, kept per exploration step as (nodes ascending, rows)
-    row_sets = [(n_cols + np.arange(n_t), rows_for(logit_inj))]
-    explored = np.zeros(0, np.int64)
-    budget = min(max_feature_nodes, n_feat)
-    bounds = np.searchsorted(rank, np.arange(2 * L + 1)) + n_src if n_feat else np.full(2 * L + 1, n_src)
-    layer_ranges = (
-        [(0, n_src)] + [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a] + [(n_cols, N)]
+    run = run_prompt(model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding)  # step 1
+    targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
+    explorer = _Explorer(run, targets, backend, batch_size)
+    explored = explorer.explore(max_feature_nodes, batch_size if k is None else k, trace)  # steps 2-3
+    adjacency, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
+    pos = [run.n_pos - 1] * len(targets)
+    full = node_table(
+        run.state, run.sources, targets, pos, target_values(run.rm, run.state, targets, pos), run.n_layers
     )
-    while len(explored) < budget:
-        influence = streamed_influence_rows(row_sets, w, layer_ranges).influence[n_src:n_cols]
-        influence[explored] = -np.inf
-        order = np.argsort(-influence, kind="stable")[: min(k, budget - len(explored))]
-        order = np.sort(order[influence[order] > 0])
-        if not len(order):
-            break
-        inj = feature_injections(rm, torch.from_numpy(feats[order]), torch.from_numpy(sites[order] == "attn"))
-        row_sets.append((n_src + order, rows_for(inj)))
-        explored = np.concatenate([explored, order])
-        if trace is not None:
-            trace.append(dict(n_explored=int(len(explored)), seconds=round(time.perf_counter() - t0, 3)))
+    n_cols = run.sources.n_columns
+    meta = dict(
+        method="adaptive",
+        max_feature_nodes=int(max_feature_nodes),
+        n_explored=int(len(explored)),
+        n_active_features=int(len(run.feats)),
+        unexplored_as_error=True,
+        max_n_logits=int(max_n_logits),
+        desired_logit_prob=float(desired_logit_prob),
+    )
+    nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, n_cols + len(targets))]))
+    graph = run.graph(nodes, adjacency, targets, np.array([t.weight for t in targets]), meta)
+    graph.nodes.influence = streamed_influence(
+        graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
+    ).influence
+    return graph
 
-    # step 4: fold unexplored features into the error node of their (layer, position), one row set
-    # at a time (the folded rows are much smaller than the raw ones, which are dropped as they go)
+
+class _Explorer:
+    """Steps 1-3: the rows of the logit targets, then of the most influential unexplored features,
+    kept per exploration step as `(nodes ascending, rows over all N nodes)` in `row_sets`."""
+
+    def __init__(self, run: PromptRun, targets: list[Target], backend: str, batch_size: int):
+        self.run, self.batch_size = run, batch_size
+        n_cols, n_t = run.sources.n_columns, len(targets)
+        self.N = n_cols + n_t
+        logit_inj = [Injection(t.vector, run.n_pos - 1, logits=True) for t in targets]
+        self.engine = rows_engine(backend, run.rm, logit_inj)
+        self.w = np.zeros(self.N)
+        self.w[n_cols:] = [t.weight for t in targets]
+        self.row_sets = [(n_cols + np.arange(n_t), self.rows_for(logit_inj))]
+
+    def rows_for(self, inj: list[Injection]) -> sp.csr_array:
+        """Rows of `inj` over all N nodes (the arrays of the engine's [n, n_cols] result, not a copy)."""
+        run = self.run
+        r = self.engine(run.rm, run.state, run.sources, inj, batch_size=self.batch_size)
+        return sp.csr_array(
+            (r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(len(inj), self.N)
+        )
+
+    def layer_ranges(self) -> list[tuple[int, int]]:
+        """Blocks of nodes for the influence solve: the sources without rows, each layer and site's
+        features (attention first), the logits."""
+        run, L = self.run, self.run.n_layers
+        rank, n_src, n_cols = run.layer_rank(), run.n_src, run.sources.n_columns
+        bounds = (
+            np.searchsorted(rank, np.arange(2 * L + 1)) + n_src if len(rank) else np.full(2 * L + 1, n_src)
+        )
+        middle = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return [(0, n_src)] + middle + [(n_cols, self.N)]
+
+    def explore(self, max_feature_nodes: int, k: int, trace: list | None) -> np.ndarray:
+        """Steps 2-3: explore the top `k` unexplored features by logit influence until the budget is
+        spent or none has influence; returns the explored features (indices into `run.feats`)."""
+        run, ranges = self.run, self.layer_ranges()
+        n_src, n_cols = run.n_src, run.sources.n_columns
+        explored = np.zeros(0, np.int64)
+        budget = min(max_feature_nodes, len(run.feats))
+        while len(explored) < budget:
+            influence = streamed_influence_rows(self.row_sets, self.w, ranges).influence[n_src:n_cols]
+            influence[explored] = -np.inf
+            order = np.argsort(-influence, kind="stable")[: min(k, budget - len(explored))]
+            order = np.sort(order[influence[order] > 0])
+            if not len(order):
+                break
+            attn = torch.from_numpy(run.sites[order] == "attn")
+            inj = feature_injections(run.rm, torch.from_numpy(run.feats[order]), attn)
+            self.row_sets.append((n_src + order, self.rows_for(inj)))
+            explored = np.concatenate([explored, order])
+            if trace is not None:
+                trace.append(
+                    dict(n_explored=int(len(explored)), seconds=round(time.perf_counter() - run.t0, 3))
+                )
+        return explored
+
+
+def _fold_unexplored(
+    run: PromptRun, row_sets: list, explored: np.ndarray, n_t: int
+) -> tuple[sp.csr_array, np.ndarray]:
+    """Step 4: the adjacency over the embeddings, errors, explored features and logits, with each
+    unexplored feature's edges added to its error node; folded one row set at a time (the folded
+    rows are much smaller than the raw ones, which are dropped as they go). Also returns the kept
+    source columns."""
+    feats, sites, sources = run.feats, run.sites, run.sources
+    n_pos, n_src, n_cols = run.n_pos, run.n_src, sources.n_columns
     explored_sorted = np.sort(explored)
-    unexplored = np.setdiff1d(np.arange(n_feat), explored_sorted)
+    unexplored = np.setdiff1d(np.arange(len(feats)), explored_sorted)
     fold = np.arange(n_cols)
     n_exc = sources.n_excluded
     fold[n_src + unexplored] = n_pos + feats[unexplored, 0] * (n_pos - n_exc) + feats[unexplored, 1] - n_exc
-    if rm.attn is not None:  # attention features fold into the attention error nodes
+    if run.rm.attn is not None:  # attention features fold into the attention error nodes
         attn = unexplored[sites[unexplored] == "attn"]
         fold[n_src + attn] += sources.error_column(0, "attn") - sources.error_column(0, "mlp")
     keep_cols = np.concatenate([np.arange(n_src), n_src + explored_sorted])
@@ -154,31 +188,4 @@ def attribute_adaptive(
     adjacency = sp.csr_array(
         sp.hstack([adjacency, sp.csr_array((n_keep, n_t), dtype=np.float32)], format="csr")
     )
-
-    values = target_values(rm, state, targets, [pos] * n_t)
-    full = node_table(state, sources, targets, [pos] * n_t, values, L)
-    nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, N)]))
-    graph = Graph(
-        nodes=nodes,
-        adjacency=adjacency,
-        prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=prompt_strings(model, tokens),
-        logit_tokens=np.array([t.token for t in targets]),
-        logit_probs=np.array([t.weight for t in targets]),
-        logit_strings=[t.name for t in targets],
-        meta=dict(
-            method="adaptive",
-            max_feature_nodes=int(max_feature_nodes),
-            n_explored=int(len(explored)),
-            n_active_features=int(n_feat),
-            unexplored_as_error=True,
-            **graph_provenance(model, rm, state, exclude_bos, embedding),
-            max_n_logits=int(max_n_logits),
-            desired_logit_prob=float(desired_logit_prob),
-            attribution_seconds=round(time.perf_counter() - t0, 4),
-        ),
-    )
-    graph.nodes.influence = streamed_influence(
-        graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
-    ).influence
-    return graph
+    return adjacency, keep_cols

@@ -24,7 +24,6 @@ entry points; `attribute(method=...)` runs either, and refuses options the metho
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,26 +38,20 @@ from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.hierarchical import attribute_hierarchical
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.precision import PRECISIONS
+from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
-    build_sources,
     feature_injections,
-    graph_provenance,
     node_table,
-    prompt_strings,
-    resolve_exclude_bos,
     target_values,
-    to_tokens,
 )
 from attrgraph.engine.targets import (
     DESIRED_LOGIT_PROB,
     MAX_N_LOGITS,
     Target,
-    check_targets,
     select_logit_targets,
 )
-from attrgraph.engine.threads import threads_for, torch_threads
 from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.scores import scores_from_shares
@@ -82,29 +75,27 @@ _OPTIONS = {
 @dataclass
 class StandardSetup:
     """What standard attribution (module docstring, steps 1-2) prepares before computing rows: the
-    model run, the targets, the sources and one injection per feature and target, the node table.
+    prompt's run (prompt_run.py), the targets, one injection per feature and target, the node table.
     Node `n_src + i` is the target of `injections[i]` (features, then targets, in node order)."""
 
-    model: HookedTransformer
-    rm: ReplacementModel
-    tokens: Tensor
-    state: object
+    run: PromptRun
     targets: list[Target]
     weights: np.ndarray
-    sources: object
     injections: list[Injection]
     nodes: Nodes
     engine: Callable
-    exclude_bos: bool
-    embedding: str
     max_n_logits: int
     desired_logit_prob: float
     precision: str = "fp32"
 
-    @property
-    def n_src(self) -> int:
-        """Embedding and error nodes: the nodes without rows, first in node order."""
-        return self.tokens.shape[0] + self.sources.n_errors
+    model = property(lambda self: self.run.model)
+    rm = property(lambda self: self.run.rm)
+    tokens = property(lambda self: self.run.tokens)
+    state = property(lambda self: self.run.state)
+    sources = property(lambda self: self.run.sources)
+    n_src = property(
+        lambda self: self.run.n_src, doc="Embedding and error nodes: no rows, first in node order."
+    )
 
     @property
     def n_nodes(self) -> int:
@@ -130,30 +121,20 @@ class StandardSetup:
             self.rm, self.state, self.sources, injections, batch_size=batch_size, progress=progress, **extra
         )
 
-    def graph(self, nodes: Nodes, adjacency: sp.csr_array, stats: dict, t0: float) -> Graph:
+    def graph(self, nodes: Nodes, adjacency: sp.csr_array, stats: dict) -> Graph:
         """The graph on `nodes` (all of them, or a selection) with `adjacency`, and its metadata."""
         targets = self.targets
-        return Graph(
-            nodes=nodes,
-            adjacency=adjacency,
-            prompt_ids=self.tokens.cpu().numpy(),
-            prompt_tokens=prompt_strings(self.model, self.tokens),
-            logit_tokens=np.array([t.token for t in targets]),
-            logit_probs=self.weights,
-            logit_strings=[t.name for t in targets],
-            meta=dict(
-                **graph_provenance(self.model, self.rm, self.state, self.exclude_bos, self.embedding),
-                backend="linear" if self.engine is linear_rows else "autograd",
-                precision=self.precision,
-                backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
-                max_n_logits=int(self.max_n_logits),
-                desired_logit_prob=float(self.desired_logit_prob),
-                custom_targets=any(
-                    t.hook is not None or t.token < 0 or not math.isfinite(t.weight) for t in targets
-                ),
-                attribution_seconds=round(time.perf_counter() - t0, 4),
+        meta = dict(
+            backend="linear" if self.engine is linear_rows else "autograd",
+            precision=self.precision,
+            backward_gflop=round(stats.get("flops", 0) / 1e9, 3),
+            max_n_logits=int(self.max_n_logits),
+            desired_logit_prob=float(self.desired_logit_prob),
+            custom_targets=any(
+                t.hook is not None or t.token < 0 or not math.isfinite(t.weight) for t in targets
             ),
         )
+        return self.run.graph(nodes, adjacency, targets, self.weights, meta)
 
 
 def standard_setup(
@@ -170,33 +151,23 @@ def standard_setup(
     backend: str = "auto",
     precision: str = "fp32",
 ) -> StandardSetup:
-    """Steps 1-2 of `attribute` (same options): run the model, choose the targets, build the
-    sources, the injections and the node table, and pick the rows engine."""
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    tokens = to_tokens(model, prompt)
+    """Steps 1-2 of `attribute` (same options): run the prompt (prompt_run.py), choose the targets,
+    make the injections and the node table, and pick the rows engine."""
     if batch_size is not None and batch_size < 1:
         raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
     if precision not in PRECISIONS:
         raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
-    tokenizer = getattr(model, "tokenizer", None)
-    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
-    if targets is not None:
-        check_targets(targets, model, len(tokens))
-    # the forward pass and the sources are small products on a short prompt: on one thread unless
-    # the widest one pays for parallel waits (threads.py; the rows engine decides for itself)
-    cfg = model.cfg
-    widest = 2.0 * len(tokens) * cfg.d_model * max(cfg.d_mlp or 0, cfg.d_vocab, rm.tc.cfg.d_sae)
-    with torch_threads(threads_for(widest)):
-        state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
-        sources = build_sources(rm, state)
-        injections = feature_injections(rm, sources.features, sources.attn)
-    n_pos, L = len(tokens), model.cfg.n_layers
+    run = run_prompt(
+        model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding, targets=targets
+    )
+    rm, state, sources = run.rm, run.state, run.sources
+    injections = feature_injections(rm, sources.features, sources.attn)
     if targets is None:
-        targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, tokenizer)
+        targets = select_logit_targets(state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     weights = np.array([t.weight for t in targets], np.float64)
     weights = np.where(np.isnan(weights), 1.0 / len(targets), weights)
 
-    positions = [t.position % n_pos for t in targets]
+    positions = [t.position % run.n_pos for t in targets]
     injections += [
         Injection(t.vector, pos, hook=t.hook, logits=t.hook is None) for t, pos in zip(targets, positions)
     ]
@@ -207,18 +178,12 @@ def standard_setup(
             f"precision={precision!r} is the linear engine's; leave it out or pass backend='linear'."
         )
     return StandardSetup(
-        model=model,
-        rm=rm,
-        tokens=tokens,
-        state=state,
+        run=run,
         targets=targets,
         weights=weights,
-        sources=sources,
         injections=injections,
-        nodes=node_table(state, sources, targets, positions, values, L),
+        nodes=node_table(state, sources, targets, positions, values, run.n_layers),
         engine=engine,
-        exclude_bos=bool(exclude_bos),
-        embedding=embedding,
         max_n_logits=max_n_logits,
         desired_logit_prob=desired_logit_prob,
         precision=precision,
@@ -302,7 +267,6 @@ def attribute(
         return attribute_adaptive(
             model, transcoders, prompt, max_feature_nodes=max_feature_nodes, **logits, **common
         )
-    t0 = time.perf_counter()
     setup = standard_setup(
         model,
         transcoders,
@@ -328,7 +292,7 @@ def attribute(
     # keep the rows' index dtype, so that scipy does not copy the (large) indices
     indptr = np.concatenate([np.zeros(setup.n_src, rows.indptr.dtype), rows.indptr])
     adjacency = sp.csr_array((rows.data, rows.indices, indptr), shape=(setup.n_nodes, setup.n_nodes))
-    graph = setup.graph(setup.nodes, adjacency, stats, t0)
+    graph = setup.graph(setup.nodes, adjacency, stats)
     # influence and scores in one streamed pass (no copies of a possibly huge adjacency)
     w = graph.logit_weights()
     pass_ = on_device or streamed_influence(

@@ -43,7 +43,6 @@ are inferred as `value_u - sum_s A[u, s]`, and then the identity holds by constr
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -53,20 +52,16 @@ import torch
 from jaxtyping import Float
 
 from attrgraph.engine.linear_backward import rows_engine
+from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import (
     Injection,
-    build_sources,
     feature_injection,
     feature_injections,
-    graph_provenance,
     node_table,
-    prompt_strings,
-    resolve_exclude_bos,
     target_values,
-    to_tokens,
 )
-from attrgraph.engine.targets import Target, check_targets, select_logit_targets
+from attrgraph.engine.targets import Target, select_logit_targets
 from attrgraph.errors import GraphError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.streamed_influence import logit_influence
@@ -301,72 +296,113 @@ def attribute_hierarchical(
     active on the prompt (an attention feature as `NodeKey("feature", layer, position, feature,
     "attn")`; `transcoders` may be `[mlp_set, attn_set]`). `backend` picks the rows engine as in `attribute` ("auto", "linear",
     "autograd")."""
-
-    t0 = time.perf_counter()
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    tokens = to_tokens(model, prompt)
-    tokenizer = getattr(model, "tokenizer", None)
-    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)
-    if isinstance(root, Target):
-        check_targets([root], model, len(tokens))
-    state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
-    n_pos, L = len(tokens), model.cfg.n_layers
-    sources = build_sources(rm, state)
-    feats = sources.features.cpu().numpy().reshape(-1, 3)
-    sites = sources.feature_sites()
-    rank = 2 * feats[:, 0] + (sites != "attn")  # step 2: a layer's MLP features before its attention ones
-    n_src = n_pos + sources.n_errors
-    targets, root_rank = [], 2 * L
-    if root is None or isinstance(root, Target):
-        targets = [root] if root is not None else select_logit_targets(state.logits[-1], 1, 1.0, tokenizer)
-        pos = targets[0].position % n_pos
-        root_inj = Injection(targets[0].vector, pos, hook=targets[0].hook, logits=targets[0].hook is None)
-        root_value = target_values(rm, state, targets, [pos])[0]
-        root_col = None  # a target at a hook may read features of any layer: walk them all (root_layer = L)
-    else:
-        site = root.site if isinstance(root, NodeKey) else "mlp"
-        l, p, f = (
-            int(x) for x in ((root.layer, root.position, root.feature) if isinstance(root, NodeKey) else root)
-        )
-        match = np.flatnonzero((feats[:, 0] == l) & (feats[:, 1] == p) & (feats[:, 2] == f) & (sites == site))
-        if not len(match):
-            raise TargetError(
-                f"{site} feature {(l, p, f)} is not active on this prompt; pick an active (layer, position, feature)."
-            )
-        root_col = n_src + int(match[0])
-        root_inj = feature_injection(rm, l, p, f, site)
-        root_value = float((state.attn_pre_acts if site == "attn" else state.pre_acts)[l, p, f])
-        root_rank = int(rank[match[0]])
-    engine = rows_engine(backend, rm, [root_inj])
-    hooks = (root.hook,) if isinstance(root, Target) and root.hook is not None else ()
-    const = _constant_terms(rm, state, hooks)
-    root_bias = (
-        const.target(targets[0], pos)
-        if root_col is None
-        else float(const.features(feats[match[0]], sites[match[:1]])[0])
+    checked = [root] if isinstance(root, Target) else None
+    run = run_prompt(
+        model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding, targets=checked
     )
+    start = _root(run, root)  # step 1
+    engine = rows_engine(backend, run.rm, [start.inj])
 
     def rows_for(injections):
-        return sp.csr_array(engine(rm, state, sources, injections, batch_size=batch_size), dtype=np.float64)
+        return sp.csr_array(
+            engine(run.rm, run.state, run.sources, injections, batch_size=batch_size), dtype=np.float64
+        )
 
-    root_row = rows_for([root_inj])
-    acc = root_row.toarray()[0]
-    bias = root_bias
-    n_cols = sources.n_columns
-    attribution = np.zeros(n_cols)
-    node_bias = np.zeros(n_cols)
-    kept_rows, kept_cols, detached, n_detached = [], [], 0.0, 0
-    acts = np.zeros(len(feats))
-    for site, table in (("mlp", state.acts), ("attn", state.attn_acts)):
-        mine = sites == site
+    walk = _walk(run, start, rows_for, tau, absolute)  # steps 2-3
+    graph = _kept_graph(run, start, walk)  # step 4
+    graph.meta.update(tau=float(tau), absolute=bool(absolute))
+    # prune_graph's own pass: pruning with this influence equals pruning without it, bit for bit
+    graph.nodes.influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
+    return graph
+
+
+class _Root(NamedTuple):
+    """Step 1: the root node of a hierarchical graph."""
+
+    inj: Injection
+    value: float
+    bias: float
+    rank: int
+    """The walk visits the feature blocks below this one (`PromptRun.layer_rank`; 2 L: all)."""
+    col: int | None
+    """The root feature's column; None for a target (a logit, a difference, a direction)."""
+    targets: list[Target]
+    name: str
+    const: _ConstantTerms
+
+
+def _root(run: PromptRun, root) -> _Root:
+    """Step 1: the root's injection, value and constant term, from a target (None: the top logit)
+    or an active feature."""
+    state, feats, sites = run.state, run.feats, run.sites
+    if root is None or isinstance(root, Target):
+        targets = (
+            [root] if root is not None else select_logit_targets(state.logits[-1], 1, 1.0, run.tokenizer)
+        )
+        t = targets[0]
+        pos = t.position % run.n_pos
+        inj = Injection(t.vector, pos, hook=t.hook, logits=t.hook is None)
+        const = _constant_terms(run.rm, state, (t.hook,) if t.hook is not None else ())
+        value = target_values(run.rm, state, targets, [pos])[0]
+        name = "top logit" if root is None else root.name
+        # a target at a hook may read features of any layer: walk them all
+        return _Root(inj, value, const.target(t, pos), 2 * run.n_layers, None, targets, name, const)
+    site = root.site if isinstance(root, NodeKey) else "mlp"
+    l, p, f = (
+        int(x) for x in ((root.layer, root.position, root.feature) if isinstance(root, NodeKey) else root)
+    )
+    match = np.flatnonzero((feats[:, 0] == l) & (feats[:, 1] == p) & (feats[:, 2] == f) & (sites == site))
+    if not len(match):
+        raise TargetError(
+            f"{site} feature {(l, p, f)} is not active on this prompt; pick an active (layer, position, feature)."
+        )
+    const = _constant_terms(run.rm, state)
+    value = float((state.attn_pre_acts if site == "attn" else state.pre_acts)[l, p, f])
+    bias = float(const.features(feats[match[0]], sites[match[:1]])[0])
+    rank = int(run.layer_rank()[match[0]])
+    inj = feature_injection(run.rm, l, p, f, site)
+    return _Root(inj, value, bias, rank, run.n_src + int(match[0]), [], str(root), const)
+
+
+class _Walk(NamedTuple):
+    """Steps 2-3: what the walk from the root found."""
+
+    root_row: sp.csr_array
+    acc: np.ndarray
+    """[n_columns] `sum_{u kept} A[u, s] grad_u` for every source s."""
+    attribution: np.ndarray
+    node_bias: np.ndarray
+    kept_rows: list
+    kept_cols: list
+    bias: float
+    detached: float
+    n_detached: int
+
+
+def _feature_acts(run: PromptRun) -> np.ndarray:
+    """[n_features] the activation of every active feature (float64), in node order."""
+    acts = np.zeros(len(run.feats))
+    features = run.sources.features
+    for site, table in (("mlp", run.state.acts), ("attn", run.state.attn_acts)):
+        mine = run.sites == site
         if mine.any():
-            acts[mine] = (
-                table[tuple(sources.features[torch.as_tensor(mine, device=sources.features.device)].T)]
-                .double()
-                .cpu()
-                .numpy()
-            )
-    for r in range(root_rank - 1, -1, -1):
+            picked = features[torch.as_tensor(mine, device=features.device)]
+            acts[mine] = table[tuple(picked.T)].double().cpu().numpy()
+    return acts
+
+
+def _walk(run: PromptRun, root: _Root, rows_for, tau: float, absolute: bool) -> _Walk:
+    """Steps 2-3: visit the feature blocks below the root from the top, detach the weak ones at
+    once, and compute rows for the kept ones only."""
+    feats, sites, rank, n_src = run.feats, run.sites, run.layer_rank(), run.n_src
+    root_row = rows_for([root.inj])
+    acc = root_row.toarray()[0]
+    bias = root.bias
+    n_cols = run.sources.n_columns
+    attribution, node_bias = np.zeros(n_cols), np.zeros(n_cols)
+    kept_rows, kept_cols, detached, n_detached = [], [], 0.0, 0
+    acts = _feature_acts(run)
+    for r in range(root.rank - 1, -1, -1):
         sel = np.flatnonzero(rank == r)
         cols = n_src + sel
         attr = acc[cols]
@@ -377,73 +413,61 @@ def attribute_hierarchical(
         sel, cols, attr = sel[ok], cols[ok], attr[ok]
         if not len(sel):
             continue
-        inj = feature_injections(rm, torch.from_numpy(feats[sel]), torch.from_numpy(sites[sel] == "attn"))
-        rows = rows_for(inj)
+        rows = rows_for(
+            feature_injections(run.rm, torch.from_numpy(feats[sel]), torch.from_numpy(sites[sel] == "attn"))
+        )
         grad = attr / acts[sel]
         acc += rows.T @ grad
-        node_bias[cols] = const.features(feats[sel], sites[sel])
+        node_bias[cols] = root.const.features(feats[sel], sites[sel])
         bias += float(grad @ node_bias[cols])
         kept_rows.append(rows)
         kept_cols.append(cols)
     attribution[:n_src] = acc[:n_src]
-    residual = root_value - (float(acc[:n_src].sum()) + bias + detached)
+    return _Walk(root_row, acc, attribution, node_bias, kept_rows, kept_cols, bias, detached, n_detached)
 
-    # the kept graph: embeddings, errors, kept features (node order), and the root
-    if root_col is not None:
-        kept_rows.append(root_row)
-        kept_cols.append(np.array([root_col]))
-        attribution[root_col] = root_value
-        node_bias[root_col] = root_bias
+
+def _kept_graph(run: PromptRun, root: _Root, walk: _Walk) -> Graph:
+    """Step 4: the kept graph (embeddings, errors, kept features in node order, and the root), its
+    per-node attribution and bias, and Theorem 3.1's terms in its meta."""
+    n_src, n_cols = run.n_src, run.sources.n_columns
+    kept_rows, kept_cols = list(walk.kept_rows), list(walk.kept_cols)
+    attribution, node_bias = walk.attribution, walk.node_bias
+    residual = root.value - (float(walk.acc[:n_src].sum()) + walk.bias + walk.detached)
+    if root.col is not None:
+        kept_rows.append(walk.root_row)
+        kept_cols.append(np.array([root.col]))
+        attribution[root.col] = root.value
+        node_bias[root.col] = root.bias
     fcols = np.concatenate(kept_cols) if kept_cols else np.zeros(0, np.int64)
     order = np.argsort(fcols, kind="stable")
     fcols = fcols[order]
     R = sp.vstack(kept_rows, format="csr")[order] if kept_rows else sp.csr_array((0, n_cols))
     columns = np.concatenate([np.arange(n_src), fcols]).astype(np.int64)
-    n_t = 0 if root_col is not None else 1
+    n_t = 0 if root.col is not None else 1
     if n_t:
-        R = sp.vstack([R, root_row], format="csr")
+        R = sp.vstack([R, walk.root_row], format="csr")
     N = len(columns) + n_t
     body = sp.csr_array(R)[:, columns]
     adjacency = sp.vstack([sp.csr_array((n_src, len(columns))), body], format="csr")
     adjacency = sp.csr_array(sp.hstack([adjacency, sp.csr_array((N, n_t))], format="csr"), dtype=np.float32)
 
-    positions = [root_inj.position] if n_t else []
-    full = node_table(state, sources, targets, positions, [root_value] if n_t else [], L)
-    index = np.concatenate([columns, np.arange(n_cols, n_cols + n_t)])
-    nodes: Nodes = full.select(index)
-    node_attr = np.concatenate([attribution[columns], [root_value] * n_t])
-    node_b = np.concatenate([node_bias[columns], [root_bias] * n_t])
-    graph = Graph(
-        nodes=nodes,
-        adjacency=adjacency,
-        prompt_ids=tokens.cpu().numpy(),
-        prompt_tokens=prompt_strings(model, tokens),
-        logit_tokens=np.array([t.token for t in targets][:n_t], np.int64),
-        logit_probs=np.ones(n_t),
-        logit_strings=[t.name for t in targets][:n_t],
-        meta=dict(
-            method="hierarchical",
-            tau=float(tau),
-            absolute=bool(absolute),
-            root=str(root if root is not None else "top logit")
-            if not isinstance(root, Target)
-            else root.name,
-            root_index=int(np.searchsorted(columns, root_col)) if root_col is not None else N - 1,
-            root_value=float(root_value),
-            bias_attribution=float(bias),
-            detached_attribution=float(detached),
-            theorem_residual=float(residual),
-            n_detached=int(n_detached),
-            attribution=[float(x) for x in node_attr],
-            bias=[float(x) for x in node_b],
-            **graph_provenance(model, rm, state, exclude_bos, embedding),
-            attribution_seconds=round(time.perf_counter() - t0, 4),
-        ),
+    targets = root.targets[:n_t]
+    positions = [root.inj.position] if n_t else []
+    full = node_table(run.state, run.sources, targets, positions, [root.value] * n_t, run.n_layers)
+    nodes: Nodes = full.select(np.concatenate([columns, np.arange(n_cols, n_cols + n_t)]))
+    meta = dict(
+        method="hierarchical",
+        root=root.name,
+        root_index=int(np.searchsorted(columns, root.col)) if root.col is not None else N - 1,
+        root_value=float(root.value),
+        bias_attribution=float(walk.bias),
+        detached_attribution=float(walk.detached),
+        theorem_residual=float(residual),
+        n_detached=int(walk.n_detached),
+        attribution=[float(x) for x in np.concatenate([attribution[columns], [root.value] * n_t])],
+        bias=[float(x) for x in np.concatenate([node_bias[columns], [root.bias] * n_t])],
     )
-
-    # prune_graph's own pass: pruning with this influence equals pruning without it, bit for bit
-    graph.nodes.influence = logit_influence(graph.adjacency, graph.logit_weights()).influence
-    return graph
+    return run.graph(nodes, adjacency, targets, np.ones(n_t), meta)
 
 
 def result_from_graph(graph: Graph) -> HierarchicalResult:

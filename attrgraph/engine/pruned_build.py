@@ -78,7 +78,6 @@ def attribute_pruned(
     (module docstring, steps 1-4), with `attribute`'s options; the full graph is never held.
     A `node_threshold` of 1 keeps every node, so step 3 computes every row a second time."""
     check_rule(rule)
-    t0 = time.perf_counter()
     setup = standard_setup(
         model,
         transcoders,
@@ -112,7 +111,7 @@ def attribute_pruned(
     nodes.unpruned_influence = full.influence[kept]
     nodes.unpruned_share = influence_shares(full.influence)[kept]
     pruned = setup.graph(
-        nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats, t0
+        nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats
     )
     pruned.meta.update(
         unpruned_replacement_score=scores.replacement,
@@ -120,7 +119,7 @@ def attribute_pruned(
         unpruned_n_nodes=int(len(kind)),
         unpruned_n_edges=int(n_edges),
         unpruned_n_features=int((kind == "feature").sum()),
-        attribution_seconds=round(t1 - t0, 4),
+        attribution_seconds=round(t1 - setup.run.t0, 4),
     )
     out = prune_graph_edges(pruned, edge_threshold, progress, node_threshold, rule)  # step 4
     out.meta["pruning_seconds"] = round(time.perf_counter() - t1, 4)
