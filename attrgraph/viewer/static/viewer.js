@@ -57,6 +57,7 @@
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (k === "class") e.className = v;
+      else if (k === "style") Object.assign(e.style, v);  // CSSOM: the CSP refuses style attributes
       else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
       else e.setAttribute(k, v);
     }
@@ -95,7 +96,9 @@
 
   async function getJSON(url, options) {
     const opts = Object.assign({}, options || {});
-    if (TOKEN) opts.headers = Object.assign({}, opts.headers || {}, { "X-Attrgraph-Token": TOKEN });
+    // the header proves the read comes from this page (access.py step 4): no other site can send it
+    opts.headers = Object.assign({ "X-Attrgraph-Page": "1" }, opts.headers || {});
+    if (TOKEN) opts.headers["X-Attrgraph-Token"] = TOKEN;
     const r = await fetch(url, opts);
     let body = null;
     try {
@@ -892,7 +895,7 @@
       const a = max > 0 ? Math.max(0, Math.min(1, ex.acts[i] / max)) : 0;
       div.append(h("span", {
         class: "tok" + (i === ex.center ? " center" : ""),
-        style: `background: rgba(255, 140, 0, ${a.toFixed(3)})`,
+        style: { background: `rgba(255, 140, 0, ${a.toFixed(3)})` },
         title: fmt(ex.acts[i]),
       }, t), " ");
     });
@@ -1046,7 +1049,7 @@
     list.replaceChildren(...state.supernodes.map((sn, i) => {
       const shown = memberIds(sn).length, missing = sn.members.length - shown;
       return h("li", {},
-        h("span", { class: "swatch", style: `background:${sn.color}` }),
+        h("span", { class: "swatch", style: { background: sn.color } }),
         h("span", { class: "name", title: sn.name }, sn.name),
         `${sn.members.length} node${sn.members.length === 1 ? "" : "s"}` + (missing > 0 ? ` (${missing} not in this view)` : ""),
         h("button", {

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+PAGE_HEADER = "X-Attrgraph-Page"
+"""The header the page's reads carry (access.py step 4; viewer.js getJSON sends it)."""
+
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 
@@ -68,13 +71,16 @@ def served(path, **kwargs):
 
 
 def request(server, method: str, url: str, body=None, headers=None) -> tuple[int, bytes]:
-    """A raw request (http.client sends the path as given: no normalisation of `..`) to 127.0.0.1."""
+    """A raw request (http.client sends the path as given: no normalisation of `..`) to 127.0.0.1,
+    with the header the page sends on its reads (access.py step 4) unless `headers` sets it to None."""
     port = server.server_address[1]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
         heads = {"Content-Type": "application/json"} if data is not None else {}
-        conn.request(method, url, body=data, headers={**heads, **(headers or {})})
+        heads[PAGE_HEADER] = "1"
+        headers = {k: v for k, v in {**heads, **(headers or {})}.items() if v is not None}
+        conn.request(method, url, body=data, headers=headers)
         r = conn.getresponse()
         return r.status, r.read()
     finally:
