@@ -404,7 +404,11 @@ class Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ replies
     def _send(self, status: int, body: bytes, content_type: str, gzipped: bytes | None = None) -> None:
         """The reply; `gzipped`: `body` gzipped, sent instead when the client accepts it."""
-        use_gzip = gzipped is not None and accepts_gzip(self.headers.get("Accept-Encoding"))
+        use_gzip = (
+            gzipped is not None
+            and len(gzipped) < len(body)  # a short reply grows when gzipped
+            and accepts_gzip(self.headers.get("Accept-Encoding"))
+        )
         self.send_response(status)
         self.send_header("Content-Type", content_type + ("; charset=utf-8" if "text" in content_type else ""))
         self.send_header("Content-Length", str(len(gzipped if use_gzip else body)))
