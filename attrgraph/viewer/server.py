@@ -8,8 +8,13 @@
 2. Connections: a refused request, whatever its body, gets its reply with `Connection: close`
    and the connection is closed, so an unread body is never parsed as a next request (request
    smuggling via a `text/plain` form whose body is a whole request); `Transfer-Encoding` is
-   refused. Sockets time out after `SOCKET_TIMEOUT` seconds (a client sending headers and no
-   body holds a thread no longer); the listen backlog is `BACKLOG`.
+   refused. A request's head is read by connection.py (at most `MAX_HEAD` bytes, within
+   `HEAD_TIMEOUT` seconds of its first byte; 414 / 431 past it); an idle connection is closed
+   after `SOCKET_TIMEOUT` seconds; at most `MAX_CONNECTIONS` are served at once, the next gets
+   503 before a byte of it is read; the listen backlog is `BACKLOG`. An absolute-form target
+   (`GET http://host/...`) is refused (400); a client that drops leaves no traceback.
+   Every response refuses framing and carries the page's CSP (access.py step 5); API reads not
+   from the page are refused before any work (access.py step 4).
 3. Routes (GET unless said):
      /                        the page (static/index.html)
      /static/NAME             a file of static/; a path that leaves that folder, a symlink
@@ -30,7 +35,8 @@
    Every error is JSON `{"error": sentence}`: 400 (a bad request; nothing written or computed), 403, 404,
    411, 413, 500 or 501, also for what http.server itself refuses and for a file removed while
    serving.
-4. Payloads are cached per (kind, name) and file version (size, mtime); a write changes the
+4. Payloads are cached per (kind, name) and file version (size, mtime), with their reply bytes
+   (encoded.py: JSON and gzip made once, not per request); a write changes the
    version, so the next read sees it. One build per (kind, name) at a time: concurrent first
    requests wait for the one build. Writes take a lock (and edit_h5 its file lock). The model
    panels' answers are cached too (model_hub.MAX_CACHED each); head loadings run one at a time

@@ -120,6 +120,25 @@ def chromium():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+def click_node(browser, node: int, shift: bool = False) -> None:
+    """A (shift-)click on node `node` wherever the camera is: the page's own click handler runs, as
+    for a person who panned to it first (WebDriver refuses a click on a node outside the window)."""
+    browser.execute_script(
+        "document.querySelector(`g.node[data-id='${arguments[0]}']`)"
+        ".dispatchEvent(new MouseEvent('click', {bubbles: true, shiftKey: arguments[1]}));",
+        node,
+        shift,
+    )
+
+
+def hover_node(browser, node: int) -> None:
+    """The pointer entering node `node` (its mouseenter handler), wherever the camera is."""
+    browser.execute_script(
+        "document.querySelector(`g.node[data-id='${arguments[0]}']`).dispatchEvent(new MouseEvent('mouseenter'));",
+        node,
+    )
+
+
 def random_full_graph(seed: int = 0, n_feat: int = 60):
     """A random graph that looks unpruned (no meta["pruned"]), with influence computed."""
     from attrgraph.graph.prune import compute_influence, normalize_matrix
