@@ -80,7 +80,10 @@ def main() -> None:
             WebDriverWait(browser, 30).until(
                 lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == n_shown
             )
-            time.sleep(1.0)  # the dashboard in the side panel
+            WebDriverWait(browser, 120).until(
+                lambda b: b.find_elements(By.CSS_SELECTOR, "#global-panel.loaded")
+            )
+            time.sleep(0.5)
             png = browser.get_screenshot_as_png()
         finally:
             browser.quit()

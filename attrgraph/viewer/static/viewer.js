@@ -417,6 +417,7 @@
     draw();
     if (state.selected !== null && !state.nodeEls.has(state.selected)) state.selected = null;
     if (state.selected !== null) state.nodeEls.get(state.selected).classList.add("selected");
+    refreshFocus();  // the selected node's edges (drawn in full) on a new drawing, e.g. from the URL
     for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("pinned");
     const edge = state.selectedEdge && state.edges.find((e) => e.src === state.selectedEdge.src && e.tgt === state.selectedEdge.tgt);
     if (edge) selectEdge(edge);

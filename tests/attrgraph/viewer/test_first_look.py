@@ -59,6 +59,8 @@ def test_the_default_draws_the_focused_nodes_edges_and_a_thin_top_k(browser, ioi
         assert set(widths) == {"1.2px"}  # thin
         click_node(browser, node)
         assert visible_edges(browser) == strongest | touching
+        open_page(browser, server, f"graph:ioi&sel={node}", ioi.n_nodes)  # selected in the URL
+        assert visible_edges(browser) == strongest | touching
         browser.find_element(By.ID, "all-edges").click()
         assert len(visible_edges(browser)) == ioi.n_edges
         assert "all=1" in browser.current_url
