@@ -8,9 +8,9 @@ long as it sent a byte every few seconds (issue 31, attack 2). Here:
    kept-alive connection between requests).
 2. From that byte, the whole head (request line and headers, through the blank line) must arrive
    within `head_timeout` seconds and `max_head` bytes; `recv` never asks for more than the bound,
-   so a head past it costs the server at most `max_head` bytes before the refusal (414 when the
-   request line alone is too long, 431 otherwise; `HeadTooLarge`), and a late one is cut off
-   (`HeadTimeout`) however often its bytes arrive.
+   so a head past it costs the server at most `max_head` bytes before the refusal (`TooLarge`:
+   414 when the request line alone is too long, 431 otherwise), and a late one is cut off
+   (`TimeoutError`) however often its bytes arrive.
 3. A body is read from the same buffer, within `head_timeout` seconds again.
 4. The server caps concurrent connections (server.ViewerServer); this module only reads.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import socket
 import time
+from typing import NamedTuple
 
 MAX_HEAD = 16 * 1024
 """Bytes a request's line and headers may take (browsers send 1-3 KB; nginx's default is 8 KB a line)."""
@@ -28,16 +29,11 @@ HEAD_TIMEOUT = 10.0
 _END = re.compile(rb"\r?\n\r?\n")
 
 
-class HeadTooLarge(Exception):
-    """The head passed `max_head` bytes; `line` says whether the request line itself did."""
+class TooLarge(NamedTuple):
+    """What `read_head` gives for a head past `max_head` bytes."""
 
-    def __init__(self, line: bool):
-        super().__init__("request line too long" if line else "request headers too large")
-        self.line = line
-
-
-class HeadTimeout(TimeoutError):
-    """The head (or body) did not arrive within `head_timeout` seconds of its first byte."""
+    line: bool
+    """Whether the request line itself passed it (414; else 431)."""
 
 
 class ConnectionReader:
@@ -57,18 +53,16 @@ class ConnectionReader:
     def _recv(self, n: int, deadline: float | None) -> bytes:
         timeout = self.idle_timeout if deadline is None else deadline - time.monotonic()
         if timeout <= 0:
-            raise HeadTimeout("the request did not arrive in time")
+            raise TimeoutError("the request did not arrive in time")
         self.sock.settimeout(timeout)
         try:
             return self.sock.recv(n)
-        except TimeoutError:
-            if deadline is None:
-                raise
-            raise HeadTimeout("the request did not arrive in time") from None
+        finally:  # the reply is written under the idle timeout, not what was left of a deadline
+            self.sock.settimeout(self.idle_timeout)
 
-    def read_head(self) -> bytes | None:
-        """The next request's head through its blank line (steps 1-2); None when the client closed
-        the connection before a whole head."""
+    def read_head(self) -> bytes | TooLarge | None:
+        """The next request's head through its blank line (steps 1-2), `TooLarge` past `max_head`
+        bytes, None when the client closed the connection first; `TimeoutError` when it is late."""
         deadline = time.monotonic() + self.head_timeout if self.buf else None
         while True:
             end = _END.search(self.buf)
@@ -77,7 +71,7 @@ class ConnectionReader:
                 del self.buf[: end.end()]
                 return head
             if len(self.buf) >= self.max_head:
-                raise HeadTooLarge(line=b"\n" not in self.buf[: self.max_head])
+                return TooLarge(line=b"\n" not in self.buf[: self.max_head])
             chunk = self._recv(self.max_head - len(self.buf), deadline)
             if not chunk:
                 return None

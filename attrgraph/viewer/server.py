@@ -79,7 +79,7 @@ from attrgraph.viewer.access import (
     is_loopback,
     read_from_page,
 )
-from attrgraph.viewer.connection import HEAD_TIMEOUT, MAX_HEAD, ConnectionReader, HeadTooLarge
+from attrgraph.viewer.connection import HEAD_TIMEOUT, MAX_HEAD, ConnectionReader, TooLarge
 from attrgraph.viewer.encoded import Encoded, accepts_gzip, encode
 from attrgraph.viewer.lru import LruCache
 
@@ -380,12 +380,14 @@ class Handler(BaseHTTPRequestHandler):
         self.request_version = self.default_request_version
         try:
             head = self.reader.read_head()
-        except HeadTooLarge as e:
-            what = "request line" if e.line else "request head"
-            return self.send_error(414 if e.line else 431, f"the {what} passes {self.server.max_head} bytes")
         except (TimeoutError, ConnectionError):
             self.close_connection = True  # too slow (connection.py step 2) or gone: nothing to answer
             return
+        if isinstance(head, TooLarge):
+            what = "request line" if head.line else "request head"
+            return self.send_error(
+                414 if head.line else 431, f"the {what} passes {self.server.max_head} bytes"
+            )
         if head is None:
             self.close_connection = True
             return
