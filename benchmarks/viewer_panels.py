@@ -50,7 +50,7 @@ def get(port: int, url: str) -> float:
 
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    conn.request("GET", url)
+    conn.request("GET", url, headers={"X-Attrgraph-Page": "1"})  # access.py step 4
     r = conn.getresponse()
     body = r.read()
     conn.close()

@@ -427,6 +427,27 @@ def test_viewer_panels(readme):
     quoted(readme, f"after the model is loaded takes {g['heads']['cold_s']:.2f} s")
 
 
+def test_viewer_load(readme):
+    """benchmarks/results/viewer_load.json: 200 concurrent requests, before and after; p99 under 1 s."""
+    r = load(RESULTS / "viewer_load.json")
+    pair = lambda x: f"{x['p50_s']:.2f} / {x['p99_s']:.2f} s"  # noqa: E731
+    for before, now in zip(r["before"]["rows"], r["after"]["rows"], strict=True):
+        assert before["url"] == now["url"] and now["statuses"] == [200] and now["n"] == 200
+        assert now["p99_s"] < 1.0, now
+        encoding = "gzip" if now["gzip"] else "identity"
+        quoted(readme, f"| `{now['url']}` | {encoding} | {pair(before)} | {pair(now)} |")
+
+
+def test_viewer_attack_memory(readme):
+    old, new = load(RESULTS / "viewer_attack_memory.json")["runs"]
+    quoted(
+        readme,
+        f"{new['big']['peak_rss_mb']:.0f} MB (it went from {old['big']['rss_before_mb']:.0f} MB to "
+        f"{old['big']['peak_rss_mb']:.0f} MB before)",
+    )
+    assert all(v == new["slow"]["connections"] for v in new["slow"]["closed_by_server"].values())
+
+
 def test_head_loadings(readme):
     """benchmarks/results/head_loadings.json: the parts sum to the edges, and the README quotes each
     named head's loading beside its knockouts on the real model."""

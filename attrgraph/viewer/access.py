@@ -12,6 +12,14 @@
    start, printed once in the URL (`?token=...`, as Jupyter does) and required on every API call
    and write, in the `X-Attrgraph-Token` header or a `token` query parameter; compared in
    constant time. Loopback needs none (other local users are trusted as with Jupyter's default).
+4. API reads come from the page: `Sec-Fetch-Site`, where the browser sends it, is `same-origin`
+   (the page's fetch) or `none` (the user typed the URL); without it, the request carries
+   `X-Attrgraph-Page: 1`, a header no cross-site simple request (`<img>`, `<script>`, a form) can
+   set and a cross-origin fetch may only send after a CORS preflight this server never grants.
+   So another site cannot make the server load a model or build a payload (issue 31, attack 3).
+5. Framing: every response forbids it (`X-Frame-Options: DENY`, CSP `frame-ancestors 'none'`),
+   and the page runs under `CSP` (its own files only, no inline script), so no other site can
+   lay the page under a decoy and have the user's clicks write the file (clickjacking).
 """
 
 from __future__ import annotations
@@ -26,6 +34,22 @@ from dataclasses import dataclass
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
 TOKEN_HEADER = "X-Attrgraph-Token"
+PAGE_HEADER = "X-Attrgraph-Page"
+SAME_ORIGIN = ("same-origin", "none")
+"""`Sec-Fetch-Site` values of a read the page (or the user) made (step 4)."""
+CSP = (
+    "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
+"""Step 5: scripts, styles and fetches from this origin only (no inline script or style
+attribute), never framed."""
+
+
+def read_from_page(sec_fetch_site: str | None, page_header: str | None) -> bool:
+    """Step 4: whether an API read with these headers comes from the page."""
+    if sec_fetch_site is not None:
+        return sec_fetch_site.strip().lower() in SAME_ORIGIN
+    return page_header is not None and page_header.strip() == "1"
 
 
 def is_loopback(host: str) -> bool:

@@ -6,21 +6,20 @@ the dashboards file that labels that site's features in the view (dashboards.py)
 the one atomic writer; an empty label removes the user label (the automatic one shows again).
 Every rule is checked first; a request that breaks one raises `LabelError`, nothing written:
 
-1. At most `supernode_request.MAX_BODY` bytes of UTF-8 JSON, an object with exactly those keys.
+1. At most `supernode_request.MAX_BODY` bytes of UTF-8 JSON, an object with exactly those keys
+   (`supernode_request.read_json`).
 2. `graph` names a graph of the file; at most `MAX_LABELS` labels.
 3. Each names a feature node of that graph (site, layer, feature) and a string of at most
-   `MAX_LABEL` characters; the site has a dashboards file to hold it.
+   `MAX_LABEL` characters (`supernode_request.plain_text`); the site has a dashboards file to hold it.
 """
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
 from attrgraph.errors import LabelError
 from attrgraph.graph.graph import Graph
-from attrgraph.viewer.supernode_request import MAX_BODY
+from attrgraph.viewer.supernode_request import plain_text, read_json
 
 MAX_LABELS = 1000
 MAX_LABEL = 200
@@ -29,14 +28,7 @@ KEYS = {"site", "layer", "feature", "label"}
 
 def parse_labels(body: bytes, graph_names: list[str]) -> tuple[str, list[tuple[str, int, int, str]]]:
     """(graph name, [(site, layer, feature, label)]) of a request body (steps 1-2, 3 but membership)."""
-    if len(body) > MAX_BODY:
-        raise LabelError(f"the request has {len(body)} bytes; send at most {MAX_BODY}.")
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise LabelError(
-            f"the request body is not JSON ({e}); send {{'graph': ..., 'labels': [...]}}."
-        ) from None
+    data = read_json(body, LabelError, "{'graph': ..., 'labels': [...]}")
     if not isinstance(data, dict) or set(data) != {"graph", "labels"}:
         raise LabelError("the request must be a JSON object with exactly the keys 'graph' and 'labels'.")
     name, items = data["graph"], data["labels"]
@@ -59,6 +51,8 @@ def parse_labels(body: bytes, graph_names: list[str]) -> tuple[str, list[tuple[s
                 f"label {k} must be {{'site': 'mlp' or 'attn', 'layer': int, 'feature': int, 'label': "
                 f"a string of at most {MAX_LABEL} characters}}."
             )
+        if not plain_text(item["label"]):
+            raise LabelError(f"label {k} holds a NUL or a lone surrogate; send plain text.")
         out.append((item["site"], item["layer"], item["feature"], item["label"].strip()))
     return name, out
 

@@ -8,8 +8,13 @@
 2. Connections: a refused request, whatever its body, gets its reply with `Connection: close`
    and the connection is closed, so an unread body is never parsed as a next request (request
    smuggling via a `text/plain` form whose body is a whole request); `Transfer-Encoding` is
-   refused. Sockets time out after `SOCKET_TIMEOUT` seconds (a client sending headers and no
-   body holds a thread no longer); the listen backlog is `BACKLOG`.
+   refused. A request's head is read by connection.py (at most `MAX_HEAD` bytes, within
+   `HEAD_TIMEOUT` seconds of its first byte; 414 / 431 past it); an idle connection is closed
+   after `SOCKET_TIMEOUT` seconds; at most `MAX_CONNECTIONS` are served at once, the next gets
+   503 before a byte of it is read; the listen backlog is `BACKLOG`. An absolute-form target
+   (`GET http://host/...`) is refused (400); a client that drops leaves no traceback.
+   Every response refuses framing and carries the page's CSP (access.py step 5); API reads not
+   from the page are refused before any work (access.py step 4).
 3. Routes (GET unless said):
      /                        the page (static/index.html)
      /static/NAME             a file of static/; a path that leaves that folder, a symlink
@@ -30,7 +35,8 @@
    Every error is JSON `{"error": sentence}`: 400 (a bad request; nothing written or computed), 403, 404,
    411, 413, 500 or 501, also for what http.server itself refuses and for a file removed while
    serving.
-4. Payloads are cached per (kind, name) and file version (size, mtime); a write changes the
+4. Payloads are cached per (kind, name) and file version (size, mtime), with their reply bytes
+   (encoded.py: JSON and gzip made once, not per request); a write changes the
    version, so the next read sees it. One build per (kind, name) at a time: concurrent first
    requests wait for the one build. Writes take a lock (and edit_h5 its file lock). The model
    panels' answers are cached too (model_hub.MAX_CACHED each); head loadings run one at a time
@@ -40,8 +46,11 @@
 from __future__ import annotations
 
 import errno
+import http.client
+import io
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -60,7 +69,18 @@ from attrgraph.errors import (
     SupernodeError,
     ViewRequestError,
 )
-from attrgraph.viewer.access import LOOPBACK_NAMES, TOKEN_HEADER, WILDCARDS, Access, is_loopback
+from attrgraph.viewer.access import (
+    CSP,
+    LOOPBACK_NAMES,
+    PAGE_HEADER,
+    TOKEN_HEADER,
+    WILDCARDS,
+    Access,
+    is_loopback,
+    read_from_page,
+)
+from attrgraph.viewer.connection import HEAD_TIMEOUT, MAX_HEAD, ConnectionReader, TooLarge
+from attrgraph.viewer.encoded import Encoded, accepts_gzip, encode
 from attrgraph.viewer.lru import LruCache
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -69,11 +89,24 @@ CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/c
 LOOPBACK = LOOPBACK_NAMES
 SOCKET_TIMEOUT = 20.0
 """Seconds a connection may sit idle (headers without their body, a kept-alive connection)."""
-BACKLOG = 128
+BACKLOG = 256
 """Listen backlog (socketserver's default of 5 resets a page's burst of requests)."""
+MAX_CONNECTIONS = 256
+"""Connections served at once; the next is answered 503 and closed before a byte of it is read.
+Each holds at most `connection.MAX_HEAD` bytes of head and a thread, for `HEAD_TIMEOUT` seconds."""
 WRITES = ("/api/supernodes", "/api/labels")
 MODEL_READS = ("/api/global", "/api/heads")
 """The reads that need the graph's model (step 3)."""
+SECURITY_HEADERS = (
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),  # the token is in the page's URL
+    ("X-Frame-Options", "DENY"),  # access.py step 5, for browsers without CSP frame-ancestors
+    ("Content-Security-Policy", CSP),
+)
+"""Sent on every response, errors included."""
+TOKEN_IN_URL = re.compile(r"(^|[?&\s])token=[^&\s\"]*")
+"""A token in a logged request line (`--verbose`), shown as `token=<hidden>`."""
 MAX_VIEWS = 4
 """Graphs (with their views) held for the model panels."""
 
@@ -126,7 +159,10 @@ class Viewer:
                 find_dashboards({}, given, site)
         self.lock = threading.Lock()
         """Held by writes, and briefly around the caches."""
-        self.cache: dict[tuple, dict] = {}
+        self.cache: dict[tuple, tuple[dict, Encoded]] = {}
+        """(payload, its reply bytes) per (kind, name, file version)."""
+        self.index_lock = threading.Lock()
+        self.index_cache: tuple[tuple[int, int], Encoded] | None = None
         self.build_locks: dict[tuple[str, str], threading.Lock] = {}
         self.label_files: dict[str, dict[str, Path | None]] = {}
         """Per graph, the dashboards file labelling its "mlp" / "attn" features (None: none)."""
@@ -175,7 +211,22 @@ class Viewer:
     def index(self) -> dict:
         return {"file": self.path.name, "graphs": self.graphs(), "circuits": self.circuits()}
 
+    def index_bytes(self) -> Encoded:
+        """GET /api/graphs, encoded once per file version (encoded.py)."""
+        version = self.version()
+        with self.index_lock:  # a burst of first requests reads the file once
+            if self.index_cache is None or self.index_cache[0] != version:
+                self.index_cache = (version, encode(self.index()))
+            return self.index_cache[1]
+
     def payload(self, kind: str, name: str) -> dict:
+        return self._entry(kind, name)[0]
+
+    def payload_bytes(self, kind: str, name: str) -> Encoded:
+        """The payload as the reply's bytes, encoded with it, once per build (encoded.py)."""
+        return self._entry(kind, name)[1]
+
+    def _entry(self, kind: str, name: str) -> tuple[dict, Encoded]:
         key = (kind, name, self.version())
         with self.lock:
             hit = self.cache.get(key)
@@ -190,7 +241,8 @@ class Viewer:
             have = self.graphs() if kind == "graph" else self.circuits()
             if name not in have:
                 raise LookupError(f"{self.path.name} has no {kind} named {name!r}; it holds {have}.")
-            built = self._build(kind, name)
+            payload = self._build(kind, name)
+            built = (payload, encode(payload))
             with self.lock:
                 self.cache = {k: v for k, v in self.cache.items() if k[2] == key[2]}  # drop older versions
                 self.cache[key] = built
@@ -316,27 +368,75 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.socket_timeout  # StreamRequestHandler sets it on the socket
         super().setup()
+        self.rfile.close()
+        server = self.server
+        self.rfile = self.reader = ConnectionReader(
+            self.connection, server.socket_timeout, server.head_timeout, server.max_head
+        )
+
+    def handle_one_request(self) -> None:
+        """http.server's loop step, reading the head through connection.py's bounds first."""
+        self.raw_requestline, self.requestline, self.command = b"", "", ""
+        self.request_version = self.default_request_version
+        try:
+            head = self.reader.read_head()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True  # too slow (connection.py step 2) or gone: nothing to answer
+            return
+        if isinstance(head, TooLarge):
+            what = "request line" if head.line else "request head"
+            return self.send_error(
+                414 if head.line else 431, f"the {what} passes {self.server.max_head} bytes"
+            )
+        if head is None:
+            self.close_connection = True
+            return
+        self.rfile = io.BytesIO(head)  # parse_request reads the headers from the bounded head
+        self.raw_requestline = self.rfile.readline()
+        parsed = self.parse_request()
+        self.rfile = self.reader
+        if not parsed:
+            return
+        if not self.path.startswith("/"):  # absolute-form (`GET http://evil.example/...`) or `*`
+            return self._error(400, "send the request target as a path (/api/...), not a URL or '*'.")
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            return self.send_error(501, f"unsupported method ({self.command!r})")
+        method()
+        self.wfile.flush()
 
     def log_message(self, format, *args):  # quiet unless asked: the CLI prints one line per start
         if self.server.verbose:
-            super().log_message(format, *args)
+            super().log_message(format, *(TOKEN_IN_URL.sub(r"\1token=<hidden>", str(a)) for a in args))
 
     # ------------------------------------------------------------------ replies
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _send(self, status: int, body: bytes, content_type: str, gzipped: bytes | None = None) -> None:
+        """The reply; `gzipped`: `body` gzipped, sent instead when the client accepts it."""
+        use_gzip = (
+            gzipped is not None
+            and len(gzipped) < len(body)  # a short reply grows when gzipped
+            and accepts_gzip(self.headers.get("Accept-Encoding"))
+        )
         self.send_response(status)
         self.send_header("Content-Type", content_type + ("; charset=utf-8" if "text" in content_type else ""))
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Referrer-Policy", "no-referrer")  # the token is in the page's URL
+        self.send_header("Content-Length", str(len(gzipped if use_gzip else body)))
+        if gzipped is not None:
+            self.send_header("Vary", "Accept-Encoding")
+        if use_gzip:
+            self.send_header("Content-Encoding", "gzip")
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self.wfile.write(gzipped if use_gzip else body)
 
     def _json(self, status: int, value) -> None:
         self._send(status, json.dumps(value, allow_nan=False).encode(), "application/json")
+
+    def _encoded(self, value: Encoded) -> None:
+        self._send(200, value.raw, "application/json", value.gzip)
 
     def _error(self, status: int, message: str) -> None:
         """A JSON error; the connection is closed after it, so no unread body follows (step 2)."""
@@ -352,6 +452,8 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         if not getattr(self, "command", None):
             self.command = ""
+        if not hasattr(self, "headers"):
+            self.headers = http.client.HTTPMessage()  # refused before its headers were parsed
         if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
             self.request_version = "HTTP/1.0"  # a malformed request line: still a status line and headers
         try:
@@ -369,6 +471,12 @@ class Handler(BaseHTTPRequestHandler):
             given = self.headers.get(TOKEN_HEADER) or (query.get("token") or [None])[0]
             if not access.token_ok(given):
                 return "refused: this server needs the token of the URL it printed at start."
+        if api and self.command in ("GET", "HEAD"):
+            if not read_from_page(self.headers.get("Sec-Fetch-Site"), self.headers.get(PAGE_HEADER)):
+                return (
+                    f"refused: API reads come from the viewer's page; another site may not make this server "
+                    f"work (a script of yours: send the header {PAGE_HEADER}: 1)."
+                )
         return None
 
     def _body_pending(self) -> bool:
@@ -403,12 +511,12 @@ class Handler(BaseHTTPRequestHandler):
             return self._file(path)
         query = urllib.parse.parse_qs(query_string)
         if route == "/api/graphs":
-            return self._json(200, self.server.viewer.index())
+            return self._encoded(self.server.viewer.index_bytes())
         if route in ("/api/graph", "/api/circuit"):
             names = query.get("name", [])
             if len(names) != 1:
                 return self._error(400, f"{route} needs one ?name=.")
-            return self._json(200, self.server.viewer.payload(route.rsplit("/", 1)[1], names[0]))
+            return self._encoded(self.server.viewer.payload_bytes(route.rsplit("/", 1)[1], names[0]))
         if route in MODEL_READS:
             viewer = self.server.viewer
             read = viewer.global_connections if route == "/api/global" else viewer.heads
@@ -439,8 +547,8 @@ class Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_BODY:
             return self._error(413, f"the request has {length} bytes; send at most {MAX_BODY}.")
         try:
-            body = self.rfile.read(length)
-        except OSError:  # a timeout: the client sent headers and no body
+            body = self.reader.read(length)
+        except OSError:  # a timeout (connection.py step 3): the client sent headers and no body
             self.close_connection = True
             return
         if len(body) != length:
@@ -475,11 +583,27 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, path.read_bytes(), CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
 
 
+def _fixed_reply(status: int, message: str) -> bytes:
+    """A whole JSON error reply, with the headers every response has, made once."""
+    body = json.dumps({"error": message}).encode()
+    heads = [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("Connection", "close"),
+    ]
+    lines = [f"HTTP/1.1 {status} {http.client.responses[status]}"] + [
+        f"{k}: {v}" for k, v in (*heads, *SECURITY_HEADERS)
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
 class ViewerServer(ThreadingHTTPServer):
     """A `ThreadingHTTPServer` holding a `Viewer`; `url` is where the page is (with the token)."""
 
     daemon_threads = True
     request_queue_size = BACKLOG
+    BUSY = _fixed_reply(503, "the viewer is serving too many connections; retry shortly.")
+    """The reply past `max_connections`, written before reading a byte (headers and body fixed)."""
 
     def __init__(
         self,
@@ -490,9 +614,16 @@ class ViewerServer(ThreadingHTTPServer):
         allow_hosts: tuple[str, ...] = (),
         token: str | None = None,
         socket_timeout: float = SOCKET_TIMEOUT,
+        head_timeout: float = HEAD_TIMEOUT,
+        max_head: int = MAX_HEAD,
+        max_connections: int = MAX_CONNECTIONS,
     ):
         self.viewer, self.host, self.verbose = viewer, host, verbose
-        self.socket_timeout = socket_timeout
+        self.socket_timeout, self.head_timeout, self.max_head = socket_timeout, head_timeout, max_head
+        self.max_connections = max_connections
+        self.active = 0
+        """Connections being served now."""
+        self.active_lock = threading.Lock()
         self.static_root = STATIC
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -507,6 +638,34 @@ class ViewerServer(ThreadingHTTPServer):
                 f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --host or --port."
             ) from None
         self.access = Access.for_server(host, self.server_address[1], allow_hosts, token)
+
+    def process_request(self, request, client_address) -> None:
+        """Serve in a thread, or past `max_connections` answer 503 and close, reading nothing."""
+        with self.active_lock:
+            busy = self.active >= self.max_connections
+            if not busy:
+                self.active += 1
+        if not busy:
+            return super().process_request(request, client_address)
+        try:
+            request.settimeout(1.0)
+            request.sendall(self.BUSY)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.active_lock:
+                self.active -= 1
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that left (reset, closed, timed out) is no error of the server's: no traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
@@ -530,15 +689,20 @@ def make_server(
     model: str | None = None,
     transcoders: str | None = None,
     attn_transcoders: str | None = None,
+    head_timeout: float = HEAD_TIMEOUT,
+    max_head: int = MAX_HEAD,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> ViewerServer:
     """A viewer server for the graph file `path`, bound but not yet serving (call
     `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port.
     `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found).
     `allow_hosts`: more names the Host header may give; `token`: the API token (default: a random
     one when `host` is not loopback, none on loopback). `model`, `transcoders`, `attn_transcoders`:
-    the model panels' model and sets for every graph (default: what each graph's meta records)."""
+    the model panels' model and sets for every graph (default: what each graph's meta records).
+    `head_timeout`, `max_head`, `max_connections`: connection.py's bounds and the connection cap."""
     viewer = Viewer(path, dashboards, attn_dashboards, model, transcoders, attn_transcoders)
-    return ViewerServer(viewer, host, port, verbose, tuple(allow_hosts), token, socket_timeout)
+    limits = {"head_timeout": head_timeout, "max_head": max_head, "max_connections": max_connections}
+    return ViewerServer(viewer, host, port, verbose, tuple(allow_hosts), token, socket_timeout, **limits)
 
 
 def warn_if_exposed(host: str) -> None:

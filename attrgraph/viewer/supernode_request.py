@@ -5,9 +5,11 @@ feature], ...]}, ...]}`, the whole list for that graph (it replaces what the fil
 supernode_store.save_supernodes does). Every rule below is checked first; a request that breaks
 one raises `SupernodeError` with one sentence, and the file is not touched:
 
-1. At most `MAX_BODY` bytes of UTF-8 JSON holding an object with exactly those two keys.
+1. At most `MAX_BODY` bytes of UTF-8 JSON holding an object with exactly those two keys
+   (`read_json`: nesting too deep for the parser is refused like any malformed body).
 2. `graph` names a graph of the file.
-3. At most `MAX_SUPERNODES` supernodes; each has a name (1 to `MAX_NAME` characters, unique)
+3. At most `MAX_SUPERNODES` supernodes; each has a name (1 to `MAX_NAME` characters, unique,
+   `plain_text`: no NUL and no lone surrogate, which HDF5 cannot store)
    and at least one member; a member is `[kind, layer, position, feature]` with a node kind
    and three integers, and is a node of the stored graph.
 4. No node belongs to two supernodes (supernodes.supernode_adjacency refuses that too).
@@ -27,16 +29,33 @@ MAX_SUPERNODES = 1000
 MAX_NAME = 200
 
 
+def read_json(body: bytes, error: type[Exception], shape: str):
+    """Step 1: the JSON value of a body of at most `MAX_BODY` bytes, or `error` naming `shape`."""
+    if len(body) > MAX_BODY:
+        raise error(f"the request has {len(body)} bytes; send at most {MAX_BODY}.")
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise error(f"the request body is not JSON ({e}); send {shape}.") from None
+    except RecursionError:
+        raise error(f"the request body nests too deeply to be read; send {shape}.") from None
+
+
+def plain_text(text: str) -> bool:
+    """Whether `text` can be stored as it is: valid UTF-8 (no lone surrogate such as a JSON
+    `\\ud800` gives) and no NUL (HDF5 strings end at one)."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supernode]]:
     """(graph name, supernodes) of a request body (steps 1-3, but for membership in the graph)."""
-    if len(body) > MAX_BODY:
-        raise SupernodeError(f"the request has {len(body)} bytes; send at most {MAX_BODY}.")
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise SupernodeError(
-            f"the request body is not JSON ({e}); send {{'graph': ..., 'supernodes': [...]}}."
-        ) from None
+    data = read_json(body, SupernodeError, "{'graph': ..., 'supernodes': [...]}")
     if not isinstance(data, dict) or set(data) != {"graph", "supernodes"}:
         raise SupernodeError(
             "the request must be a JSON object with exactly the keys 'graph' and 'supernodes'."
@@ -55,6 +74,8 @@ def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supern
         sn_name, members = item["name"], item["members"]
         if not isinstance(sn_name, str) or not 1 <= len(sn_name.strip()) <= MAX_NAME:
             raise SupernodeError(f"supernode {k} needs a name of 1 to {MAX_NAME} characters.")
+        if not plain_text(sn_name):
+            raise SupernodeError(f"supernode {k}'s name holds a NUL or a lone surrogate; send plain text.")
         if sn_name in seen:
             raise SupernodeError(f"two supernodes are named {sn_name!r}; give each its own name.")
         seen.add(sn_name)

@@ -3,9 +3,12 @@
 //
 // Layout: rows bottom to top (embeddings, layers, logits), columns left to right (positions);
 // nodes sharing a (row, column) cell are spread horizontally and a column is as wide as its
-// fullest cell. Features carry their label beside them. Edges are blue when positive, red when
-// negative; width and opacity grow with sqrt(|weight| / max |weight|). Wheel zooms about the
-// cursor, dragging pans; labels never get smaller than MIN_TEXT_PX on screen.
+// fullest cell, each node LABEL_GAP apart so that its label, written at LABEL_ANGLE, clears its
+// neighbours'. Features carry their label beside them. Edges are blue when positive, red when
+// negative; width and opacity grow with sqrt(|weight| / max |weight|). By default (as Neuronpedia's
+// graph page) only the hovered or selected node's edges are drawn in full, with the TOP_EDGES
+// strongest elsewhere drawn thin; "all edges" draws every one. Wheel zooms about the cursor,
+// dragging pans; labels, the token axis included, never get smaller than MIN_TEXT_PX on screen.
 //
 // What is drawn (recompute):
 // 1. Threshold sliders and the rule selector: the drawn graph is what prune.py's `prune_graph`
@@ -28,7 +31,7 @@
 //    never coactivates on the corpus marked unused, and its output logits); a clicked edge shows
 //    the attention heads that carried it (api/heads: per layer each head's part and the bypass).
 //    Every server string reaches the page as text (textContent), never as markup.
-// The view (graph, selection, pins, thresholds, rule, toggles) lives in the URL hash.
+// The view (graph, selected node or edge, pins, thresholds, rule, toggles) lives in the URL hash.
 "use strict";
 (function () {
   const SVG_NS = "http://www.w3.org/2000/svg";
@@ -36,7 +39,13 @@
   const TOKEN = new URLSearchParams(location.search).get("token");
   const PALETTE = ["#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6",
     "#9a6324", "#469990", "#808000"];
-  const ROW_H = [70, 150], GAP = 18, MIN_COL = 60, MARGIN_L = 58, MARGIN_T = 90, MARGIN_B = 70;
+  const ROW_H = [70, 160], GAP = 18, MIN_COL = 60, MARGIN_L = 58, MARGIN_T = 90, MARGIN_B = 110;
+  // a label written at LABEL_ANGLE (degrees up from the x axis) clears a parallel neighbour's when
+  // their anchors are LABEL_GAP * sin(angle) apart across the text: at 70 and 22 that is 20.7,
+  // above the label size at the smallest starting zoom (MIN_TEXT_PX / 0.5 = 20)
+  // and a label is cut to the characters (about CHAR_EM of its size each) whose rise, length *
+  // sin(angle), stays inside its row, so it never runs into the labels of the row above
+  const LABEL_ANGLE = 70, LABEL_GAP = 22, TOP_EDGES = 60, CHAR_EM = 0.66;
   const N_EDGES_LISTED = 15, N_RANKED = 40, N_SEARCH = 30, LABEL_CHARS = 26;
   const LABEL_SIZE = 11, MIN_TEXT_PX = 10, K_MIN = 0.05, K_MAX = 8;
   const RULES = ["circuit-tracer", "appendix"], DEFAULT_RULE = "circuit-tracer";  // prune.py
@@ -48,7 +57,7 @@
     keep: null, keepEdge: null, scores: null, nodes: [], edges: [], nodeEls: new Map(), labelEls: new Map(),
     edgeEls: [], incoming: new Map(), outgoing: new Map(), xy: [], cols: null, size: [0, 0],
     keyIndex: new Map(), highlighted: [], cam: { x: 0, y: 0, k: 1 }, view: "",
-    selectedEdge: null, panels: new Map(),
+    selectedEdge: null, panels: new Map(), allEdges: false, labelChars: LABEL_CHARS, labelText: new Map(),
   };
 
   const $ = (id) => document.getElementById(id);
@@ -57,6 +66,7 @@
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (k === "class") e.className = v;
+      else if (k === "style") Object.assign(e.style, v);  // CSSOM: the CSP refuses style attributes
       else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
       else e.setAttribute(k, v);
     }
@@ -95,7 +105,9 @@
 
   async function getJSON(url, options) {
     const opts = Object.assign({}, options || {});
-    if (TOKEN) opts.headers = Object.assign({}, opts.headers || {}, { "X-Attrgraph-Token": TOKEN });
+    // the header proves the read comes from this page (access.py step 4): no other site can send it
+    opts.headers = Object.assign({ "X-Attrgraph-Page": "1" }, opts.headers || {});
+    if (TOKEN) opts.headers["X-Attrgraph-Token"] = TOKEN;
     const r = await fetch(url, opts);
     let body = null;
     try {
@@ -122,6 +134,8 @@
     if (!state.data) return;
     const parts = [encodeURIComponent(state.view)];
     if (state.selected !== null) parts.push("sel=" + state.selected);
+    const se = state.selectedEdge;
+    if (se && typeof se.src === "number" && typeof se.tgt === "number") parts.push(`edge=${se.src}.${se.tgt}`);
     if (state.pinned.size) parts.push("pins=" + [...state.pinned].join("."));
     if (state.nt < 1) parts.push("nt=" + state.nt);
     if (state.et < 1) parts.push("et=" + state.et);
@@ -129,6 +143,7 @@
     if (!state.showErrors) parts.push("err=0");
     if (state.collapse) parts.push("col=1");
     if (state.onlyPinned) parts.push("only=1");
+    if (state.allEdges) parts.push("all=1");
     if (state.query) parts.push("q=" + encodeURIComponent(state.query));
     const hash = "#" + parts.join("&");
     if (location.hash !== hash) {
@@ -151,6 +166,9 @@
     state.pinned = new Set((hs.pins || "").split(".").filter((x) => x !== "").map(Number).filter(valid));
     const sel = hs.sel === undefined ? null : Number(hs.sel);
     state.selected = valid(sel) ? sel : null;
+    const [src, tgt] = (hs.edge || "").split(".").map((v) => (v === "" ? NaN : Number(v)));
+    state.selectedEdge = valid(src) && valid(tgt) ? { src, tgt } : null;  // recompute finds the drawn one
+    state.allEdges = hs.all === "1";
     syncControls();
   }
 
@@ -170,6 +188,7 @@
     $("show-errors").checked = state.showErrors;
     $("collapse").checked = state.collapse;
     $("only-pinned").checked = state.onlyPinned;
+    $("all-edges").checked = state.allEdges;
     $("search").value = state.query;
   }
 
@@ -398,6 +417,7 @@
     draw();
     if (state.selected !== null && !state.nodeEls.has(state.selected)) state.selected = null;
     if (state.selected !== null) state.nodeEls.get(state.selected).classList.add("selected");
+    refreshFocus();  // the selected node's edges (drawn in full) on a new drawing, e.g. from the URL
     for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("pinned");
     const edge = state.selectedEdge && state.edges.find((e) => e.src === state.selectedEdge.src && e.tgt === state.selectedEdge.tgt);
     if (edge) selectEdge(edge);
@@ -440,9 +460,10 @@
       cells.get(k).push(n.id);
     }
     const width = new Array(nCols).fill(MIN_COL);
+    const gap = (ids) => (ids.some((id) => nodeText(data.nodes[id])) ? LABEL_GAP : GAP);  // labelled: room
     for (const [k, ids] of cells) {
       const col = Number(k.split(",")[1]);
-      width[col] = Math.max(width[col], ids.length * GAP + 16);
+      width[col] = Math.max(width[col], ids.length * gap(ids) + 16);
     }
     const x0 = [MARGIN_L];
     for (let c = 0; c < nCols; c++) x0.push(x0[c] + width[c]);
@@ -458,7 +479,7 @@
       ids.sort((a, b) => rank(data.nodes[a]) - rank(data.nodes[b]) || a - b);
       const cx = x0[col] + width[col] / 2, y = rowY(row, nRows);
       ids.forEach((id, j) => {
-        state.xy[id] = [cx + (j - (ids.length - 1) / 2) * GAP, y];
+        state.xy[id] = [cx + (j - (ids.length - 1) / 2) * gap(ids), y];
       });
     }
     state.size = [W, MARGIN_T + nRows * state.rowH + MARGIN_B];
@@ -483,7 +504,18 @@
     const cw = $("canvas").clientWidth || 800, ch = $("canvas").clientHeight || 600;
     svg.setAttribute("viewBox", `${c.x} ${c.y} ${cw / c.k} ${ch / c.k}`);
     // labels keep at least MIN_TEXT_PX on screen however far out one zooms
-    svg.style.setProperty("--label-size", Math.max(LABEL_SIZE, MIN_TEXT_PX / c.k) + "px");
+    const size = Math.max(LABEL_SIZE, MIN_TEXT_PX / c.k);
+    svg.style.setProperty("--label-size", size + "px");
+    fitLabels(size);
+  }
+
+  // step "label room": as many characters as rise no further than the row (see CHAR_EM)
+  function fitLabels(size) {
+    const rise = Math.sin((LABEL_ANGLE * Math.PI) / 180);
+    const chars = Math.max(6, Math.min(LABEL_CHARS, Math.floor((state.rowH - 14) / rise / (CHAR_EM * size))));
+    if (chars === state.labelChars) return;
+    state.labelChars = chars;
+    for (const [id, el] of state.labelEls) el.textContent = short(state.labelText.get(id), chars);
   }
 
   function zoomAt(factor, mx, my) {
@@ -525,9 +557,9 @@
       t.textContent = label;
       axes.append(t);
     });
-    data.col_labels.forEach((label, c) => {
-      const x = state.cols.x0[c] + state.cols.width[c] / 2, y = MARGIN_T + nRows * state.rowH + 8;
-      const t = s("text", { class: "col-label", x: x - 3, y, transform: `rotate(40 ${x - 3} ${y})` });
+    data.col_labels.forEach((label, c) => {  // the token axis: as large as the labels, never below MIN_TEXT_PX
+      const x = state.cols.x0[c] + state.cols.width[c] / 2, y = MARGIN_T + nRows * state.rowH + 12;
+      const t = s("text", { class: "col-label", x: x - 3, y, transform: `rotate(35 ${x - 3} ${y})`, "data-col": c });
       t.textContent = label.length > 14 ? label.slice(0, 13) + "…" : label;
       axes.append(t);
     });
@@ -539,6 +571,8 @@
     let maxW = 1e-30;
     for (const e of state.edges) maxW = Math.max(maxW, Math.abs(e.w));
     const order = state.edges.map((e, i) => i).sort((a, b) => Math.abs(state.edges[a].w) - Math.abs(state.edges[b].w));
+    const top = new Set(order.slice(-TOP_EDGES));  // drawn (thin) when not all edges are
+    svg.classList.toggle("sparse", !state.allEdges);
     const edges = s("g", { class: "edges" });
     state.edgeEls = new Array(state.edges.length);
     for (const i of order) {
@@ -546,7 +580,7 @@
       const [sx, sy] = pos.get(e.src), [tx, ty] = pos.get(e.tgt);
       const r = Math.sqrt(Math.abs(e.w) / maxW), my = (sy + ty) / 2;
       const p = s("path", {
-        class: "edge " + (e.w >= 0 ? "pos" : "neg"),
+        class: "edge " + (e.w >= 0 ? "pos" : "neg") + (top.has(i) ? " top" : ""),
         d: `M${sx},${sy} C${sx},${my} ${tx},${my} ${tx},${ty}`,
         "stroke-width": (0.4 + 3.6 * r).toFixed(2),
         opacity: (0.12 + 0.78 * r).toFixed(2),
@@ -563,6 +597,7 @@
     const nodes = s("g", { class: "nodes" }), labels = s("g", { class: "labels" });
     state.nodeEls = new Map();
     state.labelEls = new Map();
+    state.labelText = new Map();
     for (const item of state.nodes) {
       const x = item.node, [px, py] = item.xy;
       const g = s("g", { class: "node " + nodeClass(x), "data-id": item.id, transform: `translate(${px},${py})` });
@@ -583,10 +618,11 @@
       state.nodeEls.set(item.id, g);
       const text = nodeText(x);
       if (text) {
-        const t = s("text", { class: "nlabel " + nodeClass(x), x: px + 7, y: py - 7, transform: `rotate(-30 ${px + 7} ${py - 7})`, "data-id": item.id });
-        t.textContent = short(text);
+        const t = s("text", { class: "nlabel " + nodeClass(x), x: px + 5, y: py - 6, transform: `rotate(${-LABEL_ANGLE} ${px + 5} ${py - 6})`, "data-id": item.id });
+        t.textContent = short(text, state.labelChars);
         labels.append(t);
         state.labelEls.set(item.id, t);
+        state.labelText.set(item.id, text);
       }
     }
     svg.append(nodes, labels);
@@ -892,7 +928,7 @@
       const a = max > 0 ? Math.max(0, Math.min(1, ex.acts[i] / max)) : 0;
       div.append(h("span", {
         class: "tok" + (i === ex.center ? " center" : ""),
-        style: `background: rgba(255, 140, 0, ${a.toFixed(3)})`,
+        style: { background: `rgba(255, 140, 0, ${a.toFixed(3)})` },
         title: fmt(ex.acts[i]),
       }, t), " ");
     });
@@ -1046,7 +1082,7 @@
     list.replaceChildren(...state.supernodes.map((sn, i) => {
       const shown = memberIds(sn).length, missing = sn.members.length - shown;
       return h("li", {},
-        h("span", { class: "swatch", style: `background:${sn.color}` }),
+        h("span", { class: "swatch", style: { background: sn.color } }),
         h("span", { class: "name", title: sn.name }, sn.name),
         `${sn.members.length} node${sn.members.length === 1 ? "" : "s"}` + (missing > 0 ? ` (${missing} not in this view)` : ""),
         h("button", {
@@ -1120,6 +1156,11 @@
     $("show-errors").addEventListener("change", () => { state.showErrors = $("show-errors").checked; recompute(); });
     $("collapse").addEventListener("change", () => { state.collapse = $("collapse").checked; recompute(); });
     $("only-pinned").addEventListener("change", () => { state.onlyPinned = $("only-pinned").checked; applyOnlyPinned(); writeHash(); });
+    $("all-edges").addEventListener("change", () => {
+      state.allEdges = $("all-edges").checked;
+      $("graph").classList.toggle("sparse", !state.allEdges);
+      writeHash();
+    });
     $("search").addEventListener("input", () => { search($("search").value); writeHash(); });
     $("search").addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && state.matches && state.matches.length) select(state.matches[0]);

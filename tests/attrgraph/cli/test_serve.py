@@ -41,7 +41,8 @@ def test_serves_the_file_on_loopback_until_stopped(graph_file):
         line = proc.stdout.readline()
         assert line.startswith(f"serving {graph_file} at http://127.0.0.1:"), line + proc.stderr.read()
         url = line.split(" at ")[1].split()[0]
-        with urllib.request.urlopen(url + "api/graphs", timeout=30) as r:
+        page_read = urllib.request.Request(url + "api/graphs", headers={"X-Attrgraph-Page": "1"})
+        with urllib.request.urlopen(page_read, timeout=30) as r:
             assert json.load(r)["graphs"] == ["g"]
         with urllib.request.urlopen(url, timeout=30) as r:
             assert b"attrgraph viewer" in r.read()

@@ -16,7 +16,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from attrgraph.graph.store import save_graph
 from tests.attrgraph.ag_helpers import random_graph
-from tests.attrgraph.viewer.viewer_helpers import get_json, request, served
+from tests.attrgraph.viewer.viewer_helpers import click_node, get_json, request, served
 
 pytestmark = pytest.mark.bundled("default", "default-plt")
 
@@ -301,7 +301,7 @@ def open_global_panel(browser, server, graph, node: int):
     WebDriverWait(browser, 20).until(
         lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == graph.n_nodes
     )
-    browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()
+    click_node(browser, node)  # the feature may lie outside the window
     return WebDriverWait(browser, 120).until(
         lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
     )
@@ -351,7 +351,7 @@ def test_a_clicked_feature_and_a_clicked_edge_fill_their_panels(
         top = got["top_heads"][0]
         assert f"L{top['layer']}.H{top['head']}" in heads.find_element(By.CSS_SELECTOR, "li.head-row").text
         assert "selected" in edge.get_attribute("class")
-        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{node}"]').click()  # back to the feature
+        click_node(browser, node)  # back to the feature
         WebDriverWait(browser, 20).until(
             lambda b: b.find_element(By.CSS_SELECTOR, "#details #global-panel.loaded")
         )

@@ -21,7 +21,7 @@ from attrgraph.graph.supernodes import supernode
 from attrgraph.viewer.access import TOKEN_HEADER
 from attrgraph.viewer.server import STATIC, Viewer, ViewerServer, make_server, static_file
 from tests.attrgraph.ag_helpers import random_graph
-from tests.attrgraph.viewer.viewer_helpers import request, served, sha
+from tests.attrgraph.viewer.viewer_helpers import PAGE_HEADER, request, served, sha
 
 HOSTS = ["127.0.0.1", "0.0.0.0"]
 READS = (
@@ -125,7 +125,7 @@ def test_a_refused_request_never_has_its_body_parsed_as_a_request(small_file, ho
 def test_a_get_with_a_body_never_has_it_parsed_as_a_request(small_file, host):
     before = sha(small_file)
     with served(small_file, host=host, socket_timeout=3) as server:
-        headers = {"Host": host_of(server), **token_headers(server)}
+        headers = {"Host": host_of(server), PAGE_HEADER: "1", **token_headers(server)}
         reply = raw(server, http("GET", "/api/graphs", headers, inner_request(server)))
         assert statuses(reply) == [200], reply
     assert sha(small_file) == before
@@ -233,7 +233,7 @@ def test_the_cli_prints_the_token_url_once_beyond_loopback(small_file):
         import http.client
 
         conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30)
-        conn.request("GET", f"/api/graphs?token={m.group(2)}")
+        conn.request("GET", f"/api/graphs?token={m.group(2)}", headers={PAGE_HEADER: "1"})
         assert conn.getresponse().status == 200
         conn.close()
     finally:
@@ -291,7 +291,12 @@ def test_the_listen_backlog_holds_a_burst_of_connections(small_file):
         thread.start()
         for c in conns:
             c.sendall(
-                http("GET", "/api/graphs", {"Host": f"127.0.0.1:{port}", "Connection": "close"}, length=False)
+                http(
+                    "GET",
+                    "/api/graphs",
+                    {"Host": f"127.0.0.1:{port}", PAGE_HEADER: "1", "Connection": "close"},
+                    length=False,
+                )
             )
         replies = []
         for c in conns:
@@ -315,10 +320,10 @@ class CountingViewer(Viewer):
         self.count_lock = threading.Lock()
         self.go = threading.Event()
 
-    def payload(self, kind, name):
+    def payload_bytes(self, kind, name):
         with self.count_lock:
             self.arrived += 1
-        return super().payload(kind, name)
+        return super().payload_bytes(kind, name)
 
     def _build(self, kind, name):
         with self.count_lock:

@@ -13,7 +13,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.supernode_store import load_supernodes
 from attrgraph.graph.supernodes import node_key
-from tests.attrgraph.viewer.viewer_helpers import get_json, served
+from tests.attrgraph.viewer.viewer_helpers import click_node, get_json, hover_node, served
 
 pytestmark = pytest.mark.bundled("default", "default-plt")
 
@@ -63,11 +63,11 @@ def test_clicking_a_feature_shows_its_dashboard(browser, ioi, ioi_file):
     with served(ioi_file) as server:
         open_page(browser, server, "graph:ioi", ioi.n_nodes)
         details = browser.find_element(By.ID, "details")
-        logit = browser.find_element(By.CSS_SELECTOR, "g.node.logit")
-        ActionChains(browser).move_to_element(logit).perform()  # hovering shows a node too
+        logit = int(browser.find_element(By.CSS_SELECTOR, "g.node.logit").get_attribute("data-id"))
+        hover_node(browser, logit)  # hovering shows a node too (the logit may lie outside the window)
         assert details.find_element(By.CSS_SELECTOR, "h3.node-label").text == "logit 'Mary' p=0.994"
         assert "influence" in details.text and "incoming edges" in details.text
-        browser.find_element(By.CSS_SELECTOR, f'g.node[data-id="{top}"]').click()
+        click_node(browser, top)
         WebDriverWait(browser, 10).until(lambda b: "Dashboard" in details.text)
         assert details.find_element(By.CSS_SELECTOR, "h3.node-label").text == board["label"]
         assert f"L{layer}/F{feature}" in details.text

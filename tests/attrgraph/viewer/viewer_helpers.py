@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+PAGE_HEADER = "X-Attrgraph-Page"
+"""The header the page's reads carry (access.py step 4; viewer.js getJSON sends it)."""
+
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 
@@ -68,13 +71,16 @@ def served(path, **kwargs):
 
 
 def request(server, method: str, url: str, body=None, headers=None) -> tuple[int, bytes]:
-    """A raw request (http.client sends the path as given: no normalisation of `..`) to 127.0.0.1."""
+    """A raw request (http.client sends the path as given: no normalisation of `..`) to 127.0.0.1,
+    with the header the page sends on its reads (access.py step 4) unless `headers` sets it to None."""
     port = server.server_address[1]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
         heads = {"Content-Type": "application/json"} if data is not None else {}
-        conn.request(method, url, body=data, headers={**heads, **(headers or {})})
+        heads[PAGE_HEADER] = "1"
+        headers = {k: v for k, v in {**heads, **(headers or {})}.items() if v is not None}
+        conn.request(method, url, body=data, headers=headers)
         r = conn.getresponse()
         return r.status, r.read()
     finally:
@@ -112,6 +118,25 @@ def chromium():
     options.binary_location = browser
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def click_node(browser, node: int, shift: bool = False) -> None:
+    """A (shift-)click on node `node` wherever the camera is: the page's own click handler runs, as
+    for a person who panned to it first (WebDriver refuses a click on a node outside the window)."""
+    browser.execute_script(
+        "document.querySelector(`g.node[data-id='${arguments[0]}']`)"
+        ".dispatchEvent(new MouseEvent('click', {bubbles: true, shiftKey: arguments[1]}));",
+        node,
+        shift,
+    )
+
+
+def hover_node(browser, node: int) -> None:
+    """The pointer entering node `node` (its mouseenter handler), wherever the camera is."""
+    browser.execute_script(
+        "document.querySelector(`g.node[data-id='${arguments[0]}']`).dispatchEvent(new MouseEvent('mouseenter'));",
+        node,
+    )
 
 
 def random_full_graph(seed: int = 0, n_feat: int = 60):
