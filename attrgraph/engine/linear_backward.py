@@ -96,11 +96,12 @@ from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.precision import compute_dtype, matmul_precision, numpy_dtype, walk_dtype
 from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
 from transcoders import sites
+from transcoders.block_layout import RESID_MID as RESID_MID  # defined there; re-exported
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from attrgraph.engine.replacement import ReplacementModel
 
-RESID_MID = "blocks.{layer}.hook_resid_mid"
 PAD_COLUMNS = 16
 """Decoder matrices are padded to a multiple of this many columns (`_LayerDecoders`)."""
 TRIANGLE_ROWS = 32
@@ -160,11 +161,9 @@ def unsupported_reason(rm: ReplacementModel, injections) -> str | None:
         return f"the transcoders read {rm.tc.cfg.input_hook!r}"
     if any(j.hook is not None for j in injections):
         return "a custom target reads an arbitrary hook"
-    for flag in ("parallel_attn_mlp", "attn_only", "use_split_qkv_input", "use_attn_in", "post_embedding_ln"):
-        if getattr(cfg, flag, False):
-            return f"the model sets {flag}"
-    if cfg.positional_embedding_type not in ("standard", "rotary"):
-        return f"positional embedding {cfg.positional_embedding_type!r}"
+    block = BlockLayout.of(cfg).unsupported("linear")
+    if block is not None:
+        return block
     norms = [
         m
         for b in rm.model.blocks
@@ -194,19 +193,20 @@ class LinearBackward:
         self.out_dtype = compute_dtype(state.errors.dtype)
         """The rows' dtype (float32 at least, also for bfloat16 products)."""
 
-        def norm(module, hook):
+        layout = BlockLayout.of(model.cfg)
+
+        def norm(module, name, layer=None):
+            hook = layout.norm_scale(name, layer)
             return _Norm(module, fr[hook][0] if hook in fr else None, dt)
 
         self.ln1, self.ln2, self.ln1_post, self.ln2_post = [], [], [], []
         self.W_O, self.W_V, self.pattern, self.W_skip = [], [], [], []
         for l, block in enumerate(model.blocks):
-            self.ln1.append(norm(block.ln1, f"blocks.{l}.ln1.hook_scale"))
-            self.ln2.append(norm(block.ln2, f"blocks.{l}.ln2.hook_scale"))
-            self.ln1_post.append(norm(getattr(block, "ln1_post", None), f"blocks.{l}.ln1_post.hook_scale"))
+            self.ln1.append(norm(block.ln1, "ln1", l))
+            self.ln2.append(norm(block.ln2, "ln2", l))
+            self.ln1_post.append(norm(getattr(block, "ln1_post", None), "ln1_post", l))
             raw = sites.raw_output_needed(model, rm.tc.cfg, l)
-            self.ln2_post.append(
-                norm(sites.post_norm(model, l) if raw else None, f"blocks.{l}.ln2_post.hook_scale")
-            )
+            self.ln2_post.append(norm(sites.post_norm(model, l) if raw else None, "ln2_post", l))
             W_O = block.attn.W_O.detach().to(dt)  # [H, d_head, d_model]
             W_V = block.attn.W_V.detach().to(dt)  # [H, d_model, d_head]
             H, dh, d = W_O.shape
@@ -215,14 +215,14 @@ class LinearBackward:
             self.W_V.append(self.ln1[l].fold(W_V.permute(1, 0, 2).reshape(d, H * dh).T))
             # A^T as [H, k, q], each key row k scaled by ln1's 1/s at k (step 2: the last factor of
             # the folded W_V), so that the attention step ends with a product, not a scaling pass
-            pattern = fr[f"blocks.{l}.attn.hook_pattern"][0].to(dt).transpose(-1, -2)
+            pattern = fr[layout.hook("pattern", l)][0].to(dt).transpose(-1, -2)
             if not self.ln1[l].identity:
                 pattern = pattern * self.ln1[l].inv.view(1, -1, 1)
             self.pattern.append(pattern.contiguous())
             ws = rm.tc.W_skip
             fold = self.ln2[l].fold if rm.tc.cfg.input_hook == sites.MLP_INPUT else (lambda W: W.contiguous())
             self.W_skip.append(None if ws is None else fold(ws[l].detach().to(dt).T))
-        self.ln_final = norm(getattr(model, "ln_final", None), "ln_final.hook_scale")
+        self.ln_final = norm(getattr(model, "ln_final", None), "ln_final")
         self.W_U_T = model.W_U.detach().to(dt).T.contiguous()  # [d_vocab, d_model]
         self.read_mid = rm.tc.cfg.input_hook == sites.MLP_INPUT
         self.attn_cut = rm.attn is not None  # step 7
