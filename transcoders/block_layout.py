@@ -102,6 +102,12 @@ def is_frozen(name: str) -> bool:
     return name.endswith(("hook_pattern", "hook_scale"))
 
 
+def is_residual_norm_scale(name: str) -> bool:
+    """Whether a hook is the denominator of a norm on the residual stream (ln1, ln2, their post-norms,
+    ln_final; `[batch, pos, 1]`), not of a QK-norm (`[batch pos heads, 1]`, per head)."""
+    return name.endswith("hook_scale") and not name.endswith((SITES["q_norm_scale"], SITES["k_norm_scale"]))
+
+
 @dataclass(frozen=True)
 class BlockLayout:
     """The block of one model: flags read from its config, hook names by site and layer."""

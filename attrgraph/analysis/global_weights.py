@@ -46,6 +46,7 @@ from torch import Tensor
 from attrgraph.engine.sets import TranscoderSets, transcoder_sets
 from attrgraph.errors import OptionError
 from transcoders import sites
+from transcoders.block_layout import RESID_MID, BlockLayout, is_residual_norm_scale
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -118,7 +119,7 @@ def norm_scales_at(state, position: int) -> dict[str, float]:
     return {
         name: float(value[0, position].reshape(-1)[0])
         for name, value in state.frozen.items()
-        if name.endswith("hook_scale") and value.dim() >= 2
+        if is_residual_norm_scale(name) and value.dim() >= 2
     }
 
 
@@ -133,9 +134,7 @@ def mean_norm_scales(
     for tokens in batches:
         tokens = torch.as_tensor(tokens, device=model.cfg.device)
         tokens = tokens[None] if tokens.dim() == 1 else tokens
-        _, cache = model.run_with_cache(
-            tokens, names_filter=lambda n: n.endswith("hook_scale"), return_type=None
-        )
+        _, cache = model.run_with_cache(tokens, names_filter=is_residual_norm_scale, return_type=None)
         for name, s in cache.items():
             s = s[:, skip_first:].reshape(tokens.shape[0], -1, s.shape[-1])[..., 0].double()
             sums[name] = sums.get(name, 0.0) + float((1.0 / s).sum())
@@ -157,14 +156,15 @@ class GlobalWeights:
         self.model, self.sets, self.scales = model, sets, dict(scales or {})
         self.mlp, self.attn = sets.mlp, sets.attn
         cfg = self.mlp.cfg
-        if cfg.input_hook not in (sites.MLP_INPUT, "blocks.{layer}.hook_resid_mid"):
+        if cfg.input_hook not in (sites.MLP_INPUT, RESID_MID):
             raise OptionError(
                 f"global weights need MLP transcoders that read the residual stream before the MLP "
-                f"({sites.MLP_INPUT!r} or 'blocks.{{layer}}.hook_resid_mid'), not {cfg.input_hook!r}."
+                f"({sites.MLP_INPUT!r} or {RESID_MID!r}), not {cfg.input_hook!r}."
             )
         if cfg.output_hook != sites.MLP_OUTPUT:
             raise OptionError(f"global weights need MLP transcoders writing {sites.MLP_OUTPUT!r}.")
         self.n_layers = model.cfg.n_layers
+        self.layout = BlockLayout.of(model.cfg)
         self.dtype = torch.float64
         self._cache: dict = {}
         with torch.no_grad():
@@ -179,7 +179,7 @@ class GlobalWeights:
     def _mlp_reads(self, layer: int) -> Float[Tensor, "d_model d_sae"]:
         enc = self.mlp.W_enc[layer].detach().to(self.dtype).T  # [S, d]
         if self.mlp.cfg.input_hook == sites.MLP_INPUT:
-            name = f"blocks.{layer}.ln2.hook_scale"
+            name = self.layout.norm_scale("ln2", layer)
             enc = _norm_T(self.model.blocks[layer].ln2, enc, self._scale(name))
         return enc.T.contiguous()
 
@@ -188,12 +188,12 @@ class GlobalWeights:
         e = self.attn.W_enc[layer].detach().to(self.dtype).T  # [S, d] at hook_attn_out
         post = getattr(block, "ln1_post", None)
         if post is not None:
-            e = _norm_T(post, e, self._scale(f"blocks.{layer}.ln1_post.hook_scale"))
+            e = _norm_T(post, e, self._scale(self.layout.norm_scale("ln1_post", layer)))
         W_V = block.attn.W_V.detach().to(self.dtype)  # [H, d, dh] (GQA: repeated per query head)
         W_O = block.attn.W_O.detach().to(self.dtype)  # [H, dh, d]
         ov = torch.einsum("hmk,hkd->md", W_V, W_O)  # sum over heads of W_V^h W_O^h
         u = e @ ov.T  # [S, d]
-        u = _norm_T(block.ln1, u, self._scale(f"blocks.{layer}.ln1.hook_scale"))
+        u = _norm_T(block.ln1, u, self._scale(self.layout.norm_scale("ln1", layer)))
         return u.T.contiguous()
 
     def logit_reads(self) -> Float[Tensor, "d_model d_vocab"]:
@@ -201,7 +201,7 @@ class GlobalWeights:
         W_U = self.model.W_U.detach().to(self.dtype).T  # [V, d]
         ln = getattr(self.model, "ln_final", None)
         if ln is not None:
-            W_U = _norm_T(ln, W_U, self._scale("ln_final.hook_scale"))
+            W_U = _norm_T(ln, W_U, self._scale(self.layout.norm_scale("ln_final")))
         return W_U.T.contiguous()
 
     # ------------------------------------------------------------------ step 1: writes
@@ -220,7 +220,7 @@ class GlobalWeights:
                 v = dec[:, j]
                 if sites.raw_output_needed(self.model, self.mlp.cfg, l):
                     v = _norm(
-                        sites.post_norm(self.model, l), v, self._scale(f"blocks.{l}.ln2_post.hook_scale")
+                        sites.post_norm(self.model, l), v, self._scale(self.layout.norm_scale("ln2_post", l))
                     )
                 out.append((2 * l + 1, v))
             return out

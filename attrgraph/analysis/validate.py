@@ -237,7 +237,8 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
     model, tc = rm.model, rm.tc
     L, P, _ = state.acts.shape
     gen = np.random.default_rng(cfg.seed)
-    resid = [f"blocks.{k}.hook_resid_post" for k in range(L)]
+    layout = rm.layout
+    resid = layout.hooks("resid_post")
     rep0 = _replacement(rm, state, [], resid)
     und0 = _underlying(rm, state, [], resid)
     active = state.acts.nonzero().cpu().numpy()
@@ -257,7 +258,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
             if kind == "upstream":
                 m = l + 1
                 names = resid[m:]
-                pre_m = f"blocks.{m}.hook_resid_pre"
+                pre_m = layout.hook("resid_pre", m)
                 rep = _replacement(
                     rm,
                     state,
@@ -271,7 +272,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
                 ln2 = model.blocks[l].ln2
                 w = ln2.w.detach() if getattr(ln2, "w", None) is not None else torch.ones_like(u)
                 centered = u if "RMS" in type(ln2).__name__ else u - u.mean()
-                scale = state.frozen[f"blocks.{l}.ln2.hook_scale"][0, p].squeeze()
+                scale = state.frozen[layout.norm_scale("ln2", l)][0, p].squeeze()
                 gain = float(tc.W_enc[l][:, f].detach().to(u.dtype) @ (w * centered)) / float(scale)
                 vec = u * (cfg.delta / gain) if abs(gain) > 1e-12 else u * 0
                 if kind == "random":
@@ -283,7 +284,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
                     x[:, p] += vec
                     return x
 
-                hooks = [(f"blocks.{l}.hook_resid_mid", add)]
+                hooks = [(layout.mlp_reads(l), add)]
                 names = resid[l:]
                 rep = _replacement(rm, state, hooks, resid)
                 und = _underlying(rm, state, hooks, resid)
