@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attrgraph.errors import UnsupportedModelError
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -50,21 +51,9 @@ class ComponentGraph:
     @classmethod
     def from_model(cls, model: HookedTransformer) -> ComponentGraph:
         cfg = model.cfg
-        if cfg.parallel_attn_mlp:
-            raise UnsupportedModelError(
-                "parallel attention/MLP blocks are not supported; use a sequential model."
-            )
-        if cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads:
-            raise UnsupportedModelError(
-                "grouped-query attention is not supported; use a model with n_key_value_heads=None."
-            )
-        if cfg.positional_embedding_type not in ("standard", "rotary"):
-            raise UnsupportedModelError(
-                f"positional_embedding_type {cfg.positional_embedding_type!r} is not supported; "
-                "use 'standard' or 'rotary'."
-            )
-        if getattr(cfg, "use_normalization_before_and_after", False):
-            raise UnsupportedModelError("post-normalised blocks are not supported; use a pre-norm model.")
+        why = BlockLayout.of(cfg).unsupported("circuits")
+        if why is not None:
+            raise UnsupportedModelError(f"component circuits cannot run on this model: {why}.")
         return cls(cfg.n_layers, cfg.n_heads, not cfg.attn_only)
 
     # ---- sizes -----------------------------------------------------------------
