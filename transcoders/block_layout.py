@@ -225,7 +225,6 @@ class BlockLayout:
 
     def _linear_reason(self) -> str | None:
         for flag, why in (
-            ("parallel", "its attention and MLP read the same residual (parallel blocks)"),
             ("attn_only", "it has no MLPs"),
             ("split_inputs", "it sets use_split_qkv_input or use_attn_in"),
             ("post_embedding_ln", "it sets post_embedding_ln"),

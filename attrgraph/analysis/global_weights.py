@@ -14,7 +14,8 @@ every read is linear, so the weight of the residual path from a source feature s
    writes before it) as `w_post * P(W_dec^{l'}) / s_post`; an attention-set feature writes
    `W_dec` at `hook_attn_out` of its layer (after any post-attention norm).
 2. Reads of t (a vector `u_t` with `pre_t = u_t . resid + const`):
-   an MLP feature of layer l reads `ln2(resid_mid)`: `u_t = P(w_ln2 * W_enc[:, t]) / s_ln2`;
+   an MLP feature of layer l reads `ln2(resid_mid)` (`ln2(resid_pre)` on a parallel block, which
+   its own layer's attention does not reach): `u_t = P(w_ln2 * W_enc[:, t]) / s_ln2`;
    an attention feature of layer l reads the attention output, which reads `ln1(resid_pre)` through
    each head's OV circuit: `u_t = sum_h P(w_ln1 * W_V^h W_O^h P(w_post * W_enc[:, t]) / s_post) / s_ln1`
    (every head attending to the source's position with pattern 1, which is what position 0 sees;
@@ -225,10 +226,10 @@ class GlobalWeights:
                 out.append((2 * l + 1, v))
             return out
 
-    @staticmethod
-    def read_slot(site: str, layer: int) -> int:
-        """Writes at slots below this reach the read of (site, layer); logits read slot 2 n_layers."""
-        return 2 * layer + (1 if site == "mlp" else 0)
+    def read_slot(self, site: str, layer: int) -> int:
+        """Writes at slots below this reach the read of (site, layer); logits read slot 2 n_layers.
+        On a parallel block the MLP reads resid_pre, as attention does: not its layer's attention."""
+        return 2 * layer + (1 if site == "mlp" and not self.layout.parallel else 0)
 
     def _check(self, site: str, layer: int, feature: int | None = None) -> None:
         if site not in SITES:

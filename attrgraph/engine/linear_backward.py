@@ -22,6 +22,9 @@ general autograd graph, apply it layer by layer with matrix products:
    g' = `ln1_post^T g` (the residual g is added by the W_V product, `addmm`); the result is the
    gradient at `resid_post[j-1]`; after layer 0 it is the gradient at the embedding (token and
    positional embeddings enter the residual stream additively).
+   A parallel block (GPT-J, GPT-NeoX: `resid_post = resid_pre + attn(ln1 x) + mlp(ln2 x)`, no
+   resid_mid) takes the skip term and attention's term from the same g at `resid_post[j]`, and a
+   feature target of layer l injects at `resid_pre[l]` (`ln2^T v`), below its layer's attention.
 4. Only what a target can reach is computed: everything is causal, so a target at position p
    needs positions `<= p` only, and a feature of layer l only layers < l (plus the attention of
    l). Batches hold the targets of one start (logits, the MLP features of one layer, or the
@@ -226,6 +229,7 @@ class LinearBackward:
         self.W_U_T = model.W_U.detach().to(dt).T.contiguous()  # [d_vocab, d_model]
         self.read_mid = rm.tc.cfg.input_hook == sites.MLP_INPUT
         self.attn_cut = rm.attn is not None  # step 7
+        self.parallel = layout.parallel  # step 3: attention and MLP read resid_pre
 
     def attention_back(self, l: int, g: Float[Tensor, "P B d_model"]) -> Float[Tensor, "P B d_model"]:
         """Gradient at resid_pre[l] from g at resid_mid[l]: g (the residual) plus what the frozen
@@ -302,10 +306,21 @@ class LinearBackward:
                 continue
             w = self.ln2_post[l].back(g)
             yield "mlp", l, w
+            skip = None
             if self.W_skip[l] is not None:
                 skip = w @ self.W_skip[l]
-                g = (self.ln2[l].scale_(skip) if self.read_mid else skip).add_(g)
+                skip = self.ln2[l].scale_(skip) if self.read_mid else skip
             del w
+            if self.parallel:  # attention and the skip both read resid_pre: both from g at resid_post
+                if self.attn_cut:
+                    yield "attn", l, g
+                    g = g if skip is None else skip.add_(g)
+                else:
+                    g = self.attention_back(l, g) if skip is None else self.attention_back(l, g).add_(skip)
+                continue
+            if skip is not None:
+                g = skip.add_(g)
+            del skip
             if self.attn_cut:
                 yield "attn", l, g
                 continue
@@ -326,7 +341,12 @@ class LinearBackward:
         if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
             g = self.attention_back_at(j0.layer, v, positions, P, residual=False, one_position=one_position)
             return g, j0.layer - 1, False
-        return (self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v), j0.layer, True
+        g = self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v
+        if self.parallel:  # the MLP reads resid_pre: the walk goes on below the layer, attention of l unread
+            dense = torch.zeros(P, B, d, dtype=g.dtype, device=dev)
+            dense[positions, torch.arange(B, device=dev)] = g
+            return dense, j0.layer - 1, False
+        return g, j0.layer, True
 
     def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
         """Multiply-adds x 2 of the products that a batch with rows at `positions` needs (step 4):
@@ -503,7 +523,9 @@ class _BatchRows:
             top = self.lb.L - 1
         else:  # a feature's walk starts at its layer's resid_mid (MLP) or below its layer (attention)
             top = j0.layer - 1
-        top_attn = (top + 1 if j0.site == "mlp" and not j0.logits else top) if self.attn else -1
+        # an MLP feature reads the attention of its own layer, unless the block is parallel
+        mid = j0.site == "mlp" and not j0.logits and not self.lb.parallel
+        top_attn = (top + 1 if mid else top) if self.attn else -1
         return top, top_attn, P
 
     def __call__(

@@ -10,7 +10,7 @@ from attrgraph.analysis.global_weights import GlobalWeights, norm_scales_at, vir
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import OptionError
-from tests.attrgraph.ag_helpers import ARCHS, tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import ARCHS, BLOCK_ARCHS, tiny_attn_saes, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([3, 7, 1, 12, 5])
 
@@ -40,7 +40,7 @@ def _edges_on_residual_path(graph, position_rule):
     return out
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BLOCK_ARCHS)
 @pytest.mark.parametrize("kind", ["plt", "clt"])
 def test_edge_equals_activation_times_virtual_weight_at_frozen_scales(arch, kind, one_torch_thread):
     model, sets, rm, graph = _graph(arch, kind)
