@@ -236,10 +236,8 @@ class BlockLayout:
         return None
 
     def _circuits_reason(self) -> str | None:
-        if self.parallel:
-            return "its attention and MLP read the same residual (parallel blocks); use a sequential model"
-        if self.grouped_query:
-            return "it uses grouped-query attention (the component graph needs n_key_value_heads=None)"
-        if self.norms_after:
+        if self.norms_after:  # a head's result reaches the residual through ln1_post: not a sum over heads
             return "it normalises after each sublayer (the component graph needs a pre-norm model)"
+        if self.grouped_query:  # TransformerLens's k and v inputs are per key-value head then
+            return "it uses grouped-query attention (the component graph needs n_key_value_heads=None)"
         return None
