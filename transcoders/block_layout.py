@@ -204,8 +204,6 @@ class BlockLayout:
         """Why `use` (one of `USES`) cannot run on this model, as the start of a sentence; None when it can."""
         if use not in USES:
             raise ValueError(f"use {use!r} is not one of {USES}.")
-        if self.post_norm:
-            return "its norms run after each sublayer (OLMo-2/3 post-norm blocks)"
         if self.positional not in ("standard", "rotary"):
             return f"its positional embedding is {self.positional!r} (supported: 'standard', 'rotary')"
         if use == "replacement" and self.logit_soft_cap > 0:
@@ -224,6 +222,8 @@ class BlockLayout:
         return None
 
     def _linear_reason(self) -> str | None:
+        if self.post_norm:  # ln1 / ln2 after their sublayer: not the walk of linear_backward.py step 3
+            return "its norms run after each sublayer (OLMo-2/3 post-norm blocks)"
         for flag, why in (
             ("attn_only", "it has no MLPs"),
             ("split_inputs", "it sets use_split_qkv_input or use_attn_in"),
@@ -236,6 +236,8 @@ class BlockLayout:
         return None
 
     def _circuits_reason(self) -> str | None:
+        if self.post_norm:
+            return "its norms run after each sublayer (OLMo-2/3 post-norm blocks)"
         if self.norms_after:  # a head's result reaches the residual through ln1_post: not a sum over heads
             return "it normalises after each sublayer (the component graph needs a pre-norm model)"
         if self.grouped_query:  # TransformerLens's k and v inputs are per key-value head then

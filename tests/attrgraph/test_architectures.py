@@ -167,3 +167,33 @@ def test_eap_on_a_parallel_block_equals_single_edge_patching():
 def test_component_circuits_refuse_what_they_do_not_model(arch, why):
     with pytest.raises(UnsupportedModelError, match=why):
         ComponentGraph.from_model(tiny_model(arch))
+
+
+def test_qk_attribution_refuses_qk_norm_without_rotary():
+    """TransformerLens has no hook after a QK-norm when there is no rotary embedding: `attn.hook_q`
+    fires before the norm, so splitting it would not add up to the score; it is refused instead."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from attrgraph.errors import QKError
+
+    cfg = dict(n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=64, d_vocab=40, n_ctx=32, act_fn="gelu")
+    model = HookedTransformer(HookedTransformerConfig(**cfg, use_qk_norm=True, seed=0, dtype=torch.float64))
+    with pytest.raises(QKError, match="no hook after the QK-norm"):
+        qk_attribution(model, tiny_transcoders(model, "plt"), TOKENS.tolist(), 1, 0, 5, 3)
+
+
+def test_post_norm_blocks_fall_back_to_the_exact_autograd_engine():
+    """OLMo-2 runs ln1 / ln2 after their sublayer; the linear engine's walk assumes them before, and
+    gave edges that broke contract 1. The default backend now takes autograd there, which is exact."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=64, d_vocab=40, n_ctx=32, act_fn="silu",
+        normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=4, gated_mlp=True,
+        original_architecture="Olmo2ForCausalLM", seed=0, dtype=torch.float64,
+    )  # fmt: skip
+    model = HookedTransformer(cfg)
+    rm = ReplacementModel(model, tiny_transcoders(model, "plt", True))
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    assert graph.meta["backend"] == "autograd"
+    check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)

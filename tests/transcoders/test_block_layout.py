@@ -129,7 +129,8 @@ def test_one_answer_to_what_is_supported():
     olmo = BlockLayout.of(
         HookedTransformerConfig(**BASE, act_fn="relu", original_architecture="Olmo2ForCausalLM")
     )
-    assert all("after each sublayer" in olmo.unsupported(u) for u in ("replacement", "linear"))
+    assert olmo.unsupported("replacement") is None  # frozen norms are linear wherever they sit
+    assert all("after each sublayer" in olmo.unsupported(u) for u in ("linear", "circuits"))
     with pytest.raises(ValueError, match="one of"):
         gpt2.unsupported("everything")
 
