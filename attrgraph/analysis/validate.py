@@ -12,7 +12,8 @@ Seed: circuit-tracing appendix, "Validating the Replacement Model" (all three ev
    `|a_t' - a_t| / a_t`; its graph influence is `B[t, s]` with `B = (I - A)^-1 - I`, `A` the
    normalized unsigned adjacency (one sparse triangular solve per source). Spearman over the pairs.
 3. Local replacement faithfulness: at a single position add to the residual stream
-   (`hook_resid_mid` of layer l) (a) a feature's encoder vector scaled so that its pre-activation
+   that the MLP of layer l reads (`hook_resid_mid`; `hook_resid_pre` on a parallel block, where the
+   layer's attention reads it too, in both models alike) (a) a feature's encoder vector scaled so that its pre-activation
    rises by `delta` (linearized through ln2's recorded scale), (b) a random direction of the same
    norm; or (c) raise an upstream feature's activation by `delta` in the replacement model up to
    layer m = l + 1, copy the residual stream into the underlying model there and run both on.
