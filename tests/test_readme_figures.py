@@ -493,3 +493,11 @@ def test_sharded_memory(readme):
         f"take rank 0 to {min(exits):.0f}-{max(exits):.0f} MB above the baseline and the other ranks to "
         f"{min(others):.0f}-{max(others):.0f} MB (one process: {one:.0f} MB)",
     )
+
+
+def test_circuit_tracer_on_the_new_blocks(readme):
+    rows = load(RESULTS / "peer_blocks.json")
+    sides = [r[b] for r in rows for b in ("linear", "autograd")]
+    assert all(s["match"] for s in sides)
+    worst = max(s["max_rel_diff"] for s in sides)
+    quoted(readme, f"in all {len(rows)} cases, max relative difference {sci(worst, 1)}")

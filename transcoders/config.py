@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from transcoders.block_layout import ATTN_OUTPUT as ATTN_OUTPUT  # defined there; re-exported for sites.py
+from transcoders.block_layout import MLP_INPUT, MLP_OUTPUT
 from transcoders.errors import ConfigError
 
 KINDS = ("sae", "plt", "clt")
@@ -44,11 +46,6 @@ def check_device(device):
     return dev
 
 
-ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
-"""Read and write site of an attention-output SAE set (the attention block's additive contribution
-to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`); sites.py
-re-exports it beside the MLP sites."""
-
 ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
 
 
@@ -65,9 +62,9 @@ class TranscoderConfig:
     activation: str = "jumprelu"
     """"relu", "jumprelu" (per-feature threshold), "topk" (k largest per layer and token) or
     "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference)."""
-    input_hook: str = "blocks.{layer}.ln2.hook_normalized"
+    input_hook: str = MLP_INPUT
     """Read site, a TransformerLens hook name template; the default means the MLP's input."""
-    output_hook: str = "blocks.{layer}.hook_mlp_out"
+    output_hook: str = MLP_OUTPUT
     """Write site, a TransformerLens hook name template; the default is the MLP's output."""
     skip: bool = False
     """Whether a linear skip `W_skip` [n_layers, d_model, d_model] adds `x @ W_skip[l]` to the output."""
@@ -101,7 +98,7 @@ class TranscoderConfig:
         for name in ("input_hook", "output_hook"):
             if "{layer}" not in getattr(self, name):
                 raise ConfigError(
-                    f"{name} {getattr(self, name)!r} has no '{{layer}}'; write e.g. 'blocks.{{layer}}.hook_mlp_out'."
+                    f"{name} {getattr(self, name)!r} has no '{{layer}}'; write e.g. {MLP_OUTPUT!r}."
                 )
         if self.kind == "sae" and self.input_hook != self.output_hook:
             raise ConfigError(

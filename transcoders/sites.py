@@ -23,7 +23,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from transcoders.config import ATTN_OUTPUT as ATTN_OUTPUT  # defined there, for `cfg.is_attention_sae`
+from transcoders.block_layout import ATTN_OUTPUT as ATTN_OUTPUT  # defined there, re-exported
+from transcoders.block_layout import MLP_INPUT as MLP_INPUT
+from transcoders.block_layout import MLP_OUTPUT as MLP_OUTPUT
+from transcoders.block_layout import BlockLayout
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
 
@@ -31,9 +34,6 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from transcoders.base import SparseCoder
-
-MLP_INPUT = "blocks.{layer}.ln2.hook_normalized"
-MLP_OUTPUT = "blocks.{layer}.hook_mlp_out"
 
 
 def post_norm(model: HookedTransformer, layer: int):
@@ -50,11 +50,11 @@ def raw_output_needed(model: HookedTransformer, cfg: TranscoderConfig, layer: in
 
 def cache_hooks(model: HookedTransformer, cfg: TranscoderConfig) -> list[str]:
     """The hook names a cache must hold for `read_value`, `write_target` and `to_write_site`."""
-    names = []
+    names, layout = [], BlockLayout.of(model.cfg)
     for l in range(cfg.n_layers):
         names.append(cfg.hook_in(l))
         if raw_output_needed(model, cfg, l):
-            names += [f"blocks.{l}.mlp.hook_post", f"blocks.{l}.ln2_post.hook_scale"]
+            names += [layout.hook("mlp_post", l), layout.norm_scale("ln2_post", l)]
         else:
             names.append(cfg.hook_out(l))
     return list(dict.fromkeys(names))
@@ -82,7 +82,7 @@ def mlp_input(model: HookedTransformer, cache, layer: int) -> Float[Tensor, "...
 def mlp_output_raw(model: HookedTransformer, cache, layer: int) -> Float[Tensor, "... d_model"]:
     """The MLP's output before any post-MLP norm: `mlp.hook_post @ W_out + b_out`."""
     mlp = model.blocks[layer].mlp
-    return cache[f"blocks.{layer}.mlp.hook_post"] @ mlp.W_out + mlp.b_out
+    return cache[BlockLayout.of(model.cfg).hook("mlp_post", layer)] @ mlp.W_out + mlp.b_out
 
 
 def write_target(
@@ -100,7 +100,7 @@ def to_write_site(model: HookedTransformer, cache, layer: int, out: Tensor, cfg:
     if not raw_output_needed(model, cfg, layer):
         return out
     norm = post_norm(model, layer)
-    scale = cache[f"blocks.{layer}.ln2_post.hook_scale"]
+    scale = cache[BlockLayout.of(model.cfg).norm_scale("ln2_post", layer)]
     if type(norm).__name__.startswith("LayerNorm"):
         out = out - out.mean(-1, keepdim=True)
     out = out / scale
@@ -137,15 +137,15 @@ def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
             f"the transcoders cover {cfg.n_layers} layers but the model has {mcfg.n_layers}; "
             "a set must cover every layer of its model."
         )
-    hooks = model.hook_dict
+    hooks, layout = model.hook_dict, BlockLayout.of(mcfg)
     for l in range(cfg.n_layers):
         for name in (cfg.hook_in(l), cfg.hook_out(l)):
             if name not in hooks:
                 raise TranscoderMismatchError(
                     f"hook {name!r} does not exist in this model; use one of its hook names "
-                    f"(e.g. {MLP_INPUT.format(layer=l)!r}, 'blocks.{l}.hook_resid_mid', {MLP_OUTPUT.format(layer=l)!r})."
+                    f"(e.g. {MLP_INPUT.format(layer=l)!r}, {layout.mlp_reads(l)!r}, {MLP_OUTPUT.format(layer=l)!r})."
                 )
-        if raw_output_needed(model, cfg, l) and f"blocks.{l}.mlp.hook_post" not in hooks:
+        if raw_output_needed(model, cfg, l) and layout.hook("mlp_post", l) not in hooks:
             raise TranscoderMismatchError(
-                f"output_before_post_norm needs 'blocks.{l}.mlp.hook_post', which this model lacks."
+                f"output_before_post_norm needs {layout.hook('mlp_post', l)!r}, which this model lacks."
             )

@@ -48,6 +48,7 @@ import torch
 from transcoders import distributed as tdist
 from transcoders import providers, sparse_topk
 from transcoders.activation_store import ActivationStore, pack_sequences
+from transcoders.block_layout import ATTN_OUTPUT
 from transcoders.checkpoint import (
     apply_state,
     read_checkpoint,
@@ -167,9 +168,7 @@ class TrainConfig:
         if self.kind not in ("plt", "clt", "sae"):
             raise ConfigError(f"kind {self.kind!r} is not 'plt', 'clt' or 'sae'; pick one.")
         if self.kind == "sae" and "{layer}" not in self.hook:
-            raise ConfigError(
-                "an SAE needs --hook, a template with {layer}, e.g. 'blocks.{layer}.hook_attn_out'."
-            )
+            raise ConfigError(f"an SAE needs --hook, a template with {{layer}}, e.g. {ATTN_OUTPUT!r}.")
         if self.parallel not in ("data", "features"):
             raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
         check_device(self.device)  # one sentence when this machine lacks it

@@ -14,7 +14,8 @@ every read is linear, so the weight of the residual path from a source feature s
    writes before it) as `w_post * P(W_dec^{l'}) / s_post`; an attention-set feature writes
    `W_dec` at `hook_attn_out` of its layer (after any post-attention norm).
 2. Reads of t (a vector `u_t` with `pre_t = u_t . resid + const`):
-   an MLP feature of layer l reads `ln2(resid_mid)`: `u_t = P(w_ln2 * v_t) / s_ln2`, `v_t` the set's
+   an MLP feature of layer l reads `ln2(resid_mid)` (`ln2(resid_pre)` on a parallel block, which
+   its own layer's attention does not reach): `u_t = P(w_ln2 * v_t) / s_ln2`, `v_t` the set's
    encoder vector of t (`encoder_vectors`: `W_enc[:, t]` for our sets);
    an attention feature of layer l reads the attention output, which reads `ln1(resid_pre)` through
    each head's OV circuit: `u_t = sum_h P(w_ln1 * W_V^h W_O^h P(w_post * v_t) / s_post) / s_ln1`
@@ -47,6 +48,7 @@ from torch import Tensor
 from attrgraph.engine.sets import TranscoderSets, transcoder_sets
 from attrgraph.errors import OptionError
 from transcoders import sites
+from transcoders.block_layout import RESID_MID, BlockLayout, is_residual_norm_scale
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -119,7 +121,7 @@ def norm_scales_at(state, position: int) -> dict[str, float]:
     return {
         name: float(value[0, position].reshape(-1)[0])
         for name, value in state.frozen.items()
-        if name.endswith("hook_scale") and value.dim() >= 2
+        if is_residual_norm_scale(name) and value.dim() >= 2
     }
 
 
@@ -134,9 +136,7 @@ def mean_norm_scales(
     for tokens in batches:
         tokens = torch.as_tensor(tokens, device=model.cfg.device)
         tokens = tokens[None] if tokens.dim() == 1 else tokens
-        _, cache = model.run_with_cache(
-            tokens, names_filter=lambda n: n.endswith("hook_scale"), return_type=None
-        )
+        _, cache = model.run_with_cache(tokens, names_filter=is_residual_norm_scale, return_type=None)
         for name, s in cache.items():
             s = s[:, skip_first:].reshape(tokens.shape[0], -1, s.shape[-1])[..., 0].double()
             sums[name] = sums.get(name, 0.0) + float((1.0 / s).sum())
@@ -158,14 +158,15 @@ class GlobalWeights:
         self.model, self.sets, self.scales = model, sets, dict(scales or {})
         self.mlp, self.attn = sets.mlp, sets.attn
         cfg = self.mlp.cfg
-        if cfg.input_hook not in (sites.MLP_INPUT, "blocks.{layer}.hook_resid_mid"):
+        if cfg.input_hook not in (sites.MLP_INPUT, RESID_MID):
             raise OptionError(
                 f"global weights need MLP transcoders that read the residual stream before the MLP "
-                f"({sites.MLP_INPUT!r} or 'blocks.{{layer}}.hook_resid_mid'), not {cfg.input_hook!r}."
+                f"({sites.MLP_INPUT!r} or {RESID_MID!r}), not {cfg.input_hook!r}."
             )
         if cfg.output_hook != sites.MLP_OUTPUT:
             raise OptionError(f"global weights need MLP transcoders writing {sites.MLP_OUTPUT!r}.")
         self.n_layers = model.cfg.n_layers
+        self.layout = BlockLayout.of(model.cfg)
         self.dtype = torch.float64
         self._cache: dict = {}
         with torch.no_grad():
@@ -180,7 +181,7 @@ class GlobalWeights:
     def _mlp_reads(self, layer: int) -> Float[Tensor, "d_model d_sae"]:
         enc = self.mlp.encoder_vectors(layer).detach().to(self.dtype)  # [S, d]
         if self.mlp.cfg.input_hook == sites.MLP_INPUT:
-            name = f"blocks.{layer}.ln2.hook_scale"
+            name = self.layout.norm_scale("ln2", layer)
             enc = _norm_T(self.model.blocks[layer].ln2, enc, self._scale(name))
         return enc.T.contiguous()
 
@@ -189,12 +190,12 @@ class GlobalWeights:
         e = self.attn.encoder_vectors(layer).detach().to(self.dtype)  # [S, d] at hook_attn_out
         post = getattr(block, "ln1_post", None)
         if post is not None:
-            e = _norm_T(post, e, self._scale(f"blocks.{layer}.ln1_post.hook_scale"))
+            e = _norm_T(post, e, self._scale(self.layout.norm_scale("ln1_post", layer)))
         W_V = block.attn.W_V.detach().to(self.dtype)  # [H, d, dh] (GQA: repeated per query head)
         W_O = block.attn.W_O.detach().to(self.dtype)  # [H, dh, d]
         ov = torch.einsum("hmk,hkd->md", W_V, W_O)  # sum over heads of W_V^h W_O^h
         u = e @ ov.T  # [S, d]
-        u = _norm_T(block.ln1, u, self._scale(f"blocks.{layer}.ln1.hook_scale"))
+        u = _norm_T(block.ln1, u, self._scale(self.layout.norm_scale("ln1", layer)))
         return u.T.contiguous()
 
     def logit_reads(self) -> Float[Tensor, "d_model d_vocab"]:
@@ -202,7 +203,7 @@ class GlobalWeights:
         W_U = self.model.W_U.detach().to(self.dtype).T  # [V, d]
         ln = getattr(self.model, "ln_final", None)
         if ln is not None:
-            W_U = _norm_T(ln, W_U, self._scale("ln_final.hook_scale"))
+            W_U = _norm_T(ln, W_U, self._scale(self.layout.norm_scale("ln_final")))
         return W_U.T.contiguous()
 
     # ------------------------------------------------------------------ step 1: writes
@@ -221,15 +222,15 @@ class GlobalWeights:
                 v = dec[:, j]
                 if sites.raw_output_needed(self.model, self.mlp.cfg, l):
                     v = _norm(
-                        sites.post_norm(self.model, l), v, self._scale(f"blocks.{l}.ln2_post.hook_scale")
+                        sites.post_norm(self.model, l), v, self._scale(self.layout.norm_scale("ln2_post", l))
                     )
                 out.append((2 * l + 1, v))
             return out
 
-    @staticmethod
-    def read_slot(site: str, layer: int) -> int:
-        """Writes at slots below this reach the read of (site, layer); logits read slot 2 n_layers."""
-        return 2 * layer + (1 if site == "mlp" else 0)
+    def read_slot(self, site: str, layer: int) -> int:
+        """Writes at slots below this reach the read of (site, layer); logits read slot 2 n_layers.
+        On a parallel block the MLP reads resid_pre, as attention does: not its layer's attention."""
+        return 2 * layer + (1 if site == "mlp" and not self.layout.parallel else 0)
 
     def _check(self, site: str, layer: int, feature: int | None = None) -> None:
         if site not in SITES:

@@ -167,7 +167,7 @@ def _target_read(rm, graph, node: int, run, logits) -> tuple[Tensor, int, Tensor
 
 # ---------------------------------------------------------------------- the sweeps
 def _z_hooks(rm) -> list[str]:
-    return [f"blocks.{l}.attn.hook_z" for l in range(rm.cfg.n_layers)]
+    return rm.layout.hooks("z")
 
 
 def _forward_sweep(rm, state, graph, sources: list[int], targets_of: dict[int, list[int]]):

@@ -101,7 +101,7 @@ def preactivation_target(
                 vector = w_enc * ln2.w.detach()
             if getattr(ln2, "b", None) is not None:
                 offset += float(w_enc @ ln2.b.detach())
-            hook = f"blocks.{layer}.ln2.hook_normalized"
+            hook = sites.MLP_INPUT.format(layer=layer)
         else:
             hook = cfg.hook_in(layer)
     name = f"pre L{layer}/F{feature}@{position}"

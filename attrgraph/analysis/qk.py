@@ -8,8 +8,9 @@ everything upstream frozen both `q_i` and `k_j` are affine in the graph's source
    the residual stream at every layer is an affine function of the sources {embeddings, feature
    activations, errors}; the MLP outputs at excluded positions, attention and MLP biases, `b_dec`
    and the norms' biases make up its constant part.
-2. `q_i` (`attn.hook_q`, or `hook_rot_q` after a rotary embedding, which is linear at a fixed
-   position) is then `sum_s Q[s] + q_bias`: one backward per coordinate of `q_i` through the
+2. `q_i`, the query the scores are made of (`BlockLayout.q`: after QK-norm, whose scale is frozen
+   like every norm's, and after a rotary embedding, which is linear at a fixed position; never
+   `attn.hook_q`, which fires before QK-norm) is then `sum_s Q[s] + q_bias`: one backward per coordinate of `q_i` through the
    frozen model (attribute.backward_rows, `d_head` targets in one batch) gives `Q[s]`, the
    contribution of source s (for a feature: `a_s * dec_s . J`); `q_bias = q_i - sum_s Q[s]`.
    The same at the key position gives `K[s]` and `k_bias` (for grouped-query attention, the
@@ -36,6 +37,7 @@ from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import Injection, build_sources, to_tokens
 from attrgraph.errors import QKError
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -99,11 +101,6 @@ class QKAttribution:
         return [(self.labels[a], self.labels[b], v) for v, a, b in best[:k]]
 
 
-def _hook(model, layer: int, side: str) -> str:
-    rot = f"blocks.{layer}.attn.hook_rot_{side}"
-    return rot if rot in model.hook_dict else f"blocks.{layer}.attn.hook_{side}"
-
-
 def qk_attribution(
     model: HookedTransformer,
     transcoders: SparseCoder | ReplacementModel,
@@ -133,11 +130,14 @@ def qk_attribution(
     if exclude_bos is None:
         bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
         exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    why = rm.layout.unsupported("qk")
+    if why is not None:
+        raise QKError(f"QK attribution cannot run on this model: {why}.")
     state = rm.run(tokens, exclude_bos=bool(exclude_bos), embedding=embedding)
     sources = build_sources(rm, state)
     attn = model.blocks[layer].attn
     kv_head = head // int(getattr(attn, "repeat_kv_heads", 1) or 1)
-    q_name, k_name = _hook(model, layer, "q"), _hook(model, layer, "k")
+    q_name, k_name = rm.layout.q(layer), rm.layout.k(layer)
     with torch.no_grad(), rm.frozen(state, rm.constant(state), capture=(q_name, k_name)) as run:
         model(tokens[None])
         q_full, k_full = run.captured[q_name][0], run.captured[k_name][0]  # [P, heads, d_head]
@@ -191,7 +191,7 @@ def attention_score(
 ) -> float:
     """The model's own attention score (`hook_attn_scores`, after any soft cap), for checking `qk_attribution`."""
     tokens = to_tokens(model, prompt)
-    name = f"blocks.{layer}.attn.hook_attn_scores"
+    name = BlockLayout.of(model.cfg).hook("attn_scores", layer)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n == name)
     return float(cache[name][0, head, query_position, key_position])

@@ -12,7 +12,8 @@ Seed: circuit-tracing appendix, "Validating the Replacement Model" (all three ev
    `|a_t' - a_t| / a_t`; its graph influence is `B[t, s]` with `B = (I - A)^-1 - I`, `A` the
    normalized unsigned adjacency (one sparse triangular solve per source). Spearman over the pairs.
 3. Local replacement faithfulness: at a single position add to the residual stream
-   (`hook_resid_mid` of layer l) (a) a feature's encoder vector scaled so that its pre-activation
+   that the MLP of layer l reads (`hook_resid_mid`; `hook_resid_pre` on a parallel block, where the
+   layer's attention reads it too, in both models alike) (a) a feature's encoder vector scaled so that its pre-activation
    rises by `delta` (linearized through ln2's recorded scale), (b) a random direction of the same
    norm; or (c) raise an upstream feature's activation by `delta` in the replacement model up to
    layer m = l + 1, copy the residual stream into the underlying model there and run both on.
@@ -50,6 +51,7 @@ from attrgraph.errors import ValidationError
 from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.prune import normalize_matrix
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -237,13 +239,14 @@ def encoder_perturbation(
     model: HookedTransformer, tc: SparseCoder, state: ReplacementState, l: int, p: int, f: int, delta: float
 ) -> Float[Tensor, " d_model"]:
     """Step 3 (a): feature f's encoder vector `v` (the set's `encoder_vectors`), scaled so that adding
-    it to `hook_resid_mid` of layer l at position p raises f's pre-activation by `delta` with ln2's
-    scale held at its recorded value: `delta / (v . (w * P(v)) / s)`, `P` centering (LayerNorm only)."""
+    it to what the MLP of layer l reads at position p (`BlockLayout.mlp_reads`: `hook_resid_mid`, or
+    `hook_resid_pre` on a parallel block) raises f's pre-activation by `delta` with ln2's scale held
+    at its recorded value: `delta / (v . (w * P(v)) / s)`, `P` centering (LayerNorm only)."""
     v = tc.encoder_vectors(l, torch.tensor([f], device=tc.device))[0].detach().to(state.y_out.dtype)
     ln2 = model.blocks[l].ln2
     w = ln2.w.detach() if getattr(ln2, "w", None) is not None else torch.ones_like(v)
     centered = v if "RMS" in type(ln2).__name__ else v - v.mean()
-    scale = state.frozen[f"blocks.{l}.ln2.hook_scale"][0, p].squeeze()
+    scale = state.frozen[BlockLayout.of(model.cfg).norm_scale("ln2", l)][0, p].squeeze()
     gain = float(v @ (w * centered)) / float(scale)
     return v * (delta / gain) if abs(gain) > 1e-12 else v * 0
 
@@ -254,7 +257,8 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
     model, tc = rm.model, rm.tc
     L, P, _ = state.acts.shape
     gen = np.random.default_rng(cfg.seed)
-    resid = [f"blocks.{k}.hook_resid_post" for k in range(L)]
+    layout = rm.layout
+    resid = layout.hooks("resid_post")
     rep0 = _replacement(rm, state, [], resid)
     und0 = _underlying(rm, state, [], resid)
     active = state.acts.nonzero().cpu().numpy()
@@ -274,7 +278,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
             if kind == "upstream":
                 m = l + 1
                 names = resid[m:]
-                pre_m = f"blocks.{m}.hook_resid_pre"
+                pre_m = layout.hook("resid_pre", m)
                 rep = _replacement(
                     rm,
                     state,
@@ -294,7 +298,7 @@ def faithfulness(rm: ReplacementModel, state: ReplacementState, cfg: ValidateCon
                     x[:, p] += vec
                     return x
 
-                hooks = [(f"blocks.{l}.hook_resid_mid", add)]
+                hooks = [(layout.mlp_reads(l), add)]
                 names = resid[l:]
                 rep = _replacement(rm, state, hooks, resid)
                 und = _underlying(rm, state, hooks, resid)

@@ -8,8 +8,9 @@
    (`hook_q_input`, `hook_k_input`, `hook_v_input`, separate edges), each MLP
    (`hook_mlp_in`) and the logits (the last `hook_resid_post`, before `ln_final`).
 3. An edge (u, d) exists when u is written before d is read: a head in layer l reads
-   input, heads and MLPs of layers < l; the MLP of layer l also reads the heads of l;
-   the logits read everything. `valid[u, d]` holds this.
+   input, heads and MLPs of layers < l; the MLP of layer l also reads the heads of l,
+   unless the block is parallel (GPT-J / GPT-NeoX: its MLP reads `resid_pre` as its
+   heads do); the logits read everything. `valid[u, d]` holds this.
 4. Because the residual stream is a sum, the input of d is `sum_u z_u + biases`; an
    edge is patched by replacing its term z_u with z_u of another run (patching.py).
 5. Non-positional edges are one per (u, d); positional edges are per position
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from attrgraph.errors import UnsupportedModelError
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -46,26 +48,16 @@ class ComponentGraph:
     """Attention heads per block."""
     has_mlp: bool
     """False for attention-only models (no MLP nodes)."""
+    parallel: bool = False
+    """Attention and MLP of a block read the same residual (step 3): an MLP does not read its layer's heads."""
 
     @classmethod
     def from_model(cls, model: HookedTransformer) -> ComponentGraph:
         cfg = model.cfg
-        if cfg.parallel_attn_mlp:
-            raise UnsupportedModelError(
-                "parallel attention/MLP blocks are not supported; use a sequential model."
-            )
-        if cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads:
-            raise UnsupportedModelError(
-                "grouped-query attention is not supported; use a model with n_key_value_heads=None."
-            )
-        if cfg.positional_embedding_type not in ("standard", "rotary"):
-            raise UnsupportedModelError(
-                f"positional_embedding_type {cfg.positional_embedding_type!r} is not supported; "
-                "use 'standard' or 'rotary'."
-            )
-        if getattr(cfg, "use_normalization_before_and_after", False):
-            raise UnsupportedModelError("post-normalised blocks are not supported; use a pre-norm model.")
-        return cls(cfg.n_layers, cfg.n_heads, not cfg.attn_only)
+        why = BlockLayout.of(cfg).unsupported("circuits")
+        if why is not None:
+            raise UnsupportedModelError(f"component circuits cannot run on this model: {why}.")
+        return cls(cfg.n_layers, cfg.n_heads, not cfg.attn_only, BlockLayout.of(cfg).parallel)
 
     # ---- sizes -----------------------------------------------------------------
     @property
@@ -100,7 +92,7 @@ class ComponentGraph:
 
     def n_up_before(self, layer: int, mlp: bool = False) -> int:
         """How many upstream nodes (a prefix in forward order) a layer's heads (or MLP) read."""
-        return 1 + layer * (self.n_heads + self.n_mlp) + (self.n_heads if mlp else 0)
+        return 1 + layer * (self.n_heads + self.n_mlp) + (self.n_heads if mlp and not self.parallel else 0)
 
     # ---- names -----------------------------------------------------------------
     @cached_property

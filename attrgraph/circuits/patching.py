@@ -34,6 +34,7 @@ from torch import Tensor
 
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.errors import UnsupportedModelError
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -114,8 +115,10 @@ def run_edges(
     if (keep is not None or attn_keep is not None or input_alpha is not None) and corrupt is None:
         raise ValueError("patching needs the corrupted run's activations; pass corrupt=record_run(...).")
     with component_hooks(model) as g:
-        if attn_keep is not None and model.cfg.attn_scores_soft_cap > 0:
-            raise UnsupportedModelError("attention soft-capping is not supported by cross-position patching.")
+        layout = BlockLayout.of(model.cfg)
+        why = layout.unsupported("cross_position") if attn_keep is not None else None
+        if why is not None:
+            raise UnsupportedModelError(f"cross-position patching cannot run on this model: {why}.")
         # keep masks (host bookkeeping, circuit.py) go to the model's device once per run
         keep = None if keep is None else _as4(keep).to(tokens.device)
         attn_keep = None if attn_keep is None else attn_keep.to(tokens.device)
@@ -204,29 +207,27 @@ def run_edges(
                 delta_cache.clear()
                 return x
 
-            rot = model.cfg.positional_embedding_type == "rotary"
-            b = f"blocks.{layer}"
-            hooks = [(f"{b}.hook_{s}_input", qkv_in(i)) for i, s in enumerate("qkv")]
+            hooks = [(layout.hook(f"{s}_input", layer), qkv_in(i)) for i, s in enumerate("qkv")]
             hooks += [
-                (f"{b}.attn.hook_{'rot_q' if rot else 'q'}", grab("q")),
-                (f"{b}.attn.hook_{'rot_k' if rot else 'k'}", grab("k")),
-                (f"{b}.attn.hook_v", grab("v")),
-                (f"{b}.attn.hook_attn_scores", scores),
-                (f"{b}.attn.hook_pattern", grab("pattern")),
-                (f"{b}.attn.hook_z", z_hook),
-                (f"{b}.attn.hook_result", result),
+                (layout.q(layer), grab("q")),
+                (layout.k(layer), grab("k")),
+                (layout.hook("v", layer), grab("v")),
+                (layout.hook("attn_scores", layer), scores),
+                (layout.hook("pattern", layer), grab("pattern")),
+                (layout.hook("z", layer), z_hook),
+                (layout.hook("result", layer), result),
             ]
             if g.has_mlp:
-                hooks += [(f"{b}.hook_mlp_in", mlp_in), (f"{b}.hook_mlp_out", mlp_out)]
+                hooks += [(layout.hook("mlp_in", layer), mlp_in), (layout.hook("mlp_out", layer), mlp_out)]
             return hooks
 
         def logits_in(x, hook):
             return patch_in(x, g.n_up, g.down_logits, g.down_logits + 1)
 
-        hooks = [("blocks.0.hook_resid_pre", hook_input)]
+        hooks = [(layout.hook("resid_pre", 0), hook_input)]
         for layer in range(g.n_layers):
             hooks += make_layer_hooks(layer)
-        hooks.append((f"blocks.{g.n_layers - 1}.hook_resid_post", logits_in))
+        hooks.append((layout.hook("resid_post", g.n_layers - 1), logits_in))
         logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
 
     acts = None

@@ -1,7 +1,7 @@
 """HDF5 storage of component circuits and their scores, beside attribution graphs.
 
 1. Layout: `/circuits/<name>/` in the same kind of file as `/graphs/<name>/` (store.py):
-   attributes `schema_version`, `method`, `n_layers`, `n_heads`, `has_mlp`, `meta` (JSON),
+   attributes `schema_version`, `method`, `n_layers`, `n_heads`, `has_mlp`, `parallel`, `meta` (JSON),
    `positions` (names; absent for non-positional circuits); datasets `resid` (bool),
    `attn` and `attn_valid` (positional only), and, when scores are given,
    `scores/resid` and `scores/attn`. Text is fixed-length UTF-8 (in the checksummed object
@@ -98,6 +98,7 @@ def save_circuit(
             n_layers=g.n_layers,
             n_heads=g.n_heads,
             has_mlp=g.has_mlp,
+            parallel=g.parallel,
             meta=_text(json.dumps(circuit.meta, default=str)),
         )
         _array(grp, "resid", circuit.resid.cpu().numpy())
@@ -151,7 +152,12 @@ def _read(grp: h5py.Group, where: str) -> tuple[Circuit, EdgeScores | None]:
         raise GraphFileError(
             f"{where} has schema version {version}, this attrgraph reads {SCHEMA_VERSION}; write it again with save_circuit."
         )
-    graph = ComponentGraph(int(grp.attrs["n_layers"]), int(grp.attrs["n_heads"]), bool(grp.attrs["has_mlp"]))
+    graph = ComponentGraph(
+        int(grp.attrs["n_layers"]),
+        int(grp.attrs["n_heads"]),
+        bool(grp.attrs["has_mlp"]),
+        bool(grp.attrs.get("parallel", False)),  # files before parallel blocks hold sequential ones
+    )
 
     def read(key: str, shape: tuple, dtype=None) -> torch.Tensor:
         value = np.asarray(grp[key][()], dtype)

@@ -35,6 +35,7 @@ import math
 import time
 
 from attrgraph.cli import add_prompt_options
+from transcoders.block_layout import ATTN_OUTPUT
 
 
 def add_parser(sub) -> None:
@@ -72,7 +73,7 @@ def add_build_options(
         "--attn-transcoders",
         default=None,
         metavar="NAME_OR_PATH",
-        help="also replace the attention outputs with this SAE set (on blocks.{layer}.hook_attn_out)",
+        help=f"also replace the attention outputs with this SAE set (on {ATTN_OUTPUT})",
     )
     p.add_argument("--node-threshold", type=float, default=0.8)
     p.add_argument("--edge-threshold", type=float, default=0.98)

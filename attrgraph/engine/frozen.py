@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from transcoders import sites
+from transcoders.block_layout import is_frozen
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -47,6 +48,15 @@ class _MLPStandIn(nn.Module):
         if not self.replaced:
             return self.mlp(x)
         return self.write(self.layer) if self.raw else torch.zeros_like(x)
+
+
+def recorded_like(v: Tensor, x: Tensor) -> Tensor:
+    """The recorded value `v` (batch 1) in the shape of the live `x` (batch B). A QK-norm scale
+    (`attn.q_norm.hook_scale`) is `[batch pos heads, 1]`, batch folded into its first axis, so the batch
+    is repeated there; every other frozen hook has a batch axis of 1 to expand."""
+    if v.dim() == 2 and v.shape[0] != x.shape[0] and x.shape[0] % v.shape[0] == 0:
+        return v.repeat(x.shape[0] // v.shape[0], 1)
+    return v.expand(x.shape)
 
 
 @contextmanager
@@ -72,10 +82,9 @@ def frozen_forward(
         raise ValueError("frozen_forward replaces the MLP outputs of `layers`, so it needs `write`.")
     read_in_mlp = tc_cfg.input_hook == sites.MLP_INPUT
     fwd = [
-        (name, lambda x, hook, v=value: v.expand(x.shape))
+        (name, lambda x, hook, v=value: recorded_like(v, x))
         for name, value in frozen.items()
-        if (freeze_patterns and name.endswith("hook_pattern"))
-        or (freeze_norms and name.endswith("hook_scale"))
+        if is_frozen(name) and (freeze_patterns if name.endswith("hook_pattern") else freeze_norms)
     ]
     if read is not None and not read_in_mlp:
         fwd += [

@@ -22,6 +22,9 @@ general autograd graph, apply it layer by layer with matrix products:
    g' = `ln1_post^T g` (the residual g is added by the W_V product, `addmm`); the result is the
    gradient at `resid_post[j-1]`; after layer 0 it is the gradient at the embedding (token and
    positional embeddings enter the residual stream additively).
+   A parallel block (GPT-J, GPT-NeoX: `resid_post = resid_pre + attn(ln1 x) + mlp(ln2 x)`, no
+   resid_mid) takes the skip term and attention's term from the same g at `resid_post[j]`, and a
+   feature target of layer l injects at `resid_pre[l]` (`ln2^T v`), below its layer's attention.
 4. Only what a target can reach is computed: everything is causal, so a target at position p
    needs positions `<= p` only, and a feature of layer l only layers < l (plus the attention of
    l). Batches hold the targets of one start (logits, the MLP features of one layer, or the
@@ -96,11 +99,12 @@ from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.precision import compute_dtype, matmul_precision, numpy_dtype, walk_dtype
 from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
 from transcoders import sites
+from transcoders.block_layout import RESID_MID as RESID_MID  # defined there; re-exported
+from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
     from attrgraph.engine.replacement import ReplacementModel
 
-RESID_MID = "blocks.{layer}.hook_resid_mid"
 PAD_COLUMNS = 16
 """Decoder matrices are padded to a multiple of this many columns (`_LayerDecoders`)."""
 TRIANGLE_ROWS = 32
@@ -160,11 +164,9 @@ def unsupported_reason(rm: ReplacementModel, injections) -> str | None:
         return f"the transcoders read {rm.tc.cfg.input_hook!r}"
     if any(j.hook is not None for j in injections):
         return "a custom target reads an arbitrary hook"
-    for flag in ("parallel_attn_mlp", "attn_only", "use_split_qkv_input", "use_attn_in", "post_embedding_ln"):
-        if getattr(cfg, flag, False):
-            return f"the model sets {flag}"
-    if cfg.positional_embedding_type not in ("standard", "rotary"):
-        return f"positional embedding {cfg.positional_embedding_type!r}"
+    block = BlockLayout.of(cfg).unsupported("linear")
+    if block is not None:
+        return block
     norms = [
         m
         for b in rm.model.blocks
@@ -194,19 +196,20 @@ class LinearBackward:
         self.out_dtype = compute_dtype(state.errors.dtype)
         """The rows' dtype (float32 at least, also for bfloat16 products)."""
 
-        def norm(module, hook):
+        layout = BlockLayout.of(model.cfg)
+
+        def norm(module, name, layer=None):
+            hook = layout.norm_scale(name, layer)
             return _Norm(module, fr[hook][0] if hook in fr else None, dt)
 
         self.ln1, self.ln2, self.ln1_post, self.ln2_post = [], [], [], []
         self.W_O, self.W_V, self.pattern, self.W_skip = [], [], [], []
         for l, block in enumerate(model.blocks):
-            self.ln1.append(norm(block.ln1, f"blocks.{l}.ln1.hook_scale"))
-            self.ln2.append(norm(block.ln2, f"blocks.{l}.ln2.hook_scale"))
-            self.ln1_post.append(norm(getattr(block, "ln1_post", None), f"blocks.{l}.ln1_post.hook_scale"))
+            self.ln1.append(norm(block.ln1, "ln1", l))
+            self.ln2.append(norm(block.ln2, "ln2", l))
+            self.ln1_post.append(norm(getattr(block, "ln1_post", None), "ln1_post", l))
             raw = sites.raw_output_needed(model, rm.tc.cfg, l)
-            self.ln2_post.append(
-                norm(sites.post_norm(model, l) if raw else None, f"blocks.{l}.ln2_post.hook_scale")
-            )
+            self.ln2_post.append(norm(sites.post_norm(model, l) if raw else None, "ln2_post", l))
             W_O = block.attn.W_O.detach().to(dt)  # [H, d_head, d_model]
             W_V = block.attn.W_V.detach().to(dt)  # [H, d_model, d_head]
             H, dh, d = W_O.shape
@@ -215,17 +218,18 @@ class LinearBackward:
             self.W_V.append(self.ln1[l].fold(W_V.permute(1, 0, 2).reshape(d, H * dh).T))
             # A^T as [H, k, q], each key row k scaled by ln1's 1/s at k (step 2: the last factor of
             # the folded W_V), so that the attention step ends with a product, not a scaling pass
-            pattern = fr[f"blocks.{l}.attn.hook_pattern"][0].to(dt).transpose(-1, -2)
+            pattern = fr[layout.hook("pattern", l)][0].to(dt).transpose(-1, -2)
             if not self.ln1[l].identity:
                 pattern = pattern * self.ln1[l].inv.view(1, -1, 1)
             self.pattern.append(pattern.contiguous())
             ws = rm.tc.W_skip
             fold = self.ln2[l].fold if rm.tc.cfg.input_hook == sites.MLP_INPUT else (lambda W: W.contiguous())
             self.W_skip.append(None if ws is None else fold(ws[l].detach().to(dt).T))
-        self.ln_final = norm(getattr(model, "ln_final", None), "ln_final.hook_scale")
+        self.ln_final = norm(getattr(model, "ln_final", None), "ln_final")
         self.W_U_T = model.W_U.detach().to(dt).T.contiguous()  # [d_vocab, d_model]
         self.read_mid = rm.tc.cfg.input_hook == sites.MLP_INPUT
         self.attn_cut = rm.attn is not None  # step 7
+        self.parallel = layout.parallel  # step 3: attention and MLP read resid_pre
 
     def attention_back(self, l: int, g: Float[Tensor, "P B d_model"]) -> Float[Tensor, "P B d_model"]:
         """Gradient at resid_pre[l] from g at resid_mid[l]: g (the residual) plus what the frozen
@@ -302,10 +306,21 @@ class LinearBackward:
                 continue
             w = self.ln2_post[l].back(g)
             yield "mlp", l, w
+            skip = None
             if self.W_skip[l] is not None:
                 skip = w @ self.W_skip[l]
-                g = (self.ln2[l].scale_(skip) if self.read_mid else skip).add_(g)
+                skip = self.ln2[l].scale_(skip) if self.read_mid else skip
             del w
+            if self.parallel:  # attention and the skip both read resid_pre: both from g at resid_post
+                if self.attn_cut:
+                    yield "attn", l, g
+                    g = g if skip is None else skip.add_(g)
+                else:
+                    g = self.attention_back(l, g) if skip is None else self.attention_back(l, g).add_(skip)
+                continue
+            if skip is not None:
+                g = skip.add_(g)
+            del skip
             if self.attn_cut:
                 yield "attn", l, g
                 continue
@@ -326,7 +341,12 @@ class LinearBackward:
         if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
             g = self.attention_back_at(j0.layer, v, positions, P, residual=False, one_position=one_position)
             return g, j0.layer - 1, False
-        return (self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v), j0.layer, True
+        g = self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v
+        if self.parallel:  # the MLP reads resid_pre: the walk goes on below the layer, attention of l unread
+            dense = torch.zeros(P, B, d, dtype=g.dtype, device=dev)
+            dense[positions, torch.arange(B, device=dev)] = g
+            return dense, j0.layer - 1, False
+        return g, j0.layer, True
 
     def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
         """Multiply-adds x 2 of the products that a batch with rows at `positions` needs (step 4):
@@ -503,7 +523,9 @@ class _BatchRows:
             top = self.lb.L - 1
         else:  # a feature's walk starts at its layer's resid_mid (MLP) or below its layer (attention)
             top = j0.layer - 1
-        top_attn = (top + 1 if j0.site == "mlp" and not j0.logits else top) if self.attn else -1
+        # an MLP feature reads the attention of its own layer, unless the block is parallel
+        mid = j0.site == "mlp" and not j0.logits and not self.lb.parallel
+        top_attn = (top + 1 if mid else top) if self.attn else -1
         return top, top_attn, P
 
     def __call__(

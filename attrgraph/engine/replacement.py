@@ -45,7 +45,8 @@ from attrgraph.engine.finite import check_state
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.sets import transcoder_sets
 from attrgraph.errors import UnsupportedModelError
-from transcoders import sites
+from transcoders import block_layout, sites
+from transcoders.block_layout import BlockLayout
 from transcoders.errors import TranscoderMismatchError
 
 EMBEDDING_MODES = ("token+position", "token")
@@ -165,19 +166,21 @@ class ReplacementModel:
                 f"the transcoders are on {transcoders.device} but the model is on {where}; move them "
                 "with transcoders.to(model.cfg.device) (attribution keeps both on one device)."
             )
-        cap = getattr(model.cfg, "output_logits_soft_cap", 0.0) or 0.0
-        if cap > 0:
-            raise UnsupportedModelError(
-                f"the model soft-caps its logits at {cap}, which is not linear; set "
-                "model.cfg.output_logits_soft_cap = 0 before attributing (as circuit-tracer does)."
-            )
+        why = BlockLayout.of(model.cfg).unsupported("replacement")
+        if why is not None:
+            raise UnsupportedModelError(f"this model cannot be attributed: {why}.")
         self.model = model
         self.tc = transcoders
         self.attn = sets.attn
         """The attention-output SAE set, or None (step 6)."""
         self.sets = sets
         self.cfg = model.cfg
-        self.frozen_hooks = [n for n in model.hook_dict if n.endswith(("hook_pattern", "hook_scale"))]
+        self.frozen_hooks = [n for n in model.hook_dict if block_layout.is_frozen(n)]
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The model's block: hook names and flags (transcoders/block_layout.py), read from its config now."""
+        return BlockLayout.of(self.cfg)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -195,7 +198,7 @@ class ReplacementModel:
         names = (
             set(self.frozen_hooks)
             | set(sites.cache_hooks(self.model, cfg))
-            | {"hook_embed", "hook_pos_embed"}
+            | {block_layout.EMBED, block_layout.POS_EMBED}
             | set(self.attn_hooks())
         )
         tokens = tokens.to(self.cfg.device)
@@ -216,9 +219,9 @@ class ReplacementModel:
             if self.tc.W_skip is not None
             else torch.zeros_like(xt, dtype=y_out.dtype)
         )
-        embed = cache["hook_embed"][0]
-        if embedding == "token+position" and "hook_pos_embed" in cache:
-            embed = embed + cache["hook_pos_embed"][0]
+        embed = cache[block_layout.EMBED][0]
+        if embedding == "token+position" and block_layout.POS_EMBED in cache:
+            embed = embed + cache[block_layout.POS_EMBED][0]
         attn = self._run_attention(cache, n_excluded, y_out.dtype) if self.attn is not None else {}
         check_state(  # finite.py: NaN here would become a graph of 0 features and NaN edges
             {
@@ -329,13 +332,13 @@ class ReplacementModel:
                 x = embed.to(x.dtype).expand(x.shape)
             return x if run.embed_probe is None else x + run.embed_probe
 
-        hooks = [("hook_embed", embed_hook)]
+        hooks = [(block_layout.EMBED, embed_hook)]
         if (
             embed is not None
             and state.embedding == "token+position"
-            and "hook_pos_embed" in self.model.hook_dict
+            and block_layout.POS_EMBED in self.model.hook_dict
         ):
-            hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
+            hooks.append((block_layout.POS_EMBED, lambda x, hook: torch.zeros_like(x)))
         if self.attn is not None:
             run.attn_constant = self.attn_constant(state) if attn_constant is None else attn_constant
             hooks += [(h, lambda x, hook, l=l: run.attn_write(l, x)) for l, h in enumerate(self.attn_hooks())]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from transcoders import sites
+from transcoders.block_layout import ATTN_OUTPUT
 from transcoders.errors import TranscoderMismatchError
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ def check_attention_set(model: HookedTransformer, attn: SparseCoder, mlp: Sparse
             f"the attention SAEs cover {cfg.n_layers} layers but the model has {mcfg.n_layers}; "
             "a set must cover every layer of its model."
         )
-    if "blocks.0.hook_attn_out" not in model.hook_dict:
-        raise TranscoderMismatchError("this model has no 'blocks.{layer}.hook_attn_out' hooks to replace.")
+    if ATTN_OUTPUT.format(layer=0) not in model.hook_dict:
+        raise TranscoderMismatchError(f"this model has no {ATTN_OUTPUT!r} hooks to replace.")
     if not attn.per_token:
         raise TranscoderMismatchError(
             f"the attention SAE set ({cfg.activation}) is in training mode; call .eval() on it first."

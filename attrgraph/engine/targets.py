@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from torch import Tensor
 
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.errors import TargetError
+from transcoders.block_layout import hook_layer
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -55,10 +55,7 @@ class Target:
 
     def layer(self, n_layers: int) -> int:
         """The node's layer: `n_layers` for logits, else the block number in the hook name."""
-        if self.hook is None:
-            return n_layers
-        m = re.match(r"blocks\.(\d+)\.", self.hook)
-        return int(m.group(1)) if m else (-1 if self.hook.startswith("hook_") else n_layers)
+        return n_layers if self.hook is None else hook_layer(self.hook, n_layers)
 
 
 def select_logit_targets(

@@ -52,6 +52,9 @@ def random_graph(seed: int, n_emb=3, n_err=4, n_feat=20, n_logit=3, density=0.5)
 
 
 ARCHS = ("gpt2", "gemma2", "llama")
+BLOCK_ARCHS = ("qwen3", "gemma3", "pythia")
+"""Blocks beyond ARCHS (issue 32): QK-norm with grouped-query attention, Gemma-3's local/global
+layers with QK-norm and norms after each sublayer, and a parallel attention + MLP block."""
 TRANSCODERS = (("plt", False), ("plt", True), ("clt", False))
 
 
@@ -107,6 +110,48 @@ def tiny_model(arch: str, dtype=None, n_layers: int = 2, d_model: int = 16, d_vo
             n_key_value_heads=2,
             original_architecture="LlamaForCausalLM",
             eps=1e-5,
+        )
+    elif arch == "qwen3":  # the llama block with QK-norm (circuit-tracer's Qwen3 cases)
+        kw = dict(
+            common,
+            act_fn="silu",
+            normalization_type="RMS",
+            final_rms=True,
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=d_model // 4,
+            n_key_value_heads=2,
+            use_qk_norm=True,
+            original_architecture="Qwen3ForCausalLM",
+            eps=1e-6,
+        )
+    elif arch == "gemma3":  # QK-norm, sliding-window and global layers, norms before and after
+        kw = dict(
+            common,
+            act_fn="gelu_pytorch_tanh",
+            normalization_type="RMS",
+            final_rms=True,
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=d_model // 4,
+            n_key_value_heads=2,
+            use_qk_norm=True,
+            use_local_attn=True,
+            attn_types=(["local", "global"] * n_layers)[:n_layers],
+            window_size=3,
+            use_normalization_before_and_after=True,
+            original_architecture="Gemma3ForCausalLM",
+            eps=1e-6,
+        )
+    elif arch == "pythia":  # parallel attention + MLP (GPT-J, GPT-NeoX / Pythia)
+        kw = dict(
+            common,
+            act_fn="gelu",
+            normalization_type="LN",
+            positional_embedding_type="rotary",
+            rotary_dim=d_model // 4,
+            parallel_attn_mlp=True,
+            original_architecture="GPTNeoXForCausalLM",
         )
     else:
         raise ValueError(arch)

@@ -24,10 +24,14 @@ LAYERS = [
     "attrgraph.cli",
     "attrgraph.viewer",
     "attrgraph.analysis",
+    "attrgraph.circuits",
     "attrgraph.engine",
     "attrgraph.graph",
+    "attrgraph.bundled",
     "attrgraph.errors",
 ]
+BLOCK_LAYOUT = "transcoders/block_layout.py"
+"""The one module that spells TransformerLens's per-block hook names (`blocks.{layer}...`)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -98,10 +102,46 @@ def test_dependencies_point_one_way():
         for dep in deps
         if _layer(name) is not None and _layer(dep) is not None and _layer(dep) < _layer(name)
     ]
-    assert not bad, (
-        "imports against the layering cli -> viewer -> analysis -> engine -> graph -> errors:\n"
-        + "\n".join(bad)
+    assert not bad, "imports against the layering " + " -> ".join(LAYERS) + ":\n" + "\n".join(bad)
+
+
+def test_every_subpackage_has_a_layer():
+    subpackages = {p.parent.name for p in (ROOT / "attrgraph").glob("*/__init__.py")}
+    modules = {p.stem for p in (ROOT / "attrgraph").glob("*.py") if p.stem != "__init__"}
+    placed = {name.split(".")[1] for name in LAYERS}
+    assert subpackages | modules == placed, (
+        f"attrgraph subpackages without a layer: {sorted(subpackages | modules - placed)}; add them to LAYERS"
     )
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal in `path` that is no docstring (f-string parts included)."""
+    tree = ast.parse(path.read_text())
+    bodies = [b for node in ast.walk(tree) if isinstance(b := getattr(node, "body", None), list)]
+    docs = {
+        id(x.value)
+        for body in bodies
+        for x in body
+        if isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant)
+    }
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
+
+
+def test_only_the_block_layout_names_block_hooks():
+    """A hook name such as `blocks.{l}.ln2.hook_scale` spelled in place is where a new architecture
+    breaks (issue 32): every module asks `transcoders.block_layout` instead. Docstrings may mention them."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {text[:60]!r}"
+        for path in _modules().values()
+        if path.relative_to(ROOT).as_posix() != BLOCK_LAYOUT
+        for line, text in _strings(path)
+        if "blocks." in text
+    ]
+    assert not bad, "hook names spelled outside " + BLOCK_LAYOUT + ":\n" + "\n".join(bad)
 
 
 def test_no_module_imports_another_modules_private_names():

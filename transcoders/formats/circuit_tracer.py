@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
+from transcoders.block_layout import MLP_INPUT, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.formats.native import read_safetensors
-from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -53,12 +53,13 @@ def hooks_from_ct(feature_input_hook: str, feature_output_hook: str) -> tuple[st
     """(input_hook, output_hook, output_before_post_norm) of ours for circuit-tracer's hook names."""
 
     def one(name: str) -> str:
-        name = re.sub(r"^blocks\.(\d+|\{layer\})\.", "", name)
+        split = split_block_hook(name)
+        name = split[1] if split is not None else name
         if name in ("mlp.hook_in", "ln2.hook_normalized"):
             return MLP_INPUT
         if name == "mlp.hook_out":
             return MLP_OUTPUT
-        return "blocks.{layer}." + name
+        return block_hook(name)
 
     return one(feature_input_hook), one(feature_output_hook), feature_output_hook.endswith("mlp.hook_out")
 
@@ -67,11 +68,12 @@ def hooks_to_ct(cfg: TranscoderConfig) -> tuple[str, str]:
     """circuit-tracer's (feature_input_hook, feature_output_hook) for our config."""
 
     def suffix(template: str) -> str:
-        if not template.startswith("blocks.{layer}."):
+        split = split_block_hook(template)
+        if split is None or split[0] is not None:
             raise UnknownFormatError(
                 f"hook {template!r} is not a per-block hook; circuit-tracer cannot express it."
             )
-        return template[len("blocks.{layer}.") :]
+        return split[1]
 
     inp = "mlp.hook_in" if cfg.input_hook == MLP_INPUT else suffix(cfg.input_hook)
     if cfg.output_hook == MLP_OUTPUT and cfg.output_before_post_norm:

@@ -34,15 +34,14 @@ Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from transcoders.block_layout import BLOCK, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
-from transcoders.sites import MLP_OUTPUT
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -97,12 +96,13 @@ def _objects(items) -> list:
 
 
 def _split_hook(name: str | None, what: str) -> tuple[int, str]:
-    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", name or "")
-    if m is None:
+    split = split_block_hook(name)
+    if split is None or split[0] is None:
         raise UnknownFormatError(
-            f"sae_lens {what} {name!r} is not a per-layer hook 'blocks.<i>.<name>'; we cannot place it."
+            f"sae_lens {what} {name!r} is not a per-layer hook {BLOCK.format(layer='<i>') + '<name>'!r}; "
+            "we cannot place it."
         )
-    return int(m.group(1)), "blocks.{layer}." + m.group(2)
+    return split[0], block_hook(split[1])
 
 
 def load_sae_lens(
@@ -213,9 +213,10 @@ def sae_lens_architecture(cfg: TranscoderConfig) -> str:
 
 
 def _hook_name(template: str, layer: int, what: str) -> str:
-    if re.fullmatch(r"blocks\.\{layer\}\.[^{}]+", template) is None:
+    split = split_block_hook(template)
+    if split is None or split[0] is not None or "{" in split[1]:
         raise UnknownFormatError(
-            f"{what} {template!r} is not a per-block hook 'blocks.{{layer}}.<name>'; "
+            f"{what} {template!r} is not a per-block hook {BLOCK + '<name>'!r}; "
             "sae_lens cannot place it, so save this set in the native format."
         )
     return template.format(layer=layer)

@@ -12,6 +12,7 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import OptionError
 from tests.attrgraph.ag_helpers import (
     ARCHS,
+    BLOCK_ARCHS,
     gain_encoder_transcoders,
     tiny_attn_saes,
     tiny_model,
@@ -49,7 +50,8 @@ def _edges_on_residual_path(graph, position_rule):
 
 
 @pytest.mark.parametrize(
-    "arch, kind", [(a, k) for a in ARCHS for k in ("plt", "clt")] + [("gpt2", "gain"), ("gemma2", "gain")]
+    "arch, kind",
+    [(a, k) for a in ARCHS + BLOCK_ARCHS for k in ("plt", "clt")] + [("gpt2", "gain"), ("gemma2", "gain")],
 )
 def test_edge_equals_activation_times_virtual_weight_at_frozen_scales(arch, kind, one_torch_thread):
     model, sets, rm, graph = _graph(arch, kind)

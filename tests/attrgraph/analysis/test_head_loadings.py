@@ -12,7 +12,7 @@ from attrgraph.analysis.head_loadings import head_loadings, model_lock
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
-from tests.attrgraph.ag_helpers import ARCHS, tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import ARCHS, BLOCK_ARCHS, tiny_attn_saes, tiny_model, tiny_transcoders
 
 TOKENS = torch.tensor([3, 7, 1, 12, 5, 9])
 SETS = ("plt", "clt", "plt+attn")
@@ -84,7 +84,7 @@ def _without_heads(model, tcs, layer, heads):
     )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BLOCK_ARCHS)
 @pytest.mark.parametrize("sets", SETS)
 def test_parts_sum_to_the_graph_edge(arch, sets, one_torch_thread):
     model, tcs, graph = _setup(arch, sets)
@@ -102,7 +102,7 @@ def test_parts_sum_to_the_graph_edge(arch, sets, one_torch_thread):
     assert np.all(np.abs(hl.edge - edge) <= 1e-6 * scale)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BLOCK_ARCHS)
 @pytest.mark.parametrize("sets", SETS)
 def test_zeroing_a_heads_ov_changes_the_edge_by_its_loading(arch, sets, one_torch_thread):
     model, tcs, graph = _setup(arch, sets)

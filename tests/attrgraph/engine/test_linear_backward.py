@@ -10,7 +10,14 @@ from attrgraph.engine.linear_backward import linear_rows, unsupported_reason
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import Injection, build_sources, feature_injections
 from attrgraph.engine.targets import select_logit_targets
-from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import (
+    ARCHS,
+    BLOCK_ARCHS,
+    TRANSCODERS,
+    tiny_attn_saes,
+    tiny_model,
+    tiny_transcoders,
+)
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2])
 
@@ -33,7 +40,7 @@ def injections_for(rm, state):
     return inj
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BLOCK_ARCHS)
 @pytest.mark.parametrize("kind,skip", TRANSCODERS)
 @pytest.mark.parametrize("exclude_bos", [True, False])
 def test_linear_rows_equal_autograd_rows(arch, kind, skip, exclude_bos):
@@ -102,7 +109,7 @@ def test_batches_split_by_working_set_give_the_same_rows(kind, monkeypatch):
     assert stats["seconds_backward"] > 0
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BLOCK_ARCHS)
 @pytest.mark.parametrize("kind,skip", TRANSCODERS)
 @pytest.mark.parametrize("exclude_bos", [True, False])
 def test_linear_rows_equal_autograd_rows_with_attention_features(arch, kind, skip, exclude_bos):
