@@ -44,15 +44,31 @@ def text_outputs(nb) -> list[str]:
     lines = []
     code = [c for c in nb.cells if c.cell_type == "code"]
     for i, cell in enumerate(code):
+        texts, stdout = [], []  # a kernel may send one printed line in several stream pieces: join them
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
-                text = out.text if out.name == "stdout" else ""
-            elif out.output_type in ("execute_result", "display_data"):
-                text = out.get("data", {}).get("text/plain", "")
+                stdout.append(out.text if out.name == "stdout" else "")
+                continue
+            texts.append("".join(stdout))
+            stdout = []
+            if out.output_type in ("execute_result", "display_data"):
+                texts.append(out.get("data", {}).get("text/plain", ""))
             else:  # an error committed, or raised in the run
-                text = f"{out.get('ename')}: {out.get('evalue')}"
-            lines += [f"[{i}] {line}" for line in _masked(text).splitlines()]
+                texts.append(f"{out.get('ename')}: {out.get('evalue')}")
+        texts.append("".join(stdout))
+        lines += [f"[{i}] {line}" for text in texts for line in _masked(text).splitlines()]
     return lines
+
+
+def test_a_line_printed_in_pieces_reads_as_one_line():
+    """nbclient keeps the stream messages a kernel sends; one `print` may arrive in several."""
+    whole = nbformat.v4.new_code_cell(
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="a b\nc\n")]
+    )
+    pieces = [nbformat.v4.new_output("stream", name="stdout", text=t) for t in ("a ", "b\n", "c\n")]
+    split = nbformat.v4.new_code_cell(outputs=pieces)
+    assert text_outputs(nbformat.v4.new_notebook(cells=[split])) == ["[0] a b", "[0] c"]
+    assert text_outputs(nbformat.v4.new_notebook(cells=[whole])) == ["[0] a b", "[0] c"]
 
 
 def test_masks_hide_only_what_changes_between_runs():
