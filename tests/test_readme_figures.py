@@ -1,7 +1,8 @@
-"""The README's figures are the ones in the results files they cite (benchmarks/results/, data/*/manifest.json).
+"""The figures of the README and of the reference pages it points to (docs/*.md) are the ones in the
+results files they cite (benchmarks/results/, data/*/manifest.json).
 
-Each test formats figures from a results file the way the README writes them and looks for that
-text in the README, so a re-run benchmark or an edited README that disagree fail here.
+Each test formats figures from a results file the way the pages write them and looks for that text
+in the README or a docs page, so a re-run benchmark or an edited page that disagree fail here.
 """
 
 import json
@@ -22,7 +23,9 @@ def load(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def readme() -> str:
-    return " ".join((ROOT / "README.md").read_text().split())  # line breaks do not matter
+    """The README and the docs pages, as one text (line breaks do not matter)."""
+    pages = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    return " ".join(" ".join(p.read_text().split()) for p in pages)
 
 
 def quoted(readme: str, text: str) -> None:
@@ -406,7 +409,7 @@ def test_frontier(readme):
     assert len(rows) == len({r["method"] for r in res["runs"].values()}) - 1  # all but ours, the reference
     for line in rows:
         quoted(readme, line)
-    quoted(readme, "](benchmarks/results/frontier.png)")
+    quoted(readme, "](../benchmarks/results/frontier.png)")  # the figure, in docs/bundled.md
 
 
 def test_viewer_panels(readme):
