@@ -87,7 +87,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import train_vs_sparsify as tvs  # noqa: E402  (dump, the sparsify worker and its own scoring)
 
 RESULTS = ROOT / "benchmarks" / "results"
-DEAD_TOKENS = 100_000  # our trainer's rule (transcoders.train.DEAD_TOKENS)
+DEAD_TOKENS = 100_000  # our trainer's rule (transcoders.trainer.DEAD_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,6 @@ ATTN_OUTPUT = "blocks.{layer}.hook_attn_out"
 to the residual stream, after any post-attention norm such as Gemma-2's `ln1_post`); sites.py
 re-exports it beside the MLP sites."""
 
-ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
-
 
 @dataclass(frozen=True)
 class TranscoderConfig:
@@ -87,14 +85,16 @@ class TranscoderConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigError(f"kind {self.kind!r} is not one of {KINDS}; pick one of them.")
-        if self.activation not in ACTIVATIONS:
+        from transcoders.nonlinearity import NONLINEARITIES  # the one list of activations (and torch)
+
+        if self.activation not in NONLINEARITIES:
             raise ConfigError(
-                f"activation {self.activation!r} is not one of {ACTIVATIONS}; pick one of them."
+                f"activation {self.activation!r} is not one of {tuple(NONLINEARITIES)}; pick one of them."
             )
         for name in ("n_layers", "d_model", "d_sae"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; it must be a positive integer.")
-        if self.activation in ("topk", "batchtopk") and not 0 < self.k <= self.d_sae:
+        if NONLINEARITIES[self.activation].uses_k and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
         if self.bandwidth <= 0:
             raise ConfigError(f"bandwidth is {self.bandwidth}; it must be positive.")

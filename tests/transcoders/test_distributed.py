@@ -117,16 +117,18 @@ def _sharded_functions(rank: int, world: int, root) -> None:
     out = {}
     for act, full in tcs.items():
         tc = type(full)(tdist.local_config(full.cfg, d))
-        state = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, full.cfg.kind, d)
+        state = tdist.shard_state(
+            {f"tc.{k}": v for k, v in full.state_dict().items()}, full.feature_dims(), d
+        )
         tc.load_state_dict({k[3:]: v for k, v in state.items()})
         tc.train()
         h = pre[..., cut].clone().requires_grad_(True)
-        acts = tdist.sharded_activation(tc, h, d)
+        acts = tdist.rank_activation(tc, h, d)
         (acts * torch.arange(16.0)).sum().backward()
         out[f"{act}.acts"], out[f"{act}.grad"] = acts.detach(), h.grad
         if act == "batchtopk":  # the running threshold after that one training batch
             out["batchtopk.threshold"] = tc.threshold.clone()
-        out[f"{act}.tied"] = tdist.sharded_activation(tc, tied[..., cut], d)
+        out[f"{act}.tied"] = tdist.rank_activation(tc, tied[..., cut], d)
         if act == "topk":
             h = pre[..., cut].clone().requires_grad_(True)
             loss = tdist.sharded_topk_aux_loss(tc, h, residual, dead[:, cut], 5, d)
@@ -154,10 +156,10 @@ def _data_functions(rank: int, world: int, root) -> None:
     tc = tcs["batchtopk"].train()
     rows = slice(rank * 8, (rank + 1) * 8)
     h = pre[rows].clone().requires_grad_(True)
-    acts = tdist.data_activation(tc, h, d)
+    acts = tdist.rank_activation(tc, h, d)
     (acts * torch.arange(32.0)).sum().backward()
     out = {"acts": acts.detach(), "grad": h.grad, "threshold": tc.threshold.clone()}
-    out["tied"] = tdist.data_activation(tc, data_tied()[rank * 2 : (rank + 1) * 2], d)
+    out["tied"] = tdist.rank_activation(tc, data_tied()[rank * 2 : (rank + 1) * 2], d)
     torch.save(out, root / f"data{rank}.pt")
 
 
@@ -270,13 +272,12 @@ def test_parallel_option_is_checked():
 def test_sharding_refuses_what_it_cannot_do_exactly():
     from transcoders.distributed import Dist, check
 
-    check(Dist(0, 2, "features"), 128, 32, "topk")  # global top-k across the shards
-    check(Dist(0, 2, "features"), 128, 32, "batchtopk")
+    check(Dist(0, 2, "features"), 128, 32)  # every activation (TopK's top-k is global across the shards)
     with pytest.raises(ConfigError, match="d_sae 33"):
-        check(Dist(0, 2, "features"), 128, 33, "relu")
+        check(Dist(0, 2, "features"), 128, 33)
     with pytest.raises(ConfigError, match="batch_size 127"):
-        check(Dist(0, 2, "data"), 127, 32, "topk")
-    check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
+        check(Dist(0, 2, "data"), 127, 32)
+    check(Dist(0, 2, "data"), 128, 32)
 
 
 def torchrun(flags: list[str], out) -> subprocess.Popen:
