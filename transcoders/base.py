@@ -276,6 +276,9 @@ class SparseCoder(nn.Module):
             res.acts, res.pre_acts, self.threshold, decoder_norms, weights.penalty
         )
         loss = mse + lam * penalty
+        nested = self.nonlinearity.nested_loss(self, res.acts, res.out, y, d)
+        if nested is not None:  # Matryoshka: the nested prefixes' reconstructions, weighted as the MSE
+            loss = loss + nested
         if weights.preact_coef:
             form = (weights.preact_form, self.threshold, decoder_norms, dead)
             loss = loss + weights.preact_coef * preact_loss(res.pre_acts, *form)

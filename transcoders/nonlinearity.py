@@ -31,6 +31,9 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
    features for it).
 10. `uses_k`: whether `cfg.k` means something (TopK, BatchTopK), so the config checks it;
    `sparse_step`: whether a per-layer set of it may train with sparse_topk.py's step (TopK).
+11. `nested_loss(coder, acts, out, y, d)`: reconstruction terms besides the MSE, weighted 1 like it, or
+   None (Matryoshka BatchTopK: every nested prefix of the features reconstructs the target;
+   `nested` says the config must give its widths).
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class Nonlinearity:
     """Step 10: `cfg.k` is its budget (TopK, BatchTopK)."""
     sparse_step: ClassVar[bool] = False
     """Step 10: the k active features per token are all a training step needs (TopK)."""
+    nested: ClassVar[bool] = False
+    """Step 11: trains nested prefixes of the features (`cfg.matryoshka_widths`)."""
 
     def make_threshold(self, n_layers: int, d_sae: int) -> Tensor | None:
         return None
@@ -123,6 +128,10 @@ class Nonlinearity:
         self, coder: Coder, h: Tensor, residual: Tensor, dead: Tensor | None, d: tdist.Dist
     ) -> Tensor | None:
         """Step 9: the auxiliary loss (no coefficient), or None when the nonlinearity has none."""
+        return None
+
+    def nested_loss(self, coder: Coder, acts: Tensor, out: Tensor, y: Tensor, d: tdist.Dist) -> Tensor | None:
+        """Step 11: reconstruction terms besides the MSE (weighted 1), or None."""
         return None
 
     def sparsity(
@@ -308,4 +317,36 @@ class BatchTopK(_AuxK):
         coder.threshold.mul_(1 - m).add_(m * smallest.to(coder.threshold)[:, None])
 
 
-NONLINEARITIES: dict[str, type[Nonlinearity]] = {cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK)}
+class MatryoshkaBatchTopK(BatchTopK):
+    """BatchTopK whose nested prefixes of the features each reconstruct the target too (Bussmann et al.
+    2025, "Learning Multi-Level Features with Matryoshka Sparse Autoencoders"; sae_lens's
+    `matryoshka_batchtopk`): for every width `w` of `cfg.matryoshka_widths` (below `d_sae`), the
+    reconstruction from features `[0, w)` of each layer alone adds its MSE to the loss, weight 1.
+    Its activation, threshold, AuxK and everything after training are BatchTopK's."""
+
+    name = "matryoshka_batchtopk"
+    nested = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.widths = tuple(cfg.matryoshka_widths)
+
+    def nested_loss(self, coder, acts, out, y, d):
+        """`sum_w mse(out - decoded(features >= w), y)`: the whole reconstruction less the outer
+        features' part (b_dec and any skip stay, as in `out`); feature-sharded, the outer part is
+        summed over ranks, the global feature index deciding inner or outer."""
+        s = acts.shape[-1]
+        index = torch.arange(s, device=acts.device) + (d.rank * s if d.shards_features else 0)  # global
+        total = None
+        for w in self.widths:
+            outer = coder.decode(torch.where(index >= w, acts, torch.zeros_like(acts))) - coder.b_dec
+            if d.shards_features:
+                outer = tdist.reduce_sum(outer)
+            term = losses.mse_loss(out - outer, y)
+            total = term if total is None else total + term
+        return total
+
+
+NONLINEARITIES: dict[str, type[Nonlinearity]] = {
+    cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK, MatryoshkaBatchTopK)
+}

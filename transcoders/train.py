@@ -85,7 +85,8 @@ class TrainConfig:
     kind: str = "plt"
     """"plt" (per-layer transcoders), "clt" (cross-layer transcoder) or "sae" (on --hook)."""
     activation: str = "jumprelu"
-    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk" or "batchtopk" (auxiliary loss)."""
+    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk", "batchtopk" or "matryoshka_batchtopk"
+    (auxiliary loss; the last also --matryoshka-widths)."""
     d_sae: int = 1024
     """Features per layer."""
     model: str = "default"
@@ -125,6 +126,9 @@ class TrainConfig:
     over dead features only."""
     k: int = 32
     """Features kept per layer and token for --activation topk (on average: batchtopk)."""
+    matryoshka_widths: tuple[int, ...] = ()
+    """For --activation matryoshka_batchtopk: the nested widths below --d-sae whose feature prefixes must
+    each reconstruct the target too (e.g. --matryoshka-widths 64 256 with --d-sae 1024)."""
     auxk_coef: float = 1 / 32
     """Weight of TopK's auxiliary loss (AuxK: the top 2k dead features reconstruct the residual); 0 turns it off, and with it the work it costs."""
     skip: bool = False
@@ -176,6 +180,21 @@ class TrainConfig:
             raise ConfigError(
                 f"max_grad_norm {self.max_grad_norm} is negative or NaN; pass 0 to turn clipping off."
             )
+        # the nonlinearity's own checks (activation name, k, Matryoshka widths) before any heavy work
+        TranscoderConfig(
+            kind="plt",
+            n_layers=1,
+            d_model=1,
+            d_sae=self.d_sae,
+            activation=self.activation,
+            k=self.k,
+            matryoshka_widths=self.matryoshka_widths,
+        )
+        if self.matryoshka_widths and max(self.matryoshka_widths) >= self.d_sae:
+            raise ConfigError(
+                f"matryoshka_widths {list(self.matryoshka_widths)} must stay below d_sae {self.d_sae} (the full "
+                "width is always trained); drop or lower the last."
+            )
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
@@ -199,6 +218,7 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
         output_hook=hooks[1],
         skip=cfg.skip,
         k=cfg.k,
+        matryoshka_widths=cfg.matryoshka_widths,
         bandwidth=cfg.bandwidth,
         ste_to_input=cfg.ste_to_input,
         output_before_post_norm=cfg.kind != "sae",

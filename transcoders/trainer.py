@@ -24,6 +24,7 @@ Around the steps: setup (the set, Adam, a resumed checkpoint or fresh scales), c
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -166,10 +167,10 @@ class Trainer:
         if (resume := resume_folder(self.ckpt)) is not None:
             meta, state = read_checkpoint(resume, self.part)
             saved = meta["train_config"]
+            now = json.loads(json.dumps(dataclasses.asdict(cfg)))  # as meta.json holds it: tuples are lists
+            default = json.loads(json.dumps(DEFAULTS))
             differs = [
-                k
-                for k, v in dataclasses.asdict(cfg).items()
-                if k not in RESUME_FREE and saved.get(k, DEFAULTS.get(k)) != v
+                k for k, v in now.items() if k not in RESUME_FREE and saved.get(k, default.get(k)) != v
             ]
             if differs:
                 raise ConfigError(

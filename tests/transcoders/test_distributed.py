@@ -1,5 +1,5 @@
 """Two CPU processes (gloo) train like one: data parallel and feature-sharded, PLT and CLT
-(feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
+(Matryoshka BatchTopK both ways; feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
 BatchTopK, whose budget is the global batch's); a checkpoint written with 2 ranks resumes with 1
 and with 2.
 
@@ -36,6 +36,18 @@ CASES = {
     "clt-features-relu": dict(kind="clt", activation="relu", parallel="features", preact_coef=1e-3),
     "plt-features-topk": dict(kind="plt", activation="topk", parallel="features", k=4, skip=True),
     "clt-features-batchtopk": dict(kind="clt", activation="batchtopk", parallel="features", k=4),
+    # nested prefixes: width 8 on rank 0 alone, 20 across both ranks' features
+    "plt-features-matryoshka": dict(
+        kind="plt",
+        activation="matryoshka_batchtopk",
+        matryoshka_widths=(8, 20),
+        parallel="features",
+        k=4,
+        skip=True,
+    ),
+    "clt-data-matryoshka": dict(
+        kind="clt", activation="matryoshka_batchtopk", matryoshka_widths=(8, 20), parallel="data", k=4
+    ),
 }
 STEPS = 6
 ATOL, RTOL = 1e-6, 1e-5

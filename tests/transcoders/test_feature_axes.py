@@ -27,6 +27,7 @@ def build(kind, activation, d_sae, training=False):
         d_sae=d_sae,
         activation=activation,
         k=2,
+        matryoshka_widths=(3,) if NONLINEARITIES[activation].nested else (),
         input_hook=hook,
         skip=kind != "sae",
         **({"output_hook": hook} if kind == "sae" else {}),
