@@ -244,7 +244,7 @@ class SparseCoder(nn.Module):
         activations (its nonlinearity over the ranks, nonlinearity.py step 8) and the whole set's
         reconstruction (feature-sharded: the partial decodes summed over ranks, differentiably)."""
         if not d.active:
-            return self.forward(x)
+            return self(x)  # through __call__: module hooks see the set's forward
         pre_acts = self.encode(x)
         acts = self.nonlinearity.spread_train_call(self, pre_acts, d)
         out = self.decode(acts)
