@@ -87,7 +87,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import train_vs_sparsify as tvs  # noqa: E402  (dump, the sparsify worker and its own scoring)
 
 RESULTS = ROOT / "benchmarks" / "results"
-DEAD_TOKENS = 100_000  # our trainer's rule (transcoders.train.DEAD_TOKENS)
+DEAD_TOKENS = 100_000  # our trainer's rule (transcoders.trainer.DEAD_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,13 @@ METHODS = {
     ),
     "topk": Method("ours: TopK", "ours", "k", (12, 30, 60), {"activation": "topk"}),
     "batchtopk": Method("ours: BatchTopK", "ours", "k", (12, 30, 60), {"activation": "batchtopk"}),
+    "matryoshka_batchtopk": Method(  # Bussmann et al. 2025's nesting; widths fit the default --d-sae 1024
+        "ours: Matryoshka BatchTopK",
+        "ours",
+        "k",
+        (12, 30, 60),
+        {"activation": "matryoshka_batchtopk", "matryoshka_widths": (64, 256)},
+    ),
     "sae_lens_jumprelu": Method(
         "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
     ),
@@ -466,6 +473,7 @@ def plot(path: Path, meta: dict, by_method: dict) -> None:
         "relu_l1": ("C7", "v", "--"),
         "topk": ("C0", "^", "--"),
         "batchtopk": ("C2", "D", "--"),
+        "matryoshka_batchtopk": ("C8", "d", "--"),
         "sae_lens_jumprelu": ("C4", "P", ":"),
         "sparsify_topk": ("C5", "X", ":"),
     }

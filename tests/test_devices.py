@@ -22,7 +22,10 @@ SCANNED = (
     sorted((ROOT / "attrgraph" / "engine").glob("*.py"))
     + sorted((ROOT / "attrgraph" / "analysis").glob("*.py"))
     + sorted((ROOT / "attrgraph" / "circuits").glob("*.py"))
-    + [ROOT / "transcoders" / n for n in ("train.py", "metrics.py", "distributed.py")]
+    + [
+        ROOT / "transcoders" / n
+        for n in ("train.py", "trainer.py", "metrics.py", "distributed.py", "nonlinearity.py")
+    ]
 )
 FACTORIES = {
     "zeros", "ones", "empty", "full", "arange", "tensor", "as_tensor", "eye", "rand", "randn",
@@ -31,7 +34,10 @@ FACTORIES = {
 # (file, text of the call): factories that are host-side on purpose
 ALLOWED = {
     # the initialization is drawn on the host, so that a seed gives one set whatever the device
-    ("transcoders/train.py", "torch.Generator()"),
+    ("transcoders/trainer.py", "torch.Generator()"),
+    # a set's threshold is made with the set, on the host, and moved with it (`.to(device)`)
+    ("transcoders/nonlinearity.py", "torch.full((n_layers, d_sae), THRESHOLD_INIT)"),
+    ("transcoders/nonlinearity.py", "torch.zeros(n_layers, d_sae)"),
 }
 
 

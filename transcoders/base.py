@@ -14,24 +14,25 @@ Initialization follows the appendix ("ML details"): encoder ~ U(+-1/sqrt(n_featu
 decoder ~ U(+-1/sqrt(n_out_layers * d_model)), biases zero, JumpReLU thresholds 0.03.
 
 BatchTopK trains with the batch rule in training mode (`.train()`) and updates its inference
-threshold, a buffer, as a running mean (momentum `BATCHTOPK_MOMENTUM`) of the smallest kept
+threshold, a buffer, as a running mean (momentum nonlinearity.py `BATCHTOPK_MOMENTUM`) of the smallest kept
 activation; in eval mode (what `load_transcoders` returns) it applies the threshold per token.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from transcoders import distributed as tdist
 from transcoders.config import TranscoderConfig
-from transcoders.nonlinearity import NONLINEARITIES, THRESHOLD_INIT
+from transcoders.losses import mse_loss, preact_loss
+from transcoders.nonlinearity import NONLINEARITIES, THRESHOLD_INIT, Penalty
 
-BATCHTOPK_MOMENTUM = 0.01
+ONE_PROCESS = tdist.Dist()
 
 
 class TranscoderOutput(NamedTuple):
@@ -45,6 +46,34 @@ class TranscoderOutput(NamedTuple):
     """Reconstruction at the write site: decoder output, `b_dec` and the skip term."""
 
 
+class LossWeights(NamedTuple):
+    """How a training step weighs the coder's loss terms besides the MSE (TrainConfig's options)."""
+
+    penalty: Penalty = Penalty()
+    """The sparsity penalty's form (its lambda ramps with the step: `train_forward`'s `lam`)."""
+    preact_coef: float = 0.0
+    """Weight of the pre-activation loss (0: off)."""
+    preact_form: str = "appendix"
+    """Its form, losses.py `preact_loss`."""
+    auxk_coef: float = 0.0
+    """Weight of the nonlinearity's auxiliary loss (AuxK; 0: off, and dead features need not be tracked)."""
+
+
+class StepOutput(NamedTuple):
+    """What a training step's forward returns (`SparseCoder.train_forward`, sparse_topk.py)."""
+
+    out: Float[Tensor, "batch n_layers d_model"]
+    """The whole set's reconstruction of the normalized target."""
+    loss: Tensor
+    """The loss the step minimizes: MSE and every weighted term."""
+    mse: Tensor
+    """Its reconstruction term (losses.py step 1)."""
+    fired: Bool[Tensor, "n_layers d_sae"]
+    """This rank's features active for some token of the batch."""
+    l0: Tensor
+    """Active features (of this rank) per token and layer, averaged."""
+
+
 class SparseCoder(nn.Module):
     """Base of `SAE`, `PerLayerTranscoder` and `CrossLayerTranscoder`; subclasses give the decoder."""
 
@@ -56,17 +85,21 @@ class SparseCoder(nn.Module):
         if self.kind and cfg.kind != self.kind:
             raise ValueError(f"{type(self).__name__} needs cfg.kind={self.kind!r}, got {cfg.kind!r}")
         self.cfg = cfg
+        self._feature_dims: dict[str, int | None] = {}
         L, D, S = cfg.n_layers, cfg.d_model, cfg.d_sae
         self.W_enc = nn.Parameter(torch.zeros(L, D, S))
         self.b_enc = nn.Parameter(torch.zeros(L, S))
         self.b_dec = nn.Parameter(torch.zeros(L, D))
+        self.declare_features(W_enc=2, b_enc=1, b_dec=None)
         self.nonlinearity = NONLINEARITIES[cfg.activation](cfg)
         threshold = self.nonlinearity.make_threshold(L, S)
         if isinstance(threshold, nn.Parameter) or threshold is None:
             self.threshold = threshold
         else:  # estimated, not trained (BatchTopK): a buffer
             self.register_buffer("threshold", threshold)
+        self.declare_features(**self.nonlinearity.feature_dims())
         self.W_skip = nn.Parameter(torch.zeros(L, D, D)) if cfg.skip else None
+        self.declare_features(W_skip=None)
 
     # --------------------------------------------------------------- properties
     @property
@@ -95,10 +128,28 @@ class SparseCoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.b_enc.dtype
 
+    # --------------------------------------------------------------- feature axes, for sharding
+    def declare_features(self, **dims: int | None) -> None:
+        """Declare, where a tensor is created, which of its axes indexes features (None: it has none,
+        and a feature-sharded run replicates it). A name may be declared before its tensor exists
+        (JumpReLU's log-threshold, present only while it trains)."""
+        self._feature_dims.update(dims)
+
+    def feature_dims(self) -> dict[str, int | None]:
+        """The declared feature axis of every tensor name of this set (its state dict's and more)."""
+        return dict(self._feature_dims)
+
+    def feature_dim(self, name: str) -> int | None:
+        """The feature axis of tensor `name` (a state-dict key); `UndeclaredFeatureAxisError` for a
+        name nobody declared, so that sharding never copies an unknown tensor to every rank."""
+        return tdist.feature_dim(name, self._feature_dims)
+
     # --------------------------------------------------------------- init
     n_features_init: int
     n_out_init: int
 
+    one_decoder_per_layer: bool = False
+    """Layer l's features write layer l alone through `W_dec[l]` [d_sae, d_model] (PLT, SAE)."""
     decoder_feature_axis: int
     """The feature axis of every tensor of `decoder_weights()` (`W_enc`'s is 2)."""
 
@@ -170,13 +221,6 @@ class SparseCoder(nn.Module):
         """`(source layer, W [d_sae, d_model])` for every decoder writing `layer`."""
         raise NotImplementedError
 
-    @torch.no_grad()
-    def update_batchtopk_threshold(self, smallest: Float[Tensor, " n_layers"]) -> None:
-        """BatchTopK: the running mean of a training batch's smallest kept activation, per layer."""
-        first = bool((self.threshold == 0).all())
-        m = 1.0 if first else BATCHTOPK_MOMENTUM
-        self.threshold.mul_(1 - m).add_(m * smallest.to(self.threshold)[:, None])
-
     def decode(self, acts: Float[Tensor, "... n_layers d_sae"]) -> Float[Tensor, "... n_layers d_model"]:
         raise NotImplementedError
 
@@ -186,19 +230,65 @@ class SparseCoder(nn.Module):
             return torch.zeros_like(x)
         return torch.einsum("...ld,lde->...le", x, self.W_skip)
 
-    def forward(
-        self,
-        x: Float[Tensor, "... n_layers d_model"],
-        activation: Callable[[Tensor], Tensor] | None = None,
-    ) -> TranscoderOutput:
-        """Encode, nonlinearity, decode, skip; `activation(pre_acts)` replaces `self.activation` if
-        given (data-parallel training passes BatchTopK's rule over the global batch)."""
+    def forward(self, x: Float[Tensor, "... n_layers d_model"]) -> TranscoderOutput:
+        """Encode, nonlinearity, decode, skip."""
         pre_acts = self.encode(x)
-        acts = (activation or self.activation)(pre_acts)
+        acts = self.activation(pre_acts)
         out = self.decode(acts)
         if self.W_skip is not None:
             out = out + self.skip(x)
         return TranscoderOutput(pre_acts, acts, out)
+
+    def rank_forward(self, x: Float[Tensor, "... n_layers d_model"], d: tdist.Dist) -> TranscoderOutput:
+        """`forward` on a rank of a distributed run `d` (distributed.py): this rank's pre-activations and
+        activations (its nonlinearity over the ranks, nonlinearity.py step 8) and the whole set's
+        reconstruction (feature-sharded: the partial decodes summed over ranks, differentiably)."""
+        if not d.active:
+            return self(x)  # through __call__: module hooks see the set's forward
+        pre_acts = self.encode(x)
+        acts = self.nonlinearity.spread_train_call(self, pre_acts, d)
+        out = self.decode(acts)
+        if d.shards_features:
+            out = tdist.reduce_sum(out - self.b_dec) + self.b_dec
+        if self.W_skip is not None:
+            out = out + self.skip(x)
+        return TranscoderOutput(pre_acts, acts, out)
+
+    def train_forward(
+        self,
+        x: Float[Tensor, "batch n_layers d_model"],
+        y: Float[Tensor, "batch n_layers d_model"],
+        weights: LossWeights,
+        lam: float,
+        dead: Bool[Tensor, "n_layers d_sae"] | None = None,
+        d: tdist.Dist = ONE_PROCESS,
+    ) -> StepOutput:
+        """A training step's forward and its loss, on normalized `x` -> `y` (losses.py):
+        `mse + lam * sparsity [+ preact_coef * pre-activation loss] [+ auxk_coef * auxiliary loss]`, the
+        sparsity penalty and the auxiliary loss (AuxK of TopK / BatchTopK) as the nonlinearity gives
+        them, `dead` the features that count as dead. The same on one process and on every rank of `d`
+        (each rank's sparsity and pre-activation terms on its own features: their gradients are the
+        whole terms')."""
+        res = self.rank_forward(x, d)
+        mse = mse_loss(res.out, y)
+        decoder_norms = self.decoder_norms()
+        penalty = self.nonlinearity.sparsity(
+            res.acts, res.pre_acts, self.threshold, decoder_norms, weights.penalty
+        )
+        loss = mse + lam * penalty
+        nested = self.nonlinearity.nested_loss(self, res.acts, res.out, y, d)
+        if nested is not None:  # Matryoshka: the nested prefixes' reconstructions, weighted as the MSE
+            loss = loss + nested
+        if weights.preact_coef:
+            form = (weights.preact_form, self.threshold, decoder_norms, dead)
+            loss = loss + weights.preact_coef * preact_loss(res.pre_acts, *form)
+        if weights.auxk_coef and self.nonlinearity.needs_dead:
+            loss = (
+                loss
+                + self.nonlinearity.aux_loss(self, res.pre_acts, y - res.out, dead, d) * weights.auxk_coef
+            )
+        active = res.acts > 0
+        return StepOutput(res.out, loss, mse, active.any(0), active.float().sum(-1).mean())
 
     # --------------------------------------------------------------- vectors for attribution
     def encoder_vectors(
@@ -246,6 +336,15 @@ class SparseCoder(nn.Module):
     def extra_repr(self) -> str:
         c = self.cfg
         return f"n_layers={c.n_layers}, d_model={c.d_model}, d_sae={c.d_sae}, activation={c.activation}, skip={c.skip}"
+
+
+def feature_dims_of(cfg: TranscoderConfig) -> dict[str, int | None]:
+    """`feature_dims()` of the set `cfg` describes, built on the meta device (no memory, no values):
+    for reading a checkpoint's slices before any set exists."""
+    from transcoders.build import build_transcoders
+
+    with torch.device("meta"):
+        return build_transcoders(cfg).feature_dims()
 
 
 RAND_CHUNK = 1 << 20

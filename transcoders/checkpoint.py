@@ -5,7 +5,7 @@
    moments flattened to `opt.<param name>.<exp_avg|exp_avg_sq|step>`.
    A feature-sharded run over n ranks (distributed.py step 3) writes step 1's tensors as n files
    instead, `state.<r>-of-<n>.safetensors`, each rank its own: its slice of every tensor with a
-   feature axis (`distributed.feature_dim`), and rank 0 the replicated ones too; no rank gathers
+   feature axis (as the set declares it, `distributed.feature_dim`), and rank 0 the replicated ones too; no rank gathers
    another's. `read_checkpoint(folder, part=(r, m))` reads rank r of m's slice (m = 1: the whole
    state) from whichever files hold it, through safetensors' slices, so a checkpoint written
    with n ranks resumes with any number, each rank reading only its own features.
@@ -31,6 +31,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from transcoders.base import feature_dims_of
+from transcoders.config import TranscoderConfig
 from transcoders.distributed import feature_dim
 from transcoders.errors import ConfigError
 
@@ -95,7 +97,8 @@ def write_checkpoint(
                 f"rank {rank} does not see {tmp}, which rank 0 made: a feature-sharded run writes one "
                 "checkpoint file per rank, so --out must be on a filesystem every rank sees."
             )
-        tensors = {k: v for k, v in tensors.items() if rank == 0 or feature_dim(k, tc_cfg.kind) is not None}
+        dims = feature_dims_of(tc_cfg)
+        tensors = {k: v for k, v in tensors.items() if rank == 0 or feature_dim(k, dims) is not None}
     name = state_files(shards)[rank]
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name))
     if shards > 1:
@@ -137,14 +140,15 @@ def read_checkpoint(folder: Path, part: tuple[int, int] = (0, 1)) -> tuple[dict,
     m's slice of every tensor with a feature axis (`part=(r, m)`; replicated ones whole), read from
     the files of the ranks that wrote those features (step 1)."""
     meta = json.loads((folder / "meta.json").read_text())
-    kind, n_features = meta["tc_config"]["kind"], meta["tc_config"]["d_sae"]
+    tc_cfg = TranscoderConfig.from_dict(meta["tc_config"])
+    dims, n_features = feature_dims_of(tc_cfg), tc_cfg.d_sae
     files = state_files(meta.get("shards", 1))
     rank, world = part
     lo, hi = rank * n_features // world, (rank + 1) * n_features // world
     out = {}
     handles = [safe_open(str(folder / f), framework="pt") for f in files]
     for name in handles[0].keys():  # noqa: SIM118 (a safe_open handle is no dict)
-        dim = feature_dim(name, kind)
+        dim = feature_dim(name, dims)
         if dim is None:
             out[name] = handles[0].get_tensor(name)
             continue

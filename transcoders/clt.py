@@ -30,6 +30,7 @@ class CrossLayerTranscoder(SparseCoder):
         super().__init__(cfg)
         L, D, S = cfg.n_layers, cfg.d_model, cfg.d_sae
         self.W_dec = nn.ParameterList([nn.Parameter(torch.zeros(S, L - l, D)) for l in range(L)])
+        self.declare_features(**{f"W_dec.{l}": 0 for l in range(L)})
         self.n_features_init = L * S
         self.n_out_init = L
 

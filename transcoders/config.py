@@ -46,9 +46,6 @@ def check_device(device):
     return dev
 
 
-ACTIVATIONS = ("relu", "jumprelu", "topk", "batchtopk")  # nonlinearity.NONLINEARITIES, one class each
-
-
 @dataclass(frozen=True)
 class TranscoderConfig:
     kind: str
@@ -60,8 +57,9 @@ class TranscoderConfig:
     d_sae: int
     """Features per layer."""
     activation: str = "jumprelu"
-    """"relu", "jumprelu" (per-feature threshold), "topk" (k largest per layer and token) or
-    "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference)."""
+    """"relu", "jumprelu" (per-feature threshold), "topk" (k largest per layer and token),
+    "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference) or
+    "matryoshka_batchtopk" (BatchTopK trained on nested prefixes too, `matryoshka_widths`)."""
     input_hook: str = MLP_INPUT
     """Read site, a TransformerLens hook name template; the default means the MLP's input."""
     output_hook: str = MLP_OUTPUT
@@ -76,6 +74,10 @@ class TranscoderConfig:
     """JumpReLU in training: also pass the estimator's gradient `theta K / eps` to the pre-activation (the
     appendix's "gradient to all model parameters"; sae_lens `jumprelu_ste_to_input`); False is the paper's
     `H(h - theta)`. Inference is the same either way."""
+    matryoshka_widths: tuple[int, ...] = ()
+    """"matryoshka_batchtopk": the nested widths below the whole set's `d_sae` (strictly increasing; global
+    feature counts, also on a feature-sharded rank's slice) whose prefixes of the features must each
+    reconstruct the target too (Bussmann et al. 2025); the full width is implicit."""
     output_before_post_norm: bool = False
     """The output is the MLP's output before a post-MLP norm (Gemma-2 `ln2_post`); see sites.py."""
     model_name: str = ""
@@ -84,15 +86,28 @@ class TranscoderConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigError(f"kind {self.kind!r} is not one of {KINDS}; pick one of them.")
-        if self.activation not in ACTIVATIONS:
+        from transcoders.nonlinearity import NONLINEARITIES  # the one list of activations (and torch)
+
+        if self.activation not in NONLINEARITIES:
             raise ConfigError(
-                f"activation {self.activation!r} is not one of {ACTIVATIONS}; pick one of them."
+                f"activation {self.activation!r} is not one of {tuple(NONLINEARITIES)}; pick one of them."
             )
         for name in ("n_layers", "d_model", "d_sae"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; it must be a positive integer.")
-        if self.activation in ("topk", "batchtopk") and not 0 < self.k <= self.d_sae:
+        if NONLINEARITIES[self.activation].uses_k and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
+        widths = tuple(int(w) for w in self.matryoshka_widths)
+        object.__setattr__(self, "matryoshka_widths", widths)  # a JSON list read back is a tuple again
+        if NONLINEARITIES[self.activation].nested != bool(widths):
+            raise ConfigError(
+                f"matryoshka_widths {list(widths)} with activation {self.activation!r}: nested widths go with "
+                "matryoshka_batchtopk, and it needs at least one; pass both or neither."
+            )
+        # positive and increasing; below the whole set's d_sae (TrainConfig checks that: a feature-sharded
+        # rank's slice holds fewer features than the global widths count)
+        if widths and not all(a < b for a, b in zip((0, *widths), widths, strict=False)):
+            raise ConfigError(f"matryoshka_widths {list(widths)} must be positive and increase strictly.")
         if self.bandwidth <= 0:
             raise ConfigError(f"bandwidth is {self.bandwidth}; it must be positive.")
         for name in ("input_hook", "output_hook"):

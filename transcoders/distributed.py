@@ -7,8 +7,8 @@
    `DistributedDataParallel`; rank r trains on rows `[r*B/N, (r+1)*B/N)` of each global batch
    of B tokens, and DDP averages the gradients, so a step equals one process's step on the
    whole batch (the losses are token means). BatchTopK's budget (k per token on average) is
-   shared by the whole global batch: `data_activation` selects over all ranks' rows with
-   `global_top` (step 2's selection, along the batch instead of the features).
+   shared by the whole global batch: its nonlinearity selects over all ranks' rows with
+   `global_top` (step 2's selection, along the batch instead of the features; `rank_activation`).
 2. Feature-sharded (`--parallel features`, EleutherAI sparsify's `distribute_modules`):
    every rank sees the whole batch and holds features `[r*S/N, (r+1)*S/N)` of every layer
    (columns of `W_enc`, `b_enc`, `threshold`, rows of `W_dec`); `b_dec` and `W_skip` are
@@ -17,8 +17,8 @@
    computes the same loss); sparsity terms are sums over features, so each rank's term on its
    slice has exactly the global term's gradient for its parameters. Gradient clipping uses the
    global norm, summed in float64 as one process sums it (`clip_grad_norm`).
-   TopK / BatchTopK (and TopK's auxiliary loss) select over the full feature axis
-   (`global_top`): each rank takes its local top-k candidates, the candidates' values and
+   TopK / BatchTopK (and their auxiliary loss) select over the full feature axis: the nonlinearity
+   asks `global_top` (nonlinearity.py step 8, `rank_activation`): each rank takes its local top-k candidates, the candidates' values and
    global indices are all-gathered (k per rank per token, or per layer for BatchTopK), every
    rank picks the same global top-k from them (ties broken by the lower global index), and
    keeps its own entries among them. The kept entries and their gradients are those of the
@@ -58,7 +58,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +66,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from transcoders.errors import ConfigError, StalledRankError
+from transcoders.errors import ConfigError, StalledRankError, UndeclaredFeatureAxisError
 from transcoders.losses import aux_mse
-from transcoders.nonlinearity import LOG_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,16 @@ class Dist:
     @property
     def active(self) -> bool:
         return self.world > 1
+
+    @property
+    def shards_features(self) -> bool:
+        """Each rank holds a slice of every layer's features (step 2)."""
+        return self.active and self.mode == "features"
+
+    @property
+    def shards_batch(self) -> bool:
+        """Each rank holds a slice of every batch's tokens (step 1)."""
+        return self.active and self.mode == "data"
 
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -268,7 +277,7 @@ def current(parallel: str) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), parallel)
 
 
-def check(d: Dist, batch_size: int, d_sae: int, activation: str) -> None:
+def check(d: Dist, batch_size: int, d_sae: int) -> None:
     """Refuse what the mode cannot do exactly, with a sentence saying what to change."""
     if d.mode == "data" and batch_size % d.world:
         raise ConfigError(
@@ -281,34 +290,37 @@ def check(d: Dist, batch_size: int, d_sae: int, activation: str) -> None:
 
 
 # ------------------------------------------------------------------ feature axes of named tensors
-def feature_dim(name: str, kind: str) -> int | None:
-    """The feature axis of a parameter (or of a checkpoint tensor named after one); None if replicated.
+CHECKPOINT_ONLY = {"last_fired": 1, "scale.in": None, "scale.out": None}
+"""Checkpoint tensors that belong to no parameter (checkpoint.py step 1): `last_fired` [L, S], scales [L]."""
 
-    `W_enc` [L, D, S]: 2; `b_enc`, `threshold`, `last_fired` [L, S]: 1; a PLT/SAE `W_dec`
-    [L, S, D]: 1; a CLT `W_dec.{l}` [S, L - l, D]: 0; `b_dec`, `W_skip`, scales, Adam's step: None.
-    """
-    # a JumpReLU in training holds log(theta) as `parametrizations.threshold.original` (nonlinearity.py)
-    base = name.removeprefix("tc.").replace(LOG_THRESHOLD, "threshold")
+
+def feature_dim(name: str, dims: Mapping[str, int | None]) -> int | None:
+    """The feature axis of a set's tensor, or of a checkpoint tensor named after one (`tc.<name>`, Adam's
+    `opt.<name>.<moment>`), as the set declared it (`dims`: `SparseCoder.feature_dims()`); None:
+    replicated. Adam's step counts and the scales have none, `last_fired` [L, S] has 1. A tensor whose
+    axis nobody declared raises `UndeclaredFeatureAxisError`: copying it to every rank unsplit would
+    silently train a different set."""
+    if name in CHECKPOINT_ONLY:
+        return CHECKPOINT_ONLY[name]
+    base = name.removeprefix("tc.")
     if base.startswith("opt."):
         base, _, leaf = base[4:].rpartition(".")
         if leaf == "step":
             return None
-    if base == "W_enc":
-        return 2
-    if base in ("b_enc", "threshold", "last_fired"):
-        return 1
-    if base == "W_dec":
-        return 1
-    if base.startswith("W_dec."):
-        return 0
-    return None
+    if base not in dims:
+        raise UndeclaredFeatureAxisError(
+            f"tensor {name!r} has no declared feature axis; declare it with declare_features(name=axis or "
+            "None) where the set creates it, so sharding knows to split or copy it."
+        )
+    return dims[base]
 
 
-def shard_state(tensors: dict[str, Tensor], kind: str, d: Dist) -> dict[str, Tensor]:
-    """Rank `d.rank`'s slice of a full state (every feature axis cut into `d.world` equal parts)."""
+def shard_state(tensors: dict[str, Tensor], dims: Mapping[str, int | None], d: Dist) -> dict[str, Tensor]:
+    """Rank `d.rank`'s slice of a full state (every feature axis cut into `d.world` equal parts), the
+    axes as the set declared them (`dims`: `SparseCoder.feature_dims()`)."""
     out = {}
     for name, t in tensors.items():
-        dim = feature_dim(name, kind)
+        dim = feature_dim(name, dims)
         out[name] = t if dim is None else t.chunk(d.world, dim)[d.rank].contiguous()
     return out
 
@@ -326,9 +338,9 @@ def gather_set(tc, full, d: Dist):
 
 def full_shapes(tc, d: Dist) -> dict[str, tuple[int, ...]]:
     """Rank 0's shapes of the set whose slice `tc` is: every feature axis `d.world` times as long."""
-    shapes = {}
+    shapes, dims = {}, tc.feature_dims()
     for name, t in tc.state_dict().items():
-        dim = feature_dim(name, tc.cfg.kind)
+        dim = feature_dim(name, dims)
         shape = list(t.shape)
         if dim is not None:
             shape[dim] *= d.world
@@ -340,8 +352,9 @@ def gathered_tensors(tc, d: Dist) -> Iterator[tuple[str, Tensor | None]]:
     """Every tensor of the set whose slices the ranks hold as `tc`, in name order, one at a time:
     rank 0 gets each whole (on the host), the other ranks `None`. A collective: every rank iterates
     it to the end. Rank 0 holds one whole tensor (and its parts) at a time, never the set."""
+    dims = tc.feature_dims()
     for name, t in sorted(tc.state_dict().items()):  # the same order on every rank
-        dim = feature_dim(name, tc.cfg.kind)
+        dim = feature_dim(name, dims)
         if dim is None:
             yield name, t.detach().cpu() if d.main else None
             continue
@@ -378,12 +391,11 @@ class FeatureShard:
         return t
 
     def activation(self, pre_acts: Tensor) -> Tensor:
-        return sharded_activation(self.tc, pre_acts, self.d)
+        return rank_activation(self.tc, pre_acts, self.d)
 
     def activate_layer(self, pre_acts: Tensor, layer: int) -> Tensor:
-        if self.tc.cfg.activation == "topk":
-            return _global_topk(pre_acts, self.tc.cfg.k, self.d)
-        return self.tc.activate_layer(pre_acts, layer)
+        threshold = None if self.tc.threshold is None else self.tc.threshold[layer]
+        return self.tc.nonlinearity.spread(pre_acts, threshold, self.d)
 
     def decode_layer(self, acts: list[Tensor | None], layer: int) -> Tensor:
         b = self.tc.b_dec[layer]
@@ -396,16 +408,8 @@ class FeatureShard:
 
 
 def sharded_forward(tc, x: Tensor, d: Dist):
-    """The whole set's `forward` from rank `d.rank`'s slice `tc`: the slice's pre-activations and
-    activations, and the full reconstruction (partial decodes summed over ranks, differentiably)."""
-    from transcoders.base import TranscoderOutput
-
-    pre = tc.encode(x)
-    acts = sharded_activation(tc, pre, d)
-    out = reduce_sum(tc.decode(acts) - tc.b_dec) + tc.b_dec
-    if tc.W_skip is not None:
-        out = out + tc.skip(x)
-    return TranscoderOutput(pre, acts, out)
+    """The whole set's `forward` from rank `d.rank`'s slice `tc` (base.py `rank_forward`)."""
+    return tc.rank_forward(x, d)
 
 
 def local_config(tcfg, d: Dist):
@@ -534,69 +538,17 @@ def _top_then_index(values: Tensor, gidx: Tensor, k: int) -> tuple[Tensor, Tenso
     return values.gather(-1, li), li
 
 
-def _feature_index(shape, d: Dist, device) -> Tensor:
+def feature_index(shape, d: Dist, device) -> Tensor:
     """Global feature index of every entry of a [..., S_local] slice (rank r holds [r*S_l, (r+1)*S_l))."""
     s_local = shape[-1]
     return (torch.arange(s_local, device=device) + d.rank * s_local).expand(shape)
 
 
-def sharded_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
-    """`tc.activation` for a rank holding a feature slice: TopK / BatchTopK (training) select globally."""
-    act, k = tc.cfg.activation, tc.cfg.k
-    if act == "topk":  # per token and layer, the k largest pre-activations of all features, ReLU'd
-        return _global_topk(pre_acts, k, d)
-    if act == "batchtopk" and tc.training:  # per layer, the k * n_tokens largest of the batch
-        s_local = pre_acts.shape[-1]
-        return _global_batch_topk(tc, pre_acts, d, d.rank * s_local, s_local * d.world, 0, 1)
-    return tc.activation(pre_acts)
-
-
-def _global_topk(pre_acts: Tensor, k: int, d: Dist) -> Tensor:
-    """TopK over the sharded last axis: this rank's entries among the k largest of all ranks', ReLU'd."""
-    mask, _ = global_top(pre_acts, _feature_index(pre_acts.shape, d, pre_acts.device), k, d)
-    return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
-
-
-def data_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
-    """`tc.activation` for a rank holding rows `[r*n, (r+1)*n)` of the global batch (data parallel).
-
-    BatchTopK in training keeps, per layer, the `k * n * world` largest entries of the global
-    batch, as one process does on the whole batch: each rank offers its local top `k * n * world`
-    (no rank can hold more of the global top), `global_top` picks the global ones over all ranks'
-    candidates (ties to the lower global index: global token, then feature), and each rank keeps
-    its own; the running threshold takes the global smallest kept value, the same on every rank.
-    Every other activation is per token and needs nothing.
-    """
-    if tc.cfg.activation == "batchtopk" and tc.training:
-        n = pre_acts.reshape(-1, *pre_acts.shape[-2:]).shape[0]
-        return _global_batch_topk(tc, pre_acts, d, 0, pre_acts.shape[-1], d.rank * n, d.world)
-    return tc.activation(pre_acts)
-
-
-def _global_batch_topk(
-    tc, pre_acts: Tensor, d: Dist, feature0: int, n_features: int, token0: int, token_ranks: int
-) -> Tensor:
-    """BatchTopK (training) over the ranks: per layer, the `k * n_tokens` largest ReLU'd entries.
-
-    This rank's `pre_acts` [..., L, s] are tokens `token0 + t` and features `feature0 + f` of a
-    batch `token_ranks` times its own token count (1 when the features are sharded, the world when
-    the batch is) and `n_features` features; global index `token * n_features + feature`, the
-    flat order of `activations.batch_topk`. Updates `tc`'s running threshold with the smallest
-    positive kept value (0 if none), as `activations.batch_topk` gives it.
-    """
-    L, s = pre_acts.shape[-2:]
-    h = pre_acts.relu().reshape(-1, L, s)
-    n = h.shape[0]
-    token = (torch.arange(n, device=h.device) + token0)[:, None, None] * n_features
-    feature = torch.arange(s, device=h.device) + feature0
-    gidx = (feature.expand(h.shape) + token).transpose(0, 1).reshape(L, -1)
-    mask, top = global_top(h.transpose(0, 1).reshape(L, -1), gidx, tc.cfg.k * n * token_ranks, d)
-    with torch.no_grad():
-        smallest = top.masked_fill(top <= 0, float("inf")).min(-1).values
-        smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
-    tc.update_batchtopk_threshold(smallest)
-    mask = mask.reshape(L, n, s).transpose(0, 1).reshape(pre_acts.shape)
-    return torch.where(mask, pre_acts.relu(), torch.zeros_like(pre_acts))
+def rank_activation(tc, pre_acts: Tensor, d: Dist) -> Tensor:
+    """`tc.activation` on a rank holding a slice of the features or of the batch: this rank's part of
+    the whole run's activations, as its nonlinearity computes them over the ranks (TopK over sharded
+    features, BatchTopK's budget over the global batch; nonlinearity.py step 8)."""
+    return tc.nonlinearity.spread_train_call(tc, pre_acts, d)
 
 
 def sharded_topk_aux_loss(
@@ -609,6 +561,6 @@ def sharded_topk_aux_loss(
         return pre_acts.new_zeros(())
     k = min(k_aux, int(n_dead.max()))
     masked = torch.where(dead.bool(), pre_acts, torch.full_like(pre_acts, -torch.inf))
-    mask, _ = global_top(masked, _feature_index(masked.shape, d, masked.device), k, d)
+    mask, _ = global_top(masked, feature_index(masked.shape, d, masked.device), k, d)
     aux_acts = torch.where(mask, masked.relu(), torch.zeros_like(masked))
     return aux_mse(reduce_sum(tc.decode(aux_acts) - tc.b_dec), residual)

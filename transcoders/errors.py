@@ -36,6 +36,14 @@ class UnknownFormatError(TranscoderError, ValueError):
     """A directory or object in no format we can read, or a format name we cannot write."""
 
 
+class UndeclaredFeatureAxisError(TranscoderError, KeyError):
+    """A tensor of a set (or a checkpoint's tensor named after one) whose feature axis its coder never
+    declared (`SparseCoder.declare_features`): sharding refuses it rather than guess or copy it."""
+
+    def __str__(self) -> str:  # KeyError would quote the sentence
+        return str(self.args[0]) if self.args else ""
+
+
 class NonFiniteError(TranscoderError, FloatingPointError):
     """NaN or inf met during training (the last good checkpoint is kept), or in a set's weights when
     it is loaded."""

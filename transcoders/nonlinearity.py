@@ -20,6 +20,20 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
    (ReLU 0, JumpReLU and BatchTopK (inference) its threshold, TopK the k-th largest of `h`).
 7. `batch_rule_in_training`: whether, in training mode, a token's activations depend on the other
    tokens of the batch (BatchTopK), so that a set must be in eval mode to be used per token.
+8. On a rank of a distributed run (`d`, distributed.py): `spread(h, threshold, d)` is step 2 on a
+   rank holding a slice of the features (TopK: this rank's entries among the k largest of all
+   ranks', `distributed.global_top`), `spread_train_call(coder, h, d)` step 3 (BatchTopK: the budget
+   of the global batch, over all ranks' tokens or features). Each gives this rank's part of what one
+   process gives on the whole.
+9. `aux_loss(coder, h, residual, dead, d)`: the nonlinearity's auxiliary loss without its coefficient,
+   or None (TopK and BatchTopK: AuxK, Gao et al. 2024, the `2k` largest dead pre-activations
+   reconstructing the residual, losses.py step 5; `needs_dead` says the trainer must track dead
+   features for it).
+10. `uses_k`: whether `cfg.k` means something (TopK, BatchTopK), so the config checks it;
+   `sparse_step`: whether a per-layer set of it may train with sparse_topk.py's step (TopK).
+11. `nested_loss(coder, acts, out, y, d)`: reconstruction terms besides the MSE, weighted 1 like it, or
+   None (Matryoshka BatchTopK: every nested prefix of the features reconstructs the target;
+   `nested` says the config must give its widths).
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from transcoders import distributed as tdist
 from transcoders import losses
 from transcoders.activations import batch_topk, jumprelu, step, threshold_gate, topk
 
@@ -40,6 +55,8 @@ if TYPE_CHECKING:
 Coder = nn.Module
 """The `SparseCoder` a nonlinearity serves (base.py imports this module, so it is not named here)."""
 
+BATCHTOPK_MOMENTUM = 0.01
+"""BatchTopK's inference threshold: the running mean, with this momentum, of the smallest kept value."""
 THRESHOLD_INIT = 0.03
 """JumpReLU's initial threshold (the appendix's 0.03)."""
 PENALTIES = ("tanh", "l0")
@@ -72,9 +89,22 @@ class Nonlinearity:
 
     batch_rule_in_training: ClassVar[bool] = False
     """Step 7: a token's activations depend on its batch in training mode (BatchTopK)."""
+    needs_dead: ClassVar[bool] = False
+    """Step 9: its auxiliary loss reads which features are dead (TopK, BatchTopK)."""
+    uses_k: ClassVar[bool] = False
+    """Step 10: `cfg.k` is its budget (TopK, BatchTopK)."""
+    sparse_step: ClassVar[bool] = False
+    """Step 10: the k active features per token are all a training step needs (TopK)."""
+    nested: ClassVar[bool] = False
+    """Step 11: trains nested prefixes of the features (`cfg.matryoshka_widths`)."""
 
     def make_threshold(self, n_layers: int, d_sae: int) -> Tensor | None:
         return None
+
+    def feature_dims(self) -> dict[str, int | None]:
+        """The feature axis of each tensor this nonlinearity adds to the set (`threshold`
+        [n_layers, d_sae]: 1), declared for sharding (base.py `declare_features`)."""
+        return {} if self.make_threshold(1, 1) is None else {"threshold": 1}
 
     def onset(self, h: Tensor, threshold: Tensor | None, feature: int) -> float:
         """Step 6: the pre-activation above which `feature` is active at this token (ReLU: 0)."""
@@ -85,6 +115,24 @@ class Nonlinearity:
 
     def train_call(self, coder: Coder, h: Tensor) -> Tensor:
         return self(h, coder.threshold)
+
+    def spread(self, h: Tensor, threshold: Tensor | None, d: tdist.Dist) -> Tensor:
+        """Step 8: `__call__` on a rank of `d`; a per-feature rule needs nothing from the others."""
+        return self(h, threshold)
+
+    def spread_train_call(self, coder: Coder, h: Tensor, d: tdist.Dist) -> Tensor:
+        """Step 8: `train_call` on a rank of `d`."""
+        return self.spread(h, coder.threshold, d)
+
+    def aux_loss(
+        self, coder: Coder, h: Tensor, residual: Tensor, dead: Tensor | None, d: tdist.Dist
+    ) -> Tensor | None:
+        """Step 9: the auxiliary loss (no coefficient), or None when the nonlinearity has none."""
+        return None
+
+    def nested_loss(self, coder: Coder, acts: Tensor, out: Tensor, y: Tensor, d: tdist.Dist) -> Tensor | None:
+        """Step 11: reconstruction terms besides the MSE (weighted 1), or None."""
+        return None
 
     def sparsity(
         self,
@@ -138,6 +186,9 @@ class JumpReLU(Nonlinearity):
     def make_threshold(self, n_layers, d_sae):
         return nn.Parameter(torch.full((n_layers, d_sae), THRESHOLD_INIT))
 
+    def feature_dims(self):
+        return {"threshold": 1, LOG_THRESHOLD: 1}  # log(theta) while training (step 5)
+
     def onset(self, h, threshold, feature):
         return float(threshold[feature].detach())
 
@@ -168,19 +219,45 @@ class JumpReLU(Nonlinearity):
         return state
 
 
-class TopK(Nonlinearity):
-    """The k largest ReLU'd pre-activations per token and layer; no penalty (AuxK is in train.py)."""
+class _AuxK(Nonlinearity):
+    """AuxK (step 9), shared by TopK and BatchTopK: the `2k` largest dead pre-activations per token and
+    layer reconstruct the residual (losses.py step 5; over all ranks' features when they are sharded)."""
+
+    needs_dead = True
+    uses_k = True
+
+    @property
+    def k_aux(self) -> int:
+        """Dead features AuxK takes per token and layer: 2k (TrainConfig.auxk_coef)."""
+        return 2 * self.k
+
+    def aux_loss(self, coder, h, residual, dead, d):
+        if d.shards_features:
+            return tdist.sharded_topk_aux_loss(coder, h, residual, dead, self.k_aux, d)
+        return losses.topk_aux_loss(coder, h, residual, dead, self.k_aux)
+
+
+class TopK(_AuxK):
+    """The k largest ReLU'd pre-activations per token and layer; no penalty, AuxK (step 9)."""
 
     name = "topk"
+    sparse_step = True
 
     def __call__(self, h, threshold):
         return topk(h, self.k)
+
+    def spread(self, h, threshold, d):
+        """Features sharded: this rank's entries among the k largest of all ranks' (ReLU'd)."""
+        if not d.shards_features:
+            return self(h, threshold)
+        mask, _ = tdist.global_top(h, tdist.feature_index(h.shape, d, h.device), self.k, d)
+        return torch.where(mask, h.relu(), torch.zeros_like(h))
 
     def onset(self, h, threshold, feature):
         return float(h.detach().topk(self.k).values[-1])
 
 
-class BatchTopK(Nonlinearity):
+class BatchTopK(_AuxK):
     """Training: the `k * n_tokens` largest of the batch per layer; inference: its estimated threshold."""
 
     name = "batchtopk"
@@ -199,8 +276,77 @@ class BatchTopK(Nonlinearity):
         if not coder.training:
             return self(h, coder.threshold)
         acts, smallest = batch_topk(h, self.k)
-        coder.update_batchtopk_threshold(smallest)
+        self.update_threshold(coder, smallest)
         return acts
 
+    def spread_train_call(self, coder, h, d):
+        """Per layer, the `k * n_tokens` largest ReLU'd entries of the global batch, over every rank's
+        features (sharded) or tokens (data parallel).
 
-NONLINEARITIES: dict[str, type[Nonlinearity]] = {cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK)}
+        This rank's `h` [..., L, s] are tokens `token0 + t` and features `feature0 + f` of a batch
+        `token_ranks` times its own token count and `n_features` features; global index `token *
+        n_features + feature` is the flat order of `activations.batch_topk`, and each rank offers its
+        local top `k * n_tokens` (no rank holds more of the global top). The running threshold takes
+        the smallest positive kept value (0 if none), the same on every rank."""
+        if not coder.training:
+            return self(h, coder.threshold)
+        L, s = h.shape[-2:]
+        flat = h.relu().reshape(-1, L, s)
+        n = flat.shape[0]
+        feature0, n_features = (d.rank * s, s * d.world) if d.shards_features else (0, s)
+        token0, token_ranks = (d.rank * n, d.world) if d.shards_batch else (0, 1)
+        token = (torch.arange(n, device=h.device) + token0)[:, None, None] * n_features
+        feature = torch.arange(s, device=h.device) + feature0
+        gidx = (feature.expand(flat.shape) + token).transpose(0, 1).reshape(L, -1)
+        values = flat.transpose(0, 1).reshape(L, -1)
+        mask, top = tdist.global_top(values, gidx, self.k * n * token_ranks, d)
+        with torch.no_grad():
+            smallest = top.masked_fill(top <= 0, float("inf")).min(-1).values
+            smallest = torch.where(torch.isfinite(smallest), smallest, torch.zeros_like(smallest))
+        self.update_threshold(coder, smallest)
+        mask = mask.reshape(L, n, s).transpose(0, 1).reshape(h.shape)
+        return torch.where(mask, h.relu(), torch.zeros_like(h))
+
+    @staticmethod
+    @torch.no_grad()
+    def update_threshold(coder: Coder, smallest: Tensor) -> None:
+        """The running mean of a training batch's smallest kept activation, per layer (the first batch
+        sets it)."""
+        first = bool((coder.threshold == 0).all())
+        m = 1.0 if first else BATCHTOPK_MOMENTUM
+        coder.threshold.mul_(1 - m).add_(m * smallest.to(coder.threshold)[:, None])
+
+
+class MatryoshkaBatchTopK(BatchTopK):
+    """BatchTopK whose nested prefixes of the features each reconstruct the target too (Bussmann et al.
+    2025, "Learning Multi-Level Features with Matryoshka Sparse Autoencoders"; sae_lens's
+    `matryoshka_batchtopk`): for every width `w` of `cfg.matryoshka_widths` (below `d_sae`), the
+    reconstruction from features `[0, w)` of each layer alone adds its MSE to the loss, weight 1.
+    Its activation, threshold, AuxK and everything after training are BatchTopK's."""
+
+    name = "matryoshka_batchtopk"
+    nested = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.widths = tuple(cfg.matryoshka_widths)
+
+    def nested_loss(self, coder, acts, out, y, d):
+        """`sum_w mse(out - decoded(features >= w), y)`: the whole reconstruction less the outer
+        features' part (b_dec and any skip stay, as in `out`); feature-sharded, the outer part is
+        summed over ranks, the global feature index deciding inner or outer."""
+        s = acts.shape[-1]
+        index = torch.arange(s, device=acts.device) + (d.rank * s if d.shards_features else 0)  # global
+        total = None
+        for w in self.widths:
+            outer = coder.decode(torch.where(index >= w, acts, torch.zeros_like(acts))) - coder.b_dec
+            if d.shards_features:
+                outer = tdist.reduce_sum(outer)
+            term = losses.mse_loss(out - outer, y)
+            total = term if total is None else total + term
+        return total
+
+
+NONLINEARITIES: dict[str, type[Nonlinearity]] = {
+    cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK, MatryoshkaBatchTopK)
+}

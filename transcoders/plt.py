@@ -21,11 +21,13 @@ class PerLayerTranscoder(SparseCoder):
     """One transcoder per layer; `W_dec` is [n_layers, d_sae, d_model]."""
 
     kind = "plt"
+    one_decoder_per_layer = True
     decoder_feature_axis = 1
 
     def __init__(self, cfg: TranscoderConfig):
         super().__init__(cfg)
         self.W_dec = nn.Parameter(torch.zeros(cfg.n_layers, cfg.d_sae, cfg.d_model))
+        self.declare_features(W_dec=1)
         self.n_features_init = cfg.d_sae
         self.n_out_init = 1
 

@@ -32,15 +32,17 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from transcoders.losses import aux_mse
+from transcoders.base import StepOutput
+from transcoders.losses import aux_mse, mse_loss
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
 
-def supports(kind: str, activation: str) -> bool:
-    """Sets this step trains: per-layer decoders (PLT, SAE) with per-token TopK."""
-    return kind in ("plt", "sae") and activation == "topk"
+def supports(tc: SparseCoder) -> bool:
+    """Sets this step trains: one decoder per layer (PLT, SAE; `W_dec` [n_layers, d_sae, d_model]) and
+    a nonlinearity whose k active features per token are all a step needs (TopK)."""
+    return tc.one_decoder_per_layer and tc.nonlinearity.sparse_step
 
 
 def flat_rows(idx: Int[Tensor, "batch n_layers m"], d_sae: int) -> Int[Tensor, "batch n_layers m"]:
@@ -194,13 +196,22 @@ class TopKOutput(NamedTuple):
         """Active features per token and layer, averaged."""
         return float((self.acts > 0).sum(-1).float().mean())
 
+    def step_output(
+        self, y: Float[Tensor, "batch n_layers d_model"], auxk_coef: float, d_sae: int
+    ) -> StepOutput:
+        """The step's loss as the dense step gives it for TopK (base.py `train_forward`): `mse +
+        auxk_coef * AuxK` (TopK has no sparsity penalty, and this step no pre-activation loss)."""
+        mse = mse_loss(self.out, y)
+        loss = mse + self.aux_loss * auxk_coef
+        return StepOutput(self.out, loss, mse, self.fired(d_sae), (self.acts > 0).sum(-1).float().mean())
+
 
 class TopKStep(nn.Module):
     """Steps 1-5 for the set `tc` (a PLT or SAE with TopK); `forward(x, y, dead)`."""
 
     def __init__(self, tc: SparseCoder, k_aux: int):
         super().__init__()
-        if not supports(tc.cfg.kind, tc.cfg.activation):
+        if not supports(tc):
             raise ValueError(
                 f"the sparse TopK step trains PLT / SAE TopK sets, not {tc.cfg.kind} {tc.cfg.activation}"
             )

@@ -9,8 +9,9 @@ activation_store.py). One run:
 2. Estimate per-layer scales on the first block: `s_in[l] = sqrt(E||x[l]||^2 / d_model)`, the
    same `s_out[l]` for targets; train on `x / s_in`, `y / s_out` ("we separately normalize the
    activation of each residual stream layer and each MLP output").
-3. Initialize as the appendix gives (base.py); Adam; per step: MSE + lambda(t) * sparsity
-   (tanh for JumpReLU, L1 for ReLU, TopK's auxiliary loss), lambda ramping linearly 0 -> final
+3. Initialize as the appendix gives (base.py); Adam; per step (trainer.py `Trainer.step`, the one
+   step of one process and of every rank): MSE + lambda(t) * sparsity (each nonlinearity's: tanh for
+   JumpReLU, L1 for ReLU; AuxK for TopK / BatchTopK), lambda ramping linearly 0 -> final
    over all of training; optional pre-activation loss; gradient clipping at norm max_grad_norm /
    d_model (sae_lens's norm 1 on its loss, summed over dims where ours averages), the global norm
    summed in float64 (distributed.py `clip_grad_norm`, the same with or without ranks). A TopK PLT or
@@ -34,11 +35,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,25 +45,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
-from transcoders import providers, sparse_topk
-from transcoders.activation_store import ActivationStore, pack_sequences
+from transcoders import providers
+from transcoders.activation_store import pack_sequences
 from transcoders.block_layout import ATTN_OUTPUT
-from transcoders.checkpoint import (
-    apply_state,
-    read_checkpoint,
-    resume_folder,
-    save_checkpoint,
-    state_tensors,
-    write_checkpoint,
-)
 from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import AttrgraphError, ConfigError, NonFiniteError
+from transcoders.errors import AttrgraphError, ConfigError
 from transcoders.formats.native import save_native, save_native_streamed
-from transcoders.losses import PREACT_FORMS, mse_loss, preact_loss, sparsity_schedule, topk_aux_loss
+from transcoders.losses import PREACT_FORMS
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
-from transcoders.nonlinearity import PENALTIES, Penalty
+from transcoders.nonlinearity import PENALTIES
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
@@ -72,8 +63,6 @@ if TYPE_CHECKING:
 
     from transcoders.base import SparseCoder
 
-DEAD_TOKENS = 100_000
-"""TopK: a feature silent for this many training tokens counts as dead for the auxiliary loss."""
 EVAL_ACTIVATIONS = 1 << 24
 """Evaluation runs the set on at most 4096 tokens (spliced into the model: 16 sequences) at a time,
 fewer when tokens x layers x features would pass this (64 MB of float32 activations; a CLT of 16384
@@ -97,7 +86,8 @@ class TrainConfig:
     kind: str = "plt"
     """"plt" (per-layer transcoders), "clt" (cross-layer transcoder) or "sae" (on --hook)."""
     activation: str = "jumprelu"
-    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk" or "batchtopk" (auxiliary loss)."""
+    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk", "batchtopk" or "matryoshka_batchtopk"
+    (auxiliary loss; the last also --matryoshka-widths)."""
     d_sae: int = 1024
     """Features per layer."""
     model: str = "default"
@@ -137,6 +127,9 @@ class TrainConfig:
     over dead features only."""
     k: int = 32
     """Features kept per layer and token for --activation topk (on average: batchtopk)."""
+    matryoshka_widths: tuple[int, ...] = ()
+    """For --activation matryoshka_batchtopk: the nested widths below --d-sae whose feature prefixes must
+    each reconstruct the target too (e.g. --matryoshka-widths 64 256 with --d-sae 1024)."""
     auxk_coef: float = 1 / 32
     """Weight of TopK's auxiliary loss (AuxK: the top 2k dead features reconstruct the residual); 0 turns it off, and with it the work it costs."""
     skip: bool = False
@@ -186,6 +179,21 @@ class TrainConfig:
             raise ConfigError(
                 f"max_grad_norm {self.max_grad_norm} is negative or NaN; pass 0 to turn clipping off."
             )
+        # the nonlinearity's own checks (activation name, k, Matryoshka widths) before any heavy work
+        TranscoderConfig(
+            kind="plt",
+            n_layers=1,
+            d_model=1,
+            d_sae=self.d_sae,
+            activation=self.activation,
+            k=self.k,
+            matryoshka_widths=self.matryoshka_widths,
+        )
+        if self.matryoshka_widths and max(self.matryoshka_widths) >= self.d_sae:
+            raise ConfigError(
+                f"matryoshka_widths {list(self.matryoshka_widths)} must stay below d_sae {self.d_sae} (the full "
+                "width is always trained); drop or lower the last."
+            )
         if self.n_tokens < self.batch_size:
             raise ConfigError(
                 f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
@@ -209,6 +217,7 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
         output_hook=hooks[1],
         skip=cfg.skip,
         k=cfg.k,
+        matryoshka_widths=cfg.matryoshka_widths,
         bandwidth=cfg.bandwidth,
         ste_to_input=cfg.ste_to_input,
         output_before_post_norm=cfg.kind != "sae",
@@ -293,15 +302,6 @@ def first_sequences(source, n: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- the loop
-def lr_at(step: int, total: int, lr: float) -> float:
-    """Constant `lr`, then a linear decay over the last 20% of steps: `lr * (total - step) / (total -
-    decay_start)`, reaching `lr / (total - decay_start)` at the last step (`step = total - 1`)."""
-    decay_start = int(0.8 * total)
-    if step < decay_start:
-        return lr
-    return lr * (total - step) / max(1, total - decay_start)
-
-
 def train(
     cfg: TrainConfig,
     model: HookedTransformer = None,
@@ -310,7 +310,7 @@ def train(
     stop_after: int | None = None,
     gather: bool = True,
 ):
-    """Run (or resume) training; returns the trained, folded set and its metrics.
+    """Run (or resume) training; returns the trained, folded set and its metrics (trainer.py `Trainer`).
 
     `model` / `sequences` override `cfg.model` / `cfg.corpus` (tests pass tiny ones);
     `stop_after` ends the run early after that many steps (as an interruption would).
@@ -321,197 +321,9 @@ def train(
     with `gather=False` every rank returns its slice (the CLI saves and evaluates the slices,
     `save_and_evaluate`).
     """
-    from transcoders import build_transcoders
+    from transcoders.trainer import Trainer
 
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    model = model if model is not None else load_any_model(cfg.model, model_device(cfg))
-    tcfg = transcoder_config(cfg, model)
-    if sequences is None:
-        sequences = sequence_source(model, cfg.corpus, cfg.seed)
-    d = tdist.current(cfg.parallel)
-    tdist.check(d, cfg.batch_size, cfg.d_sae, cfg.activation)
-    split = d.mode == "data" and bool(cfg.cache_dir)  # each rank produces and reads its own part
-    store = ActivationStore(
-        model,
-        tcfg,
-        sequences,
-        cfg.batch_size,
-        cfg.block_tokens,
-        cfg.seed,
-        cache_dir=cfg.cache_dir or None,
-        rank=d.rank if split else 0,
-        world=d.world if split else 1,
-    )
-    out = Path(cfg.out)
-    ckpt = out / "checkpoint"
-    total = cfg.n_tokens // cfg.batch_size
-    sharded = d.mode == "features"
-    # train where the model runs (its activations come from there); under NCCL, the rank's GPU
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if d.active and dist_backend() == "nccl"
-        else next(model.parameters()).device
-    )
-    # feature-sharded: this rank's slice of the one-process initialization, drawn without the rest
-    part = (d.rank, d.world) if sharded else (0, 1)
-    tc = build_transcoders(tdist.local_config(tcfg, d))
-    tc.init_weights(torch.Generator().manual_seed(cfg.seed), shard=part)
-    if tc.nonlinearity.trained_threshold:
-        with torch.no_grad():
-            tc.threshold.fill_(cfg.threshold_init)
-    tc.to(device)
-    tc.nonlinearity.begin_training(tc)  # JumpReLU: the optimizer sees log(theta)
-    opt = torch.optim.Adam(tc.parameters(), lr=cfg.lr)
-    if (resume := resume_folder(ckpt)) is not None:  # checkpoint.py step 3: or checkpoint.old
-        meta, state = read_checkpoint(resume, part)  # this rank's features only
-        saved = meta["train_config"]
-        differs = [
-            k
-            for k, v in dataclasses.asdict(cfg).items()
-            if k not in RESUME_FREE and saved.get(k, DEFAULTS.get(k)) != v
-        ]
-        if differs:
-            raise ConfigError(
-                f"{ckpt} was written by a run with different {differs}; rerun with the same options "
-                "to resume, or pass another --out to start afresh."
-            )
-        step, scales, last_fired = apply_state(tc, opt, meta, state)
-    else:
-        x0, y0 = store.block(0)
-        scales = {
-            "in": x0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
-            "out": y0.pow(2).sum(-1).mean(0).div(tcfg.d_model).sqrt(),
-        }
-        del x0, y0  # with cache_dir the batches stream from the shards: the block need not stay
-        step, last_fired = 0, torch.zeros(tcfg.n_layers, tc.cfg.d_sae, device=device)
-    if d.active:
-        dist_barrier()  # every rank has read the checkpoint before rank 0 may replace it
-    scales = {
-        k: v.to(device) for k, v in scales.items()
-    }  # the store's blocks and checkpoints are on the host
-    last_fired = last_fired.to(device)
-    s_in, s_out = scales["in"][:, None], scales["out"][:, None]
-    # TopK PLT / SAE: the sparse step (sparse_topk.py), the same loss from the k active features
-    fast = sparse_topk.supports(tcfg.kind, tcfg.activation) and not sharded and not cfg.preact_coef
-    forward = sparse_topk.TopKStep(tc, 2 * tcfg.k) if fast else tc
-    if d.mode == "data":
-        from torch.nn.parallel import DistributedDataParallel
-
-        forward = DistributedDataParallel(
-            forward, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    replicated = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is None]
-    local = [p for n, p in tc.named_parameters() if tdist.feature_dim(n, tcfg.kind) is not None]
-
-    def checkpoint(step):
-        if sharded:  # every rank writes its own slice (checkpoint.py step 1)
-            tensors, order, groups = state_tensors(tc, opt, scales, last_fired)
-            write_checkpoint(ckpt, tensors, step, cfg, tcfg, order, groups, part, dist_barrier)
-        elif d.main:
-            save_checkpoint(ckpt, tc, opt, step, scales, last_fired, cfg)
-        if d.active:
-            dist_barrier()
-
-    # a feature silent for ~100k tokens counts as dead, for TopK's auxiliary loss and sae_lens's
-    # pre-activation loss
-    topk = tcfg.activation in ("topk", "batchtopk") and cfg.auxk_coef > 0
-    dead_preact = bool(cfg.preact_coef) and cfg.preact_form == "sae_lens"
-    dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if topk or dead_preact else None
-    penalty = Penalty(cfg.penalty, cfg.sparsity_c)
-    clip = cfg.max_grad_norm / tcfg.d_model  # the norm on sae_lens's scale (loss summed over dims)
-    tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
-    bar = _progress(total, step, progress and d.main)
-    log = {}
-    for x, y in store.batches(step):
-        if step >= total or (stop_after is not None and step >= stop_after):
-            break
-        tdist.mark(d, f"step {step}")  # read when a collective times out (distributed.py)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, cfg.lr)
-        if d.mode == "data" and not store.sliced:  # this rank's rows of the global batch
-            n = x.shape[0] // d.world
-            x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
-        x, y = x.to(device), y.to(device)  # the batch's one copy from the host store
-        xn, yn = x / s_in, y / s_out
-        dead = dead_features(step, last_fired, dead_after)
-        if fast:
-            res = forward(xn, yn, dead)
-        elif sharded:  # local features, summed partial reconstructions (distributed.py step 2)
-            res = tdist.sharded_forward(tc, xn, d)
-        elif d.mode == "data":  # BatchTopK: the budget of the global batch (distributed.py step 1)
-            res = forward(xn, activation=functools.partial(tdist.data_activation, tc, d=d))
-        else:
-            res = forward(xn)
-        mse = mse_loss(res.out, yn)
-        lam = sparsity_schedule(step, total, cfg.sparsity_coef)
-        loss = mse
-        if not fast:  # the sparse TopK step has no penalty and keeps no dense pre-activations
-            decoder_norms = tc.decoder_norms()
-            sparsity = tc.nonlinearity.sparsity(res.acts, res.pre_acts, tc.threshold, decoder_norms, penalty)
-            loss = loss + lam * sparsity
-        if cfg.preact_coef:
-            form = (cfg.preact_form, tc.threshold, decoder_norms, dead)
-            loss = loss + cfg.preact_coef * preact_loss(res.pre_acts, *form)
-        if fast:
-            loss = loss + res.aux_loss * cfg.auxk_coef
-        elif topk:
-            aux = tdist.sharded_topk_aux_loss if sharded else topk_aux_loss
-            args = (d,) if sharded else ()
-            loss = loss + aux(tc, res.pre_acts, yn - res.out, dead, 2 * tcfg.k, *args) * cfg.auxk_coef
-        if not tdist.all_finite(loss.detach(), d):
-            raise NonFiniteError(
-                f"the loss became {loss.item()} at step {step}; training stopped and the last good checkpoint "
-                f"is kept in {ckpt} (lower --lr, or check the model's activations)."
-            )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if sharded:
-            tdist.average_grads(replicated, d)
-        if clip:  # the global norm, in float64 (torch's CPU norm drifts at 16384 features)
-            tdist.clip_grad_norm(local, replicated, clip, d)
-        opt.step()
-        with torch.no_grad():
-            finite = torch.stack([torch.isfinite(p).all() for p in tc.parameters()]).all()
-            if not tdist.all_finite(torch.where(finite, 0.0, torch.nan), d):
-                raise NonFiniteError(
-                    f"a weight became NaN or inf at step {step}; training stopped and the last good checkpoint "
-                    f"is kept in {ckpt} (lower --lr)."
-                )
-            fired = res.fired(tc.d_sae) if fast else (res.acts > 0).any(0)
-            last_fired[tdist.any_over_ranks(fired, d) if d.mode == "data" else fired] = step
-        step += 1
-        if step % 20 == 0 or step == total:
-            with torch.no_grad():
-                l0 = res.l0() if fast else (res.acts > 0).float().sum(-1).mean().item()
-                dead_frac = (
-                    ((step - last_fired) > 2000).float().mean().item() if step > 2000 else float("nan")
-                )
-            log = {"loss": loss.item(), "mse": mse.item(), "l0": l0, "lambda": lam, "dead": dead_frac}
-            bar.set_postfix({k: f"{v:.3g}" for k, v in log.items()}, refresh=False)
-        bar.update(1)
-        if step % cfg.checkpoint_every == 0 and step < total:
-            checkpoint(step)
-    bar.close()
-    checkpoint(step)
-    tc.nonlinearity.end_training(tc)  # the plain threshold again, for gathering, folding and saving
-    opt.state.clear()  # Adam's state is in the checkpoint; free it before rank 0 gathers the set
-    del forward
-    tc.zero_grad(set_to_none=True)
-    if sharded and gather:  # rank 0 gathers the full set; the others keep their slice
-        tc = tdist.gather_set(tc, build_transcoders(tcfg).to(device) if d.main else None, d)
-    tc.eval()
-    if step < total:
-        return tc, {"stopped_at": step}
-    tc.fold_scales(scales["in"], scales["out"])
-    return tc, {"steps": step, "train_log": log, "train_wall_s": time.time() - t0}
-
-
-def dead_features(step: int, last_fired: torch.Tensor, dead_after: int | None) -> torch.Tensor | None:
-    """Features that last fired more than `dead_after` steps before `step` (None: not tracked)."""
-    if dead_after is None:
-        return None
-    return (step - last_fired) > dead_after
+    return Trainer(cfg, model, sequences).run(progress, stop_after, gather)
 
 
 def dist_backend() -> str:

@@ -6,8 +6,8 @@ import torch
 from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import load_transcoders, save_transcoders
 from transcoders.activations import batch_topk
-from transcoders.base import BATCHTOPK_MOMENTUM
 from transcoders.errors import ConfigError
+from transcoders.nonlinearity import BATCHTOPK_MOMENTUM
 
 
 def test_batch_rule_keeps_k_per_token_on_average_and_the_largest():

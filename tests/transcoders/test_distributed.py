@@ -1,5 +1,5 @@
 """Two CPU processes (gloo) train like one: data parallel and feature-sharded, PLT and CLT
-(feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
+(Matryoshka BatchTopK both ways; feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
 BatchTopK, whose budget is the global batch's); a checkpoint written with 2 ranks resumes with 1
 and with 2.
 
@@ -36,6 +36,18 @@ CASES = {
     "clt-features-relu": dict(kind="clt", activation="relu", parallel="features", preact_coef=1e-3),
     "plt-features-topk": dict(kind="plt", activation="topk", parallel="features", k=4, skip=True),
     "clt-features-batchtopk": dict(kind="clt", activation="batchtopk", parallel="features", k=4),
+    # nested prefixes: width 8 on rank 0 alone, 20 across both ranks' features
+    "plt-features-matryoshka": dict(
+        kind="plt",
+        activation="matryoshka_batchtopk",
+        matryoshka_widths=(8, 20),
+        parallel="features",
+        k=4,
+        skip=True,
+    ),
+    "clt-data-matryoshka": dict(
+        kind="clt", activation="matryoshka_batchtopk", matryoshka_widths=(8, 20), parallel="data", k=4
+    ),
 }
 STEPS = 6
 ATOL, RTOL = 1e-6, 1e-5
@@ -117,16 +129,18 @@ def _sharded_functions(rank: int, world: int, root) -> None:
     out = {}
     for act, full in tcs.items():
         tc = type(full)(tdist.local_config(full.cfg, d))
-        state = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, full.cfg.kind, d)
+        state = tdist.shard_state(
+            {f"tc.{k}": v for k, v in full.state_dict().items()}, full.feature_dims(), d
+        )
         tc.load_state_dict({k[3:]: v for k, v in state.items()})
         tc.train()
         h = pre[..., cut].clone().requires_grad_(True)
-        acts = tdist.sharded_activation(tc, h, d)
+        acts = tdist.rank_activation(tc, h, d)
         (acts * torch.arange(16.0)).sum().backward()
         out[f"{act}.acts"], out[f"{act}.grad"] = acts.detach(), h.grad
         if act == "batchtopk":  # the running threshold after that one training batch
             out["batchtopk.threshold"] = tc.threshold.clone()
-        out[f"{act}.tied"] = tdist.sharded_activation(tc, tied[..., cut], d)
+        out[f"{act}.tied"] = tdist.rank_activation(tc, tied[..., cut], d)
         if act == "topk":
             h = pre[..., cut].clone().requires_grad_(True)
             loss = tdist.sharded_topk_aux_loss(tc, h, residual, dead[:, cut], 5, d)
@@ -154,10 +168,10 @@ def _data_functions(rank: int, world: int, root) -> None:
     tc = tcs["batchtopk"].train()
     rows = slice(rank * 8, (rank + 1) * 8)
     h = pre[rows].clone().requires_grad_(True)
-    acts = tdist.data_activation(tc, h, d)
+    acts = tdist.rank_activation(tc, h, d)
     (acts * torch.arange(32.0)).sum().backward()
     out = {"acts": acts.detach(), "grad": h.grad, "threshold": tc.threshold.clone()}
-    out["tied"] = tdist.data_activation(tc, data_tied()[rank * 2 : (rank + 1) * 2], d)
+    out["tied"] = tdist.rank_activation(tc, data_tied()[rank * 2 : (rank + 1) * 2], d)
     torch.save(out, root / f"data{rank}.pt")
 
 
@@ -270,13 +284,12 @@ def test_parallel_option_is_checked():
 def test_sharding_refuses_what_it_cannot_do_exactly():
     from transcoders.distributed import Dist, check
 
-    check(Dist(0, 2, "features"), 128, 32, "topk")  # global top-k across the shards
-    check(Dist(0, 2, "features"), 128, 32, "batchtopk")
+    check(Dist(0, 2, "features"), 128, 32)  # every activation (TopK's top-k is global across the shards)
     with pytest.raises(ConfigError, match="d_sae 33"):
-        check(Dist(0, 2, "features"), 128, 33, "relu")
+        check(Dist(0, 2, "features"), 128, 33)
     with pytest.raises(ConfigError, match="batch_size 127"):
-        check(Dist(0, 2, "data"), 127, 32, "topk")
-    check(Dist(0, 2, "data"), 128, 32, "topk")  # data parallel takes every activation
+        check(Dist(0, 2, "data"), 127, 32)
+    check(Dist(0, 2, "data"), 128, 32)
 
 
 def torchrun(flags: list[str], out) -> subprocess.Popen:

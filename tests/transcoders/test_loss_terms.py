@@ -315,18 +315,19 @@ def test_training_selects_2k_dead_features_for_auxk(tmp_path, monkeypatch, kind)
     """AuxK's width is `k_aux = 2k` (TrainConfig.auxk_coef: "the top 2k dead features"), on the dense
     step (a CLT: `losses.topk_aux_loss`) and the sparse one (a TopK PLT: `sparse_topk.dead_topk`): the
     width each receives, read while features are dead after 2 steps."""
+    import transcoders.losses as losses_module
     import transcoders.sparse_topk as sparse_module
-    import transcoders.train as train_module
+    import transcoders.trainer as trainer_module
 
     widths: list[int] = []
     if kind == "clt":
-        real = train_module.topk_aux_loss
+        real = losses_module.topk_aux_loss
 
         def spy(tc, pre_acts, residual, dead, k_aux, *rest):
             widths.append(k_aux)
             return real(tc, pre_acts, residual, dead, k_aux, *rest)
 
-        monkeypatch.setattr(train_module, "topk_aux_loss", spy)
+        monkeypatch.setattr(losses_module, "topk_aux_loss", spy)
     else:
         real = sparse_module.dead_topk
 
@@ -335,7 +336,7 @@ def test_training_selects_2k_dead_features_for_auxk(tmp_path, monkeypatch, kind)
             return real(h, dead, k_aux)
 
         monkeypatch.setattr(sparse_module, "dead_topk", spy)
-    monkeypatch.setattr(train_module, "DEAD_TOKENS", 512)  # dead after 2 steps of 256 tokens
+    monkeypatch.setattr(trainer_module, "DEAD_TOKENS", 512)  # dead after 2 steps of 256 tokens
     k = 3
     cfg = small_cfg(tmp_path, kind=kind, activation="topk", k=k, n_tokens=256 * 4)
     train(cfg, model=tiny_model(), sequences=random_sequences(), progress=False)

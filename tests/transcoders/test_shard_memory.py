@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import ConfigError, build_transcoders
 from transcoders import distributed as tdist
-from transcoders.base import uniform_slice
+from transcoders.base import feature_dims_of, uniform_slice
 from transcoders.checkpoint import read_checkpoint, resume_folder, state_tensors, write_checkpoint
 from transcoders.train import TrainConfig, train
 
@@ -67,7 +67,7 @@ def test_a_ranks_initialization_is_its_slice_of_one_process(kind):
             d = tdist.Dist(rank, world, "features")
             part = build_transcoders(tdist.local_config(whole.cfg, d))
             part.init_weights(torch.Generator().manual_seed(7), shard=(rank, world))
-            want = tdist.shard_state(full_state, kind, d)
+            want = tdist.shard_state(full_state, whole.feature_dims(), d)
             for k, v in part.state_dict().items():
                 assert torch.equal(v, want[f"tc.{k}"]), (world, rank, k)
 
@@ -89,7 +89,7 @@ def test_two_rank_files_read_back_as_any_ranks_slice(tmp_path):
     sync = threading.Barrier(2)
 
     def write(rank):  # two "ranks" as threads, each with its own slice
-        mine = tdist.shard_state(tensors, "clt", tdist.Dist(rank, 2, "features"))
+        mine = tdist.shard_state(tensors, whole.feature_dims(), tdist.Dist(rank, 2, "features"))
         write_checkpoint(tmp_path / "ckpt", mine, 5, cfg, whole.cfg, order, groups, (rank, 2), sync.wait)
 
     threads = [threading.Thread(target=write, args=(r,)) for r in range(2)]
@@ -107,7 +107,7 @@ def test_two_rank_files_read_back_as_any_ranks_slice(tmp_path):
     for world in (1, 2, 3):
         for rank in range(world):
             meta, got = read_checkpoint(folder, (rank, world))
-            want = tdist.shard_state(tensors, "clt", tdist.Dist(rank, world, "features"))
+            want = tdist.shard_state(tensors, whole.feature_dims(), tdist.Dist(rank, world, "features"))
             assert meta["step"] == 5 and got.keys() == want.keys()
             for k, v in want.items():
                 assert torch.equal(got[k], v), (world, rank, k)
@@ -122,7 +122,7 @@ def test_a_rank_that_does_not_see_the_checkpoint_folder_says_so(tmp_path):
     errors = {}
 
     def write(rank):
-        mine = tdist.shard_state(tensors, "plt", tdist.Dist(rank, 2, "features"))
+        mine = tdist.shard_state(tensors, whole.feature_dims(), tdist.Dist(rank, 2, "features"))
         folder = tmp_path / f"node{rank}" / "ckpt"
         try:
             write_checkpoint(folder, mine, 5, cfg, whole.cfg, order, groups, (rank, 2), sync.wait)
@@ -207,7 +207,9 @@ def set_sizes(cfg: TrainConfig) -> tuple[int, int]:
 
     full = build_transcoders(transcoder_config(cfg, tiny_model()))
     full.nonlinearity.begin_training(full)
-    sharded = sum(p.numel() for n, p in full.named_parameters() if tdist.feature_dim(n, "clt") is not None)
+    sharded = sum(
+        p.numel() for n, p in full.named_parameters() if tdist.feature_dim(n, full.feature_dims()) is not None
+    )
     return sharded, sum(p.numel() for p in full.parameters()) - sharded
 
 
@@ -231,11 +233,14 @@ def test_each_rank_checkpoints_only_its_slice(two_ranks):
         "state.0-of-2.safetensors",
         "state.1-of-2.safetensors",
     ]
+    from transcoders.train import transcoder_config
+
+    dims = feature_dims_of(transcoder_config(config("x"), tiny_model()))
     for name, shapes in files.items():
         for k, shape in shapes.items():
-            dim = tdist.feature_dim(k, "clt")
+            dim = tdist.feature_dim(k, dims)
             assert dim is None or shape[dim] == D_SAE // 2, (name, k, shape)
-        replicated = [k for k in shapes if tdist.feature_dim(k, "clt") is None]
+        replicated = [k for k in shapes if tdist.feature_dim(k, dims) is None]
         assert bool(replicated) == (name == "state.0-of-2.safetensors")  # rank 0 alone keeps those
 
 

@@ -56,7 +56,7 @@ def _worker(rank: int, world: int, root: str, case: str) -> None:
     cut = slice(rank * (S // world), (rank + 1) * (S // world))
     full, pre, residual, dead, k_aux = inputs(case)
     tc = type(full)(tdist.local_config(full.cfg, d))
-    state = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, full.cfg.kind, d)
+    state = tdist.shard_state({f"tc.{k}": v for k, v in full.state_dict().items()}, full.feature_dims(), d)
     tc.load_state_dict({k[3:]: v for k, v in state.items()})
     h = pre[..., cut].clone().requires_grad_(True)
     loss = tdist.sharded_topk_aux_loss(tc, h, residual, dead[:, cut], k_aux, d)

@@ -78,7 +78,7 @@ def metrics_of(model, tc, other) -> dict:
 
 def my_slice(tc, d: tdist.Dist):
     part = build_transcoders(tdist.local_config(tc.cfg, d))
-    part.load_state_dict(tdist.shard_state(tc.state_dict(), tc.cfg.kind, d))
+    part.load_state_dict(tdist.shard_state(tc.state_dict(), tc.feature_dims(), d))
     return part.eval()
 
 

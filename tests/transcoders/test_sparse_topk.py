@@ -137,10 +137,9 @@ def test_dead_topk_searches_dead_columns_only():
 
 
 def test_supports_only_per_layer_topk():
-    assert supports("plt", "topk") and supports("sae", "topk")
-    assert (
-        not supports("clt", "topk") and not supports("plt", "batchtopk") and not supports("plt", "jumprelu")
-    )
+    assert supports(random_set("plt", "topk")) and supports(random_set("sae", "topk"))
+    others = [("clt", "topk"), ("plt", "batchtopk"), ("plt", "jumprelu"), ("sae", "relu")]
+    assert not any(supports(random_set(kind, act)) for kind, act in others)
 
 
 @pytest.mark.parametrize("shape, k", [((64, 3, 1024), 32), ((50, 2, 48), 8), ((10, 200), 7), ((10, 30), 8)])
@@ -154,3 +153,29 @@ def test_topk_indices_is_the_top_k_set(shape, k):
         h.gather(-1, got).sort(-1).values, h.gather(-1, want).sort(-1).values, atol=0, rtol=0
     )
     assert torch.equal(got[1:].sort(-1).values, want[1:].sort(-1).values)
+
+
+@pytest.mark.parametrize("dead_counts", [None, (20, 3)])
+def test_the_trainers_two_steps_agree(dead_counts):
+    """trainer.py's step module, sparse (`TopKStep`) or the coder's own `train_forward`, returns the same
+    loss, MSE, fired features, L0 and gradients for a TopK PLT (AuxK weighted 1/32, lambda ignored: TopK
+    has no penalty). Expected: the dense definition above (`dense_loss`)."""
+    from transcoders.base import LossWeights
+    from transcoders.distributed import Dist
+    from transcoders.trainer import CoderStep
+
+    tc = trained_like("plt", skip=True)
+    x, y = batch()
+    dead = dead_mask(tc.d_sae, dead_counts) if dead_counts else None
+    res, want_loss = dense_loss(tc, x, y, dead)
+    want = grads(tc, want_loss)
+    weights = LossWeights(auxk_coef=1 / 32 if dead is not None else 0.0)
+    for sparse in (True, False):
+        got = CoderStep(tc, weights, Dist(), sparse)(x, y, 0.5, dead)
+        torch.testing.assert_close(got.loss, want_loss, atol=1e-7, rtol=1e-6)
+        torch.testing.assert_close(got.mse, mse_loss(res.out, y), atol=1e-7, rtol=1e-6)
+        assert torch.equal(got.fired, (res.acts > 0).any(0))
+        assert got.l0.item() == pytest.approx((res.acts > 0).sum(-1).float().mean().item())
+        have = grads(tc, got.loss)
+        for n in want:
+            torch.testing.assert_close(have[n], want[n], atol=1e-6, rtol=1e-5)

@@ -118,12 +118,12 @@ def test_auxk_coef_weights_the_auxiliary_loss(tmp_path, monkeypatch):
     """With features dead after 2 steps, AuxK changes the weights, by its weight; `auxk_coef=0` gives
     exactly the run in which no feature is ever dead (AuxK off, its work skipped); a negative weight is
     refused."""
-    import transcoders.train as train_module
+    import transcoders.trainer as trainer_module
 
     model, seqs = tiny_model(), random_sequences()
 
     def run(name, dead_tokens, **kw):
-        monkeypatch.setattr(train_module, "DEAD_TOKENS", dead_tokens)
+        monkeypatch.setattr(trainer_module, "DEAD_TOKENS", dead_tokens)
         cfg = small_cfg(tmp_path / name, activation="topk", k=2, n_tokens=256 * 30, **kw)
         return train(cfg, model=model, sequences=seqs, progress=False)[0].state_dict()
 

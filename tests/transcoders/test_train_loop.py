@@ -8,7 +8,7 @@ import torch
 from tests.transcoders.tc_helpers import random_set
 from transcoders.losses import aux_mse, topk_aux_loss
 from transcoders.sparse_topk import TopKStep
-from transcoders.train import dead_features, lr_at
+from transcoders.trainer import dead_features, lr_at
 
 # `lr_at` (train.py): constant `lr`, then over the last 20% of the steps a linear decay
 # `lr * (total - step) / (total - decay_start)` with `decay_start = int(0.8 * total)`.

@@ -203,7 +203,8 @@ def sae_lens_architecture(cfg: TranscoderConfig) -> str:
         raise UnknownFormatError(
             "sae_lens holds one layer per object and has no cross-layer transcoder; save a CLT in the native format."
         )
-    activation = "jumprelu" if cfg.activation == "batchtopk" else cfg.activation
+    # BatchTopK (Matryoshka too) saves as JumpReLU with its inference threshold, as sae_lens saves its own
+    activation = "jumprelu" if cfg.activation in ("batchtopk", "matryoshka_batchtopk") else cfg.activation
     arch = WRITE_ARCHITECTURES.get((cfg.kind == "plt", activation, cfg.skip))
     if arch is None:
         raise UnknownFormatError(

@@ -88,6 +88,28 @@ def test_exactness_contract_with_a_literal_read_hook():
     check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
 
 
+def test_exactness_contract_of_a_matryoshka_batchtopk_set():
+    """Matryoshka BatchTopK (issue 33) runs per token as BatchTopK does once trained, `h * (h > threshold)`
+    with a threshold per layer (here 0.05, as one estimated in training would be): its graph keeps the
+    contract like every other set's."""
+    import dataclasses
+
+    from transcoders.plt import PerLayerTranscoder
+
+    model = tiny_model("gpt2")
+    relu = tiny_transcoders(model)
+    cfg = dataclasses.replace(relu.cfg, activation="matryoshka_batchtopk", k=6, matryoshka_widths=(8, 16))
+    tc = PerLayerTranscoder(cfg).to(model.cfg.dtype)
+    with torch.no_grad():
+        for name, p in relu.named_parameters():
+            tc.get_parameter(name).copy_(p)
+        tc.threshold.fill_(0.05)
+    rm = ReplacementModel(model, tc.eval())
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    assert graph.n_features > 10
+    check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
+
+
 def test_exactness_contract_float32_with_position_zero_included(device):
     model = tiny_model("gpt2", torch.float32)
     rm = ReplacementModel(model.to(device), tiny_transcoders(model, "clt").to(device))

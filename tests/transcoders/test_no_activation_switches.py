@@ -1,0 +1,90 @@
+"""A nonlinearity's math has one home (issue 33): outside it, no module of `transcoders/` switches on an
+activation's name; callers ask the nonlinearity (`needs_dead`, `aux_loss`, `spread_train_call`,
+`uses_k`, `sparse_step`, ...), as tests/attrgraph/test_no_kind_switches.py holds attrgraph to.
+
+The home: nonlinearity.py (the classes and their registry), activations.py (their functions), base.py
+(which looks its class up by `cfg.activation`), and formats/ (foreign formats name their activations).
+A static scan flags (1) a comparison, `match` case or dict key with a nonlinearity's name as a string
+literal, and (2) a comparison with, or lookup by, a config's `activation` attribute.
+"""
+
+import ast
+from pathlib import Path
+
+from transcoders.nonlinearity import NONLINEARITIES
+
+ROOT = Path(__file__).resolve().parents[2]
+HOME = {"nonlinearity.py", "activations.py", "base.py", "formats"}
+NAMES = set(NONLINEARITIES)
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _strings(e)]
+    return []
+
+
+def _activation_field(node: ast.AST) -> bool:
+    """`cfg.activation`, `tc.cfg.activation`, `tcfg.activation`: a config's activation name."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "activation"):
+        return False
+    owner = node.value
+    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    return name.endswith("cfg")
+
+
+def violations(source: str) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            named = sorted({s for o in operands for s in _strings(o)} & NAMES)
+            if named:
+                out.append((node.lineno, f"compares with {named}"))
+            if any(_activation_field(o) for o in operands):
+                out.append((node.lineno, "compares a config's activation"))
+        elif isinstance(node, ast.match_case):
+            named = sorted({s for n in ast.walk(node.pattern) for s in _strings(n)} & NAMES)
+            if named:
+                out.append((node.pattern.lineno, f"matches {named}"))
+        elif isinstance(node, ast.Dict):
+            named = sorted({s for k in node.keys if k is not None for s in _strings(k)} & NAMES)
+            if named:
+                out.append((node.lineno, f"dispatches on {named}"))
+        elif isinstance(node, ast.Subscript) and _activation_field(node.slice):
+            out.append((node.lineno, "looks up by a config's activation"))
+    return out
+
+
+def outside_home() -> list[Path]:
+    pkg = ROOT / "transcoders"
+    return [p for p in sorted(pkg.rglob("*.py")) if p.relative_to(pkg).parts[0] not in HOME]
+
+
+def test_no_module_outside_the_home_switches_on_an_activation_name():
+    paths = outside_home()
+    assert any(p.name == "distributed.py" for p in paths) and any(p.name == "train.py" for p in paths)
+    bad = [f"{p.relative_to(ROOT)}:{line} {what}" for p in paths for line, what in violations(p.read_text())]
+    assert not bad, "ask the nonlinearity instead (transcoders/nonlinearity.py):\n" + "\n".join(bad)
+
+
+def test_the_scan_finds_what_it_forbids():
+    flagged = [
+        'if tc.cfg.activation == "topk": pass',
+        'topk = tcfg.activation in ("topk", "batchtopk")',
+        'if act == "batchtopk" and tc.training: pass',
+        "if cfg.activation != ACT: pass",
+        'rule = {"topk": a, "relu": b}[cfg.activation]',
+        'match name:\n    case "jumprelu":\n        pass',
+    ]
+    for code in flagged:
+        assert violations(code), code
+    allowed = [
+        'cfg = TranscoderConfig(activation="topk")',
+        "if tc.nonlinearity.needs_dead: pass",
+        'meta = {"activation": cfg.activation}',
+    ]
+    for code in allowed:
+        assert not violations(code), code
