@@ -24,7 +24,14 @@ SCANNED = (
     + sorted((ROOT / "attrgraph" / "circuits").glob("*.py"))
     + [
         ROOT / "transcoders" / n
-        for n in ("train.py", "trainer.py", "metrics.py", "distributed.py", "nonlinearity.py")
+        for n in (
+            "train.py",
+            "train_config.py",
+            "trainer.py",
+            "metrics.py",
+            "distributed.py",
+            "nonlinearity.py",
+        )
     ]
 )
 FACTORIES = {

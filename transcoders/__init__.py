@@ -47,6 +47,7 @@ _EXPORTS = {
         "TranscoderError",
         "TranscoderMismatchError",
         "TranscoderNotFoundError",
+        "UndeclaredFeatureAxisError",
         "UnknownFormatError",
     ],
     "transcoders.formats": ["load_transcoders", "save_transcoders"],

@@ -338,15 +338,6 @@ class SparseCoder(nn.Module):
         return f"n_layers={c.n_layers}, d_model={c.d_model}, d_sae={c.d_sae}, activation={c.activation}, skip={c.skip}"
 
 
-def feature_dims_of(cfg: TranscoderConfig) -> dict[str, int | None]:
-    """`feature_dims()` of the set `cfg` describes, built on the meta device (no memory, no values):
-    for reading a checkpoint's slices before any set exists."""
-    from transcoders.build import build_transcoders
-
-    with torch.device("meta"):
-        return build_transcoders(cfg).feature_dims()
-
-
 RAND_CHUNK = 1 << 20
 """Values `uniform_slice` draws at a time."""
 

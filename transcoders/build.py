@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from transcoders.base import SparseCoder
 from transcoders.clt import CrossLayerTranscoder
 from transcoders.config import TranscoderConfig
@@ -14,3 +16,10 @@ CLASSES: dict[str, type[SparseCoder]] = {"sae": SAE, "plt": PerLayerTranscoder, 
 def build_transcoders(cfg: TranscoderConfig) -> SparseCoder:
     """An untrained (zero) set of the class `cfg.kind` names; call `.init_weights()` to initialize."""
     return CLASSES[cfg.kind](cfg)
+
+
+def feature_dims_of(cfg: TranscoderConfig) -> dict[str, int | None]:
+    """`feature_dims()` of the set `cfg` describes, built on the meta device (no memory, no values):
+    for reading a checkpoint's slices before any set exists."""
+    with torch.device("meta"):
+        return build_transcoders(cfg).feature_dims()

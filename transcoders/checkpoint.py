@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from transcoders.base import feature_dims_of
+from transcoders.build import feature_dims_of
 from transcoders.config import TranscoderConfig
 from transcoders.distributed import feature_dim
 from transcoders.errors import ConfigError

@@ -39,7 +39,7 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -48,9 +48,6 @@ from torch.nn.utils import parametrize
 from transcoders import distributed as tdist
 from transcoders import losses
 from transcoders.activations import batch_topk, jumprelu, step, threshold_gate, topk
-
-if TYPE_CHECKING:
-    from transcoders.config import TranscoderConfig
 
 Coder = nn.Module
 """The `SparseCoder` a nonlinearity serves (base.py imports this module, so it is not named here)."""
@@ -82,7 +79,9 @@ class Nonlinearity:
     trained_threshold: ClassVar[bool] = False
     """Whether `threshold` is a parameter the optimizer trains."""
 
-    def __init__(self, cfg: TranscoderConfig):
+    def __init__(self, cfg):
+        """`cfg`: the set's `TranscoderConfig` (not named here: config.py reads this module's one list
+        of nonlinearities, `NONLINEARITIES`, and the layering test refuses import cycles)."""
         self.k = cfg.k
         self.bandwidth = cfg.bandwidth
         self.ste_to_input = cfg.ste_to_input

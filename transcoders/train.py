@@ -38,267 +38,68 @@ import dataclasses
 import json
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from transcoders import distributed as tdist
-from transcoders import providers
-from transcoders.activation_store import pack_sequences
-from transcoders.block_layout import ATTN_OUTPUT
-from transcoders.config import TranscoderConfig, check_device
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import AttrgraphError, ConfigError
+from transcoders.errors import AttrgraphError
 from transcoders.formats.native import save_native, save_native_streamed
-from transcoders.losses import PREACT_FORMS
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
-from transcoders.nonlinearity import PENALTIES
-from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+from transcoders.train_config import (
+    DEFAULTS,
+    HELD_OUT_SEED,
+    RESUME_FREE,
+    TrainConfig,
+    corpus_items,
+    dist_backend,
+    dist_barrier,
+    first_sequences,
+    held_out_tokens,
+    load_any_model,
+    model_device,
+    sequence_source,
+    transcoder_config,
+)
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from transcoders.base import SparseCoder
 
+__all__ = [  # the run's options and sources live in train_config.py; callers find them here too
+    "add_parser",
+    "build_parser",
+    "corpus_items",
+    "DEFAULTS",
+    "dist_backend",
+    "dist_barrier",
+    "EVAL_ACTIVATIONS",
+    "evaluate",
+    "first_sequences",
+    "HELD_OUT_SEED",
+    "held_out_tokens",
+    "load_any_model",
+    "main",
+    "model_device",
+    "RESUME_FREE",
+    "run",
+    "save_and_evaluate",
+    "sequence_source",
+    "train",
+    "TrainConfig",
+    "transcoder_config",
+    "write_manifest",
+]
+
 EVAL_ACTIVATIONS = 1 << 24
 """Evaluation runs the set on at most 4096 tokens (spliced into the model: 16 sequences) at a time,
 fewer when tokens x layers x features would pass this (64 MB of float32 activations; a CLT of 16384
 features per layer on the bundled model: 256 tokens, 2 sequences). Feature-sharded, the same tokens
 at a time, each rank holding its features' share of the activations."""
-HELD_OUT_SEED = 987_654  # corpus seed of held-out evaluation text (never a training seed)
-RESUME_FREE = (
-    "out",  # a run folder copied elsewhere resumes there
-    "save_to",
-    "checkpoint_every",
-    "cache_dir",
-    "parallel",
-    "splice_with",
-    "device",
-    "dist_timeout",
-)  # options a resumed run may change
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    kind: str = "plt"
-    """"plt" (per-layer transcoders), "clt" (cross-layer transcoder) or "sae" (on --hook)."""
-    activation: str = "jumprelu"
-    """"jumprelu" (tanh penalty), "relu" (L1 penalty), "topk", "batchtopk" or "matryoshka_batchtopk"
-    (auxiliary loss; the last also --matryoshka-widths)."""
-    d_sae: int = 1024
-    """Features per layer."""
-    model: str = "default"
-    """The bundled model ("default"), a model folder, or a TransformerLens name."""
-    corpus: str = "bundled"
-    """"bundled" (the task corpus), a .npy of token ids [n_seq, n_ctx], or a .txt of one text per line."""
-    n_tokens: int = 4_000_000
-    """Training tokens (steps = n_tokens // batch_size)."""
-    batch_size: int = 1024
-    """Tokens per step."""
-    lr: float = 1e-3
-    """Adam learning rate (constant, linear decay to 0 over the last 20% of steps)."""
-    sparsity_coef: float = 2e-3
-    """Final lambda of the sparsity penalty (tanh / L1), reached at the last step."""
-    sparsity_c: float = 1.0
-    """The c inside tanh(c * a * ||W_dec||)."""
-    penalty: str = "tanh"
-    """JumpReLU's sparsity penalty: "tanh" (the appendix: tanh(c * a * ||W_dec||)) or "l0" (DeepMind's
-    L0 through the step's straight-through estimator)."""
-    bandwidth: float = 1.0
-    """JumpReLU's kernel width eps in the straight-through estimator (the appendix: 1.0)."""
-    threshold_init: float = 0.03
-    """JumpReLU's initial threshold (the appendix: 0.03); trained as log(theta)."""
-    ste_to_input: bool = False
-    """JumpReLU: also send the estimator's gradient to the pre-activations (the appendix's variant);
-    default: the paper's H(h - theta)."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping, on sae_lens's scale: the gradient norm of the MSE summed over the output dims
-    (sae_lens's loss, where ours averages over d_model) is held at most this, i.e. ours is clipped at
-    max_grad_norm / d_model; 0 turns clipping off. Before the frontier (benchmarks/frontier.py) the
-    trainer clipped its own loss at 1, which never bound: that is --max-grad-norm d_model (128 for the
-    bundled model), how the bundled sets were trained."""
-    preact_coef: float = 0.0
-    """Coefficient of the pre-activation loss (the appendix used 3e-6; off by default, see --preact-form)."""
-    preact_form: str = "appendix"
-    """"appendix": sum_f ReLU(-h_f) over all features; "sae_lens": sum_f ReLU(theta_f - h_f) ||W_dec_f||
-    over dead features only."""
-    k: int = 32
-    """Features kept per layer and token for --activation topk (on average: batchtopk)."""
-    matryoshka_widths: tuple[int, ...] = ()
-    """For --activation matryoshka_batchtopk: the nested widths below --d-sae whose feature prefixes must
-    each reconstruct the target too (e.g. --matryoshka-widths 64 256 with --d-sae 1024)."""
-    auxk_coef: float = 1 / 32
-    """Weight of TopK's auxiliary loss (AuxK: the top 2k dead features reconstruct the residual); 0 turns it off, and with it the work it costs."""
-    skip: bool = False
-    """Learn a linear skip W_skip (PLT / CLT)."""
-    hook: str = ""
-    """For --kind sae: the hook template it reads and writes, e.g. blocks.{layer}.hook_attn_out."""
-    block_tokens: int = 65536
-    """Tokens per shuffle block (memory: block_tokens * n_layers * d_model * 8 bytes)."""
-    seed: int = 0
-    """Seed of initialization, corpus and shuffling."""
-    out: str = "runs/transcoders"
-    """Run folder: checkpoint/ lives here; the trained set goes to --save-to."""
-    save_to: str = ""
-    """Where the trained set is saved (default <out>/transcoders)."""
-    checkpoint_every: int = 500
-    """Steps between checkpoints."""
-    cache_dir: str = ""
-    """If set, activation blocks are cached here as safetensors shards and streamed back (under torchrun --parallel data, each rank produces and reads its own part)."""
-    parallel: str = "data"
-    """Under torchrun: "data" (DDP, each rank a slice of every batch) or "features" (each rank a slice of every layer's features)."""
-    device: str = "cpu"
-    """Where the model and the set run: cpu, cuda, cuda:N or mps (under torchrun, plain cuda means each rank's LOCAL_RANK GPU)."""
-    dist_timeout: float = tdist.DEFAULT_TIMEOUT_S
-    """Under torchrun: seconds a collective waits for the other ranks before the run stops with StalledRankError naming the ranks that did not answer (gloo's own default is 30 minutes)."""
-    splice_with: tuple[str, ...] = ()
-    """Sets (bundled names or folders) spliced in together with the trained one for a second held-out CE loss recovered in the manifest (metrics "spliced_with"), e.g. default-plt for an attention SAE."""
-
-    def __post_init__(self):
-        if self.kind not in ("plt", "clt", "sae"):
-            raise ConfigError(f"kind {self.kind!r} is not 'plt', 'clt' or 'sae'; pick one.")
-        if self.kind == "sae" and "{layer}" not in self.hook:
-            raise ConfigError(f"an SAE needs --hook, a template with {{layer}}, e.g. {ATTN_OUTPUT!r}.")
-        if self.parallel not in ("data", "features"):
-            raise ConfigError(f"parallel {self.parallel!r} is not 'data' or 'features'; pick one.")
-        check_device(self.device)  # one sentence when this machine lacks it
-        if self.penalty not in PENALTIES:
-            raise ConfigError(f"penalty {self.penalty!r} is not one of {PENALTIES}; pick one.")
-        if self.preact_form not in PREACT_FORMS:
-            raise ConfigError(f"preact_form {self.preact_form!r} is not one of {PREACT_FORMS}; pick one.")
-        if not self.bandwidth > 0 or not self.threshold_init > 0:
-            raise ConfigError(
-                f"bandwidth {self.bandwidth} and threshold_init {self.threshold_init} must both be positive."
-            )
-        if not self.auxk_coef >= 0:
-            raise ConfigError(f"auxk_coef {self.auxk_coef} is negative or NaN; pass 0 to turn AuxK off.")
-        if not self.max_grad_norm >= 0:
-            raise ConfigError(
-                f"max_grad_norm {self.max_grad_norm} is negative or NaN; pass 0 to turn clipping off."
-            )
-        # the nonlinearity's own checks (activation name, k, Matryoshka widths) before any heavy work
-        TranscoderConfig(
-            kind="plt",
-            n_layers=1,
-            d_model=1,
-            d_sae=self.d_sae,
-            activation=self.activation,
-            k=self.k,
-            matryoshka_widths=self.matryoshka_widths,
-        )
-        if self.matryoshka_widths and max(self.matryoshka_widths) >= self.d_sae:
-            raise ConfigError(
-                f"matryoshka_widths {list(self.matryoshka_widths)} must stay below d_sae {self.d_sae} (the full "
-                "width is always trained); drop or lower the last."
-            )
-        if self.n_tokens < self.batch_size:
-            raise ConfigError(
-                f"n_tokens {self.n_tokens} is less than one batch of {self.batch_size}; raise it."
-            )
-
-
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-"""Option defaults: a checkpoint written before an option existed resumes as if it had its default."""
-
-
-def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderConfig:
-    """The set a TrainConfig trains, for `model`."""
-    hooks = (cfg.hook, cfg.hook) if cfg.kind == "sae" else (MLP_INPUT, MLP_OUTPUT)
-    return TranscoderConfig(
-        kind=cfg.kind,
-        n_layers=model.cfg.n_layers,
-        d_model=model.cfg.d_model,
-        d_sae=cfg.d_sae,
-        activation=cfg.activation,
-        input_hook=hooks[0],
-        output_hook=hooks[1],
-        skip=cfg.skip,
-        k=cfg.k,
-        matryoshka_widths=cfg.matryoshka_widths,
-        bandwidth=cfg.bandwidth,
-        ste_to_input=cfg.ste_to_input,
-        output_before_post_norm=cfg.kind != "sae",
-        model_name=str(model.cfg.model_name or cfg.model),
-    )
-
-
-# ---------------------------------------------------------------------- model and corpus
-def load_any_model(name: str, device: str = "cpu"):
-    """The model a package provides under `name` (attrgraph: its bundled model "default", a folder or a
-    TransformerLens name; providers.py), else a TransformerLens name."""
-    return providers.load_model(name, device)
-
-
-def model_device(cfg: TrainConfig) -> str:
-    """`cfg.device`, with plain "cuda" under torchrun meaning this rank's GPU (`LOCAL_RANK`)."""
-    import os
-
-    if cfg.device == "cuda" and "LOCAL_RANK" in os.environ:
-        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
-    return cfg.device
-
-
-def corpus_items(corpus: str, seed: int):
-    """A provided corpus (attrgraph's endless "bundled" one; providers.py), or a file's texts / token-id
-    lists."""
-    provided = providers.corpus(corpus, seed)
-    if provided is not None:
-        return provided
-    path = Path(corpus)
-    if not path.is_file():
-        raise ConfigError(
-            f"corpus {corpus!r} is no file and no installed package provides it (provided: "
-            f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
-        )
-    if path.suffix == ".npy":
-        import numpy as np
-
-        return (row.tolist() for row in np.load(path, allow_pickle=False))
-    return (line.rstrip("\n") for line in path.open() if line.strip())
-
-
-def sequence_source(model: HookedTransformer, corpus: str, seed: int):
-    """A callable returning a fresh iterator of `n_ctx`-token sequences (activation_store step 1)."""
-    tok = model.tokenizer
-    n_ctx = model.cfg.n_ctx
-    if corpus.endswith(".npy"):
-        import numpy as np
-
-        arr = np.load(corpus, allow_pickle=False)
-        if arr.ndim == 2 and arr.shape[1] == n_ctx:
-            return torch.from_numpy(arr.astype("int64"))
-
-    vocab = tok.get_vocab()
-
-    def tokenize(text: str):
-        return tok(text, add_special_tokens=False)["input_ids"]
-
-    def items():
-        for item in corpus_items(corpus, seed):
-            # the bundled corpus yields word tuples: map them through the vocabulary directly
-            yield [vocab[w] for w in item] if isinstance(item, tuple) else item
-
-    return lambda: pack_sequences(items(), n_ctx, tok.bos_token_id, tok.eos_token_id, tokenize)
-
-
-def held_out_tokens(model: HookedTransformer, corpus: str, n_seq: int) -> torch.Tensor:
-    if corpus.endswith(".npy"):
-        src = sequence_source(model, corpus, 0)
-        if isinstance(src, torch.Tensor):
-            return src[-n_seq:]  # the last sequences of a token file are held out
-    return first_sequences(sequence_source(model, corpus, HELD_OUT_SEED), n_seq)
-
-
-def first_sequences(source, n: int) -> torch.Tensor:
-    """[n, n_ctx] the first `n` sequences of a `sequence_source`: a token tensor's first rows, or
-    the first `n` its stream yields (StopIteration when it holds fewer)."""
-    if isinstance(source, torch.Tensor):
-        return source[:n]
-    it = source()  # token ids on the host: the activation store moves them to the model's device
-    return torch.tensor([next(it) for _ in range(n)], dtype=torch.long, device="cpu")
 
 
 # ---------------------------------------------------------------------- the loop
@@ -326,30 +127,12 @@ def train(
     return Trainer(cfg, model, sequences).run(progress, stop_after, gather)
 
 
-def dist_backend() -> str:
-    import torch.distributed as dist
-
-    return dist.get_backend()
-
-
-def dist_barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
 def _close_progress_bars() -> None:
     """End every open tqdm bar's line (the training bar of a run an error stopped)."""
     from tqdm import tqdm
 
     for bar in list(tqdm._instances):
         bar.close()
-
-
-def _progress(total: int, start: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, disable=not enabled, desc="train", mininterval=5.0)
 
 
 def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq: int = 64) -> dict:

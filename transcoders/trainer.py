@@ -7,7 +7,8 @@ and on feature-sharded ranks (distributed.py; what differs lives in the `Dist` t
 
 1. The learning rate of this step (`lr_at`: constant, then linear decay over the last 20%).
 2. Normalize: `x / s_in`, `y / s_out` (train.py step 2's per-layer scales).
-3. The coder's forward returns its own loss (base.py `train_forward`): MSE + lambda(t) * its
+3. The coder's forward returns its own loss (base.py `train_forward`; under bfloat16 autocast with
+   `--autocast`, the weights and Adam float32 still): MSE + lambda(t) * its
    nonlinearity's sparsity penalty [+ pre-activation loss] [+ its auxiliary loss, AuxK for TopK /
    BatchTopK, on the features dead for `DEAD_TOKENS` tokens]; a TopK PLT / SAE takes the sparse step
    (sparse_topk.py) with the same loss. Data parallel, the forward is wrapped in DDP.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from transcoders import distributed as tdist
 from transcoders import sparse_topk
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
     from transcoders.base import SparseCoder
-    from transcoders.train import TrainConfig
+    from transcoders.train_config import TrainConfig
 
 DEAD_TOKENS = 100_000
 """A feature silent for this many training tokens counts as dead (for AuxK, and sae_lens's
@@ -95,7 +97,7 @@ class Trainer:
     folded set and its info. `model` / `sequences` override `cfg.model` / `cfg.corpus`."""
 
     def __init__(self, cfg: TrainConfig, model: HookedTransformer = None, sequences=None):
-        from transcoders import train as T
+        from transcoders import train_config as T
 
         self.t0 = time.time()
         torch.manual_seed(cfg.seed)
@@ -161,7 +163,7 @@ class Trainer:
     def _resume_or_start(self) -> tuple[int, dict, Tensor]:
         """(step, scales, last_fired) from this run's checkpoint (checkpoint.py step 3: or its `.old`),
         this rank's features only; or step 0 and the scales of the first block (train.py step 2)."""
-        from transcoders.train import DEFAULTS, RESUME_FREE
+        from transcoders.train_config import DEFAULTS, RESUME_FREE
 
         cfg = self.cfg
         if (resume := resume_folder(self.ckpt)) is not None:
@@ -216,7 +218,8 @@ class Trainer:
         x, y = x.to(self.device), y.to(self.device)  # the batch's one copy from the host store
         xn, yn = x / self.scales["in"][:, None], y / self.scales["out"][:, None]
         dead = dead_features(t, self.last_fired, self.dead_after)
-        res = self.forward(xn, yn, sparsity_schedule(t, self.total, cfg.sparsity_coef), dead)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
+            res = self.forward(xn, yn, sparsity_schedule(t, self.total, cfg.sparsity_coef), dead)
         if not tdist.all_finite(res.loss.detach(), d):
             raise NonFiniteError(
                 f"the loss became {res.loss.item()} at step {t}; training stopped and the last good checkpoint "
@@ -247,7 +250,7 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def checkpoint(self) -> None:
         """Checkpoint at the current step (feature-sharded: every rank its slice, checkpoint.py step 1)."""
-        from transcoders.train import dist_barrier
+        from transcoders.train_config import dist_barrier
 
         tc, d = self.tc, self.d
         if d.shards_features:
@@ -262,11 +265,16 @@ class Trainer:
 
     def fit(self, progress: bool = True, stop_after: int | None = None) -> None:
         """Steps until `total` (or `stop_after`), with a progress bar and periodic checkpoints."""
-        from transcoders.train import _progress
 
         cfg = self.cfg
         self.tc.train()  # BatchTopK: the batch rule, and its inference threshold is estimated
-        bar = _progress(self.total, self.t, progress and self.d.main)
+        bar = tqdm(
+            total=self.total,
+            initial=self.t,
+            disable=not (progress and self.d.main),
+            desc="train",
+            mininterval=5.0,
+        )
         for x, y in self.store.batches(self.t):
             if self.t >= self.total or (stop_after is not None and self.t >= stop_after):
                 break

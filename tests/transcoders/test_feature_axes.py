@@ -11,7 +11,7 @@ from torch import nn
 
 from transcoders import TranscoderConfig, build_transcoders
 from transcoders import distributed as tdist
-from transcoders.base import feature_dims_of
+from transcoders.build import feature_dims_of
 from transcoders.errors import UndeclaredFeatureAxisError
 from transcoders.nonlinearity import NONLINEARITIES
 

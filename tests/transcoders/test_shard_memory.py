@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 from tests.transcoders.tc_helpers import random_set, tiny_model
 from transcoders import ConfigError, build_transcoders
 from transcoders import distributed as tdist
-from transcoders.base import feature_dims_of, uniform_slice
+from transcoders.base import uniform_slice
+from transcoders.build import feature_dims_of
 from transcoders.checkpoint import read_checkpoint, resume_folder, state_tensors, write_checkpoint
 from transcoders.train import TrainConfig, train
 

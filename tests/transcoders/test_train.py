@@ -304,3 +304,49 @@ def test_gradient_clipping_is_on_sae_lens_scale(tmp_path, monkeypatch):
     assert [n * d_model for n in tight] == pytest.approx([1e-3] * 4, rel=1e-4)
     with pytest.raises(ConfigError, match="max_grad_norm"):
         small_cfg(tmp_path, max_grad_norm=-1.0)
+
+
+class _MatmulDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The dtypes of the inputs of every matrix product dispatched."""
+
+    PRODUCTS = ("mm", "addmm", "bmm", "baddbmm")
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.PRODUCTS:
+            self.seen |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind, activation", [("plt", "jumprelu"), ("clt", "topk")])
+def test_autocast_runs_the_products_in_bfloat16_and_keeps_float32_weights(tmp_path, kind, activation):
+    """--autocast: the step's matrix products take bfloat16 inputs (seen by the dispatcher, not asked
+    of the trainer), the weights and Adam stay float32, and the run ends within bfloat16's error of
+    the float32 run (8 significant bits: a few per cent of FVU after 8 steps)."""
+    from transcoders.trainer import Trainer
+
+    model, runs = tiny_model(), {}
+    for autocast in (False, True):
+        cfg = small_cfg(
+            tmp_path / str(autocast),
+            kind=kind,
+            activation=activation,
+            k=8,
+            n_tokens=256 * 8,
+            autocast=autocast,
+        )
+        trainer = Trainer(cfg, model=model, sequences=random_sequences())
+        with _MatmulDtypes() as products:
+            trainer.fit(progress=False)
+        assert (torch.bfloat16 in products.seen) == autocast, products.seen
+        assert {p.dtype for p in trainer.tc.parameters()} == {torch.float32}
+        assert all(
+            v.dtype == torch.float32 for s in trainer.opt.state.values() for v in s.values() if v.dim()
+        )
+        tc, _ = trainer.finish()
+        x, y = held_out(model, tc.cfg)
+        runs[autocast] = reconstruction_metrics(tc, x, y)["fvu_mean"]
+    assert runs[True] == pytest.approx(runs[False], rel=0.1)
