@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import transcoders
+from tests import name_switches
 from transcoders.nonlinearity import NONLINEARITIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,45 +19,8 @@ NAMES = set(transcoders.CLASSES) | set(NONLINEARITIES)
 FIELDS = ("kind", "activation")
 
 
-def _strings(node: ast.AST) -> list[str]:
-    """String literals of `node`, or of the elements of a tuple / list / set literal."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [s for e in node.elts for s in _strings(e)]
-    return []
-
-
-def _config_field(node: ast.AST) -> bool:
-    """`cfg.kind`, `x.cfg.activation`, `tcfg.kind`, ...: a transcoder config's kind or activation."""
-    if not (isinstance(node, ast.Attribute) and node.attr in FIELDS):
-        return False
-    owner = node.value
-    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-    return name.endswith("cfg")
-
-
 def violations(source: str) -> list[tuple[int, str]]:
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            named = sorted({s for o in operands for s in _strings(o)} & NAMES)
-            if named:
-                out.append((node.lineno, f"compares with {named}"))
-            if any(_config_field(o) for o in operands):
-                out.append((node.lineno, "compares a config's kind / activation"))
-        elif isinstance(node, ast.match_case):
-            named = sorted({s for n in ast.walk(node.pattern) for s in _strings(n)} & NAMES)
-            if named:
-                out.append((node.pattern.lineno, f"matches {named}"))
-        elif isinstance(node, ast.Dict):
-            named = sorted({s for k in node.keys if k is not None for s in _strings(k)} & NAMES)
-            if named:
-                out.append((node.lineno, f"dispatches on {named}"))
-        elif isinstance(node, ast.Subscript) and _config_field(node.slice):
-            out.append((node.lineno, "looks up by a config's kind / activation"))
-    return out
+    return name_switches.violations(source, NAMES, FIELDS)
 
 
 def test_attrgraph_never_switches_on_a_transcoder_kind_or_nonlinearity():

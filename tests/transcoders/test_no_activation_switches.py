@@ -8,9 +8,9 @@ A static scan flags (1) a comparison, `match` case or dict key with a nonlineari
 literal, and (2) a comparison with, or lookup by, a config's `activation` attribute.
 """
 
-import ast
 from pathlib import Path
 
+from tests import name_switches
 from transcoders.nonlinearity import NONLINEARITIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,44 +18,8 @@ HOME = {"nonlinearity.py", "activations.py", "base.py", "formats"}
 NAMES = set(NONLINEARITIES)
 
 
-def _strings(node: ast.AST) -> list[str]:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [s for e in node.elts for s in _strings(e)]
-    return []
-
-
-def _activation_field(node: ast.AST) -> bool:
-    """`cfg.activation`, `tc.cfg.activation`, `tcfg.activation`: a config's activation name."""
-    if not (isinstance(node, ast.Attribute) and node.attr == "activation"):
-        return False
-    owner = node.value
-    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-    return name.endswith("cfg")
-
-
 def violations(source: str) -> list[tuple[int, str]]:
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            named = sorted({s for o in operands for s in _strings(o)} & NAMES)
-            if named:
-                out.append((node.lineno, f"compares with {named}"))
-            if any(_activation_field(o) for o in operands):
-                out.append((node.lineno, "compares a config's activation"))
-        elif isinstance(node, ast.match_case):
-            named = sorted({s for n in ast.walk(node.pattern) for s in _strings(n)} & NAMES)
-            if named:
-                out.append((node.pattern.lineno, f"matches {named}"))
-        elif isinstance(node, ast.Dict):
-            named = sorted({s for k in node.keys if k is not None for s in _strings(k)} & NAMES)
-            if named:
-                out.append((node.lineno, f"dispatches on {named}"))
-        elif isinstance(node, ast.Subscript) and _activation_field(node.slice):
-            out.append((node.lineno, "looks up by a config's activation"))
-    return out
+    return name_switches.violations(source, NAMES, ("activation",))
 
 
 def outside_home() -> list[Path]:
