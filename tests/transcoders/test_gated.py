@@ -9,7 +9,7 @@ so the decoder's gradients are compared with sae_lens's loss without that term."
 
 import pytest
 import torch
-from sae_lens.saes.gated_sae import GatedTrainingSAE, GatedTrainingSAEConfig
+from sae_lens.saes.gated_sae import GatedSAE, GatedSAEConfig, GatedTrainingSAE, GatedTrainingSAEConfig
 from sae_lens.saes.sae import SAEMetadata, TrainStepInput
 
 from transcoders import (
@@ -149,3 +149,52 @@ def test_a_native_save_reads_back_the_same_set(tmp_path):
     x = torch.randn(N, 1, D, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(back(x).out, tc(x).out, rtol=0, atol=0)
+
+
+def sae_lens_gated(seed: int, apply_b_dec_to_input: bool) -> GatedSAE:
+    cfg = GatedSAEConfig(
+        d_in=D,
+        d_sae=S,
+        apply_b_dec_to_input=apply_b_dec_to_input,
+        metadata=SAEMetadata(hook_name=HOOK.format(layer=0)),
+    )
+    sae = GatedSAE(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in OURS:
+            p = getattr(sae, name)
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith(("b", "r")) else 1.0))
+    return sae
+
+
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_a_set_sae_lens_saved_reads_back_as_it_runs(tmp_path, apply_b_dec_to_input):
+    """sae_lens's own `GatedSAE.save_model` directory, read by `load_transcoders`, runs as sae_lens
+    runs it (with `apply_b_dec_to_input`, `b_dec` is folded into both encoder biases)."""
+    sae = sae_lens_gated(6, apply_b_dec_to_input)
+    sae.save_model(tmp_path / "layer_0")
+    loaded = load_transcoders(tmp_path)
+    x = torch.randn(N, D, generator=torch.Generator().manual_seed(7))
+    assert loaded.cfg.activation == "gated" and loaded.cfg.kind == "sae"
+    with torch.no_grad():
+        got, want = loaded(x[:, None]).acts[:, 0], sae.encode(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loaded(x[:, None]).out[:, 0], sae(x), rtol=1e-5, atol=1e-5)
+    assert 0 < (got > 0).sum() < got.numel()
+
+
+def test_a_set_we_save_to_sae_lens_runs_there_as_here(tmp_path):
+    tc = ours_like(theirs(seed=8)).eval()
+    save_transcoders(tc, tmp_path, format="sae-lens")
+    oracle = GatedSAE.load_from_disk(str(tmp_path / "layer_0"))
+    x = torch.randn(N, D, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(tc(x[:, None]).acts[:, 0], oracle.encode(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(tc(x[:, None]).out[:, 0], oracle(x), rtol=1e-5, atol=1e-5)
+
+
+def test_sae_lens_has_no_gated_transcoder_so_saving_one_is_refused(tmp_path):
+    tc = build_transcoders(TranscoderConfig(kind="plt", n_layers=1, d_model=D, d_sae=S, activation="gated"))
+    with pytest.raises(UnknownFormatError, match="sae_lens has no gated transcoder"):
+        save_transcoders(tc, tmp_path, format="sae-lens")
+    assert not any(tmp_path.iterdir())
