@@ -198,3 +198,21 @@ def test_sae_lens_has_no_gated_transcoder_so_saving_one_is_refused(tmp_path):
     with pytest.raises(UnknownFormatError, match="sae_lens has no gated transcoder"):
         save_transcoders(tc, tmp_path, format="sae-lens")
     assert not any(tmp_path.iterdir())
+
+
+def test_one_process_training_resumes_exactly(tmp_path):
+    """A run stopped and rerun resumes to the uninterrupted run's weights, `r_mag` and `b_mag` (and
+    their Adam moments) included."""
+    from tests.transcoders.tc_helpers import tiny_model
+    from tests.transcoders.test_train import random_sequences, small_cfg
+    from transcoders.train import train
+
+    model, seqs = tiny_model(), random_sequences()
+    kw = dict(activation="gated", n_tokens=256 * 12, checkpoint_every=4)
+    straight, _ = train(small_cfg(tmp_path / "a", **kw), model=model, sequences=seqs, progress=False)
+    cfg = small_cfg(tmp_path / "b", **kw)
+    assert train(cfg, model=model, sequences=seqs, progress=False, stop_after=5)[1] == {"stopped_at": 5}
+    resumed, _ = train(cfg, model=model, sequences=seqs, progress=False)
+    for k, v in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    assert {"r_mag", "b_mag"} <= set(straight.state_dict())
