@@ -3,7 +3,9 @@
 For a set covering `n_layers` layers, on the read-site activations `x[l]`:
 
 1. `h[l] = x[l] @ W_enc[l] + b_enc[l]`                          (encode: pre-activations)
-2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK) (nonlinearity.py)
+   (a gated set: its magnitude path `x[l] @ (W_enc[l] * exp(r_mag[l])) + b_mag[l]`, the nonlinearity's
+   `encoder`; `b_enc` is then the gate's bias)
+2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK, Gated) (nonlinearity.py)
 3. `y[l] = decode(a)[l] + x[l] @ W_skip[l]`                     (decode: per class; skip optional)
 
 `decode` differs by class: an SAE / per-layer transcoder writes layer l from layer l's
