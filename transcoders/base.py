@@ -3,7 +3,9 @@
 For a set covering `n_layers` layers, on the read-site activations `x[l]`:
 
 1. `h[l] = x[l] @ W_enc[l] + b_enc[l]`                          (encode: pre-activations)
-2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK) (nonlinearity.py)
+   (a gated set: its magnitude path `x[l] @ (W_enc[l] * exp(r_mag[l])) + b_mag[l]`, the nonlinearity's
+   `encoder`; `b_enc` is then the gate's bias)
+2. `a[l] = act(h[l])`  (ReLU, JumpReLU with `threshold[l]`, TopK, BatchTopK, Gated) (nonlinearity.py)
 3. `y[l] = decode(a)[l] + x[l] @ W_skip[l]`                     (decode: per class; skip optional)
 
 `decode` differs by class: an SAE / per-layer transcoder writes layer l from layer l's
@@ -97,6 +99,8 @@ class SparseCoder(nn.Module):
             self.threshold = threshold
         else:  # estimated, not trained (BatchTopK): a buffer
             self.register_buffer("threshold", threshold)
+        for name, param in self.nonlinearity.make_params(L, S).items():
+            self.register_parameter(name, param)
         self.declare_features(**self.nonlinearity.feature_dims())
         self.W_skip = nn.Parameter(torch.zeros(L, D, D)) if cfg.skip else None
         self.declare_features(W_skip=None)
@@ -179,12 +183,16 @@ class SparseCoder(nn.Module):
             self.threshold.fill_(THRESHOLD_INIT if self.nonlinearity.trained_threshold else 0.0)
         if self.W_skip is not None:
             self.W_skip.zero_()
+        for name in self.nonlinearity.make_params(1, 1):
+            getattr(self, name).zero_()
         return self
 
     # --------------------------------------------------------------- the map
     def encode(self, x: Float[Tensor, "... n_layers d_model"]) -> Float[Tensor, "... n_layers d_sae"]:
-        """Pre-activations `x @ W_enc + b_enc`, per layer."""
-        return torch.einsum("...ld,lds->...ls", x, self.W_enc) + self.b_enc
+        """Pre-activations `x @ W_enc + b_enc`, per layer (the nonlinearity's `encoder`: a gated set's
+        magnitude path)."""
+        W, b = self.nonlinearity.encoder(self, None)
+        return torch.einsum("...ld,lds->...ls", x, W) + b
 
     def activation(
         self, pre_acts: Float[Tensor, "... n_layers d_sae"]
@@ -195,18 +203,20 @@ class SparseCoder(nn.Module):
 
     def encode_layer(self, x: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_sae"]:
         """Step 1 for one layer: `x . v_f + b_enc[layer, f]` for every feature's encoder vector `v_f`."""
-        return x @ self.encoder_vectors(layer).T + self.b_enc[layer]
+        return x @ self.encoder_vectors(layer).T + self.encoder_bias(layer)
+
+    def encoder_bias(self, layer: int) -> Float[Tensor, " d_sae"]:
+        """The bias of `layer`'s pre-activations, `b_enc[layer]` (a gated set: its magnitude bias)."""
+        return self.nonlinearity.encoder(self, layer)[1]
 
     def activate_layer(self, pre_acts: Float[Tensor, "... d_sae"], layer: int) -> Float[Tensor, "... d_sae"]:
         """Step 2 for one layer, the per-token rule (BatchTopK: its estimated threshold)."""
-        threshold = None if self.threshold is None else self.threshold[layer]
-        return self.nonlinearity(pre_acts, threshold)
+        return self.nonlinearity(pre_acts, self.nonlinearity.layer_params(self, layer))
 
     def onset_layer(self, pre_acts: Float[Tensor, " d_sae"], layer: int, feature: int) -> float:
         """The pre-activation above which `feature` of `layer` is active, on one token's `pre_acts`
         of that layer (the others fixed): 0 for ReLU, the threshold, or TopK's k-th largest."""
-        threshold = None if self.threshold is None else self.threshold[layer]
-        return self.nonlinearity.onset(pre_acts, threshold, feature)
+        return self.nonlinearity.onset(pre_acts, self.nonlinearity.layer_params(self, layer), feature)
 
     def decode_layer(self, acts: list[Tensor | None], layer: int) -> Float[Tensor, "... d_model"]:
         """Step 3 for one output layer, from per-layer activations `acts[l]` [..., d_sae] (None: all
@@ -273,11 +283,11 @@ class SparseCoder(nn.Module):
         mse = mse_loss(res.out, y)
         decoder_norms = self.decoder_norms()
         penalty = self.nonlinearity.sparsity(
-            res.acts, res.pre_acts, self.threshold, decoder_norms, weights.penalty
+            res.acts, res.pre_acts, self.nonlinearity.layer_params(self, None), decoder_norms, weights.penalty
         )
         loss = mse + lam * penalty
-        nested = self.nonlinearity.nested_loss(self, res.acts, res.out, y, d)
-        if nested is not None:  # Matryoshka: the nested prefixes' reconstructions, weighted as the MSE
+        nested = self.nonlinearity.nested_loss(self, res.acts, res.out, y, d, res.pre_acts)
+        if nested is not None:  # Matryoshka's nested prefixes, Gated's auxiliary: weighted as the MSE
             loss = loss + nested
         if weights.preact_coef:
             form = (weights.preact_form, self.threshold, decoder_norms, dead)
@@ -299,7 +309,7 @@ class SparseCoder(nn.Module):
 
         Attribution and analysis ask for these and never read `W_enc`, so that a set whose encoder
         is stored otherwise (e.g. as directions and gains) overrides this and `encode` alone."""
-        W = self.W_enc[layer]
+        W = self.nonlinearity.encoder(self, layer)[0]
         return (W if features is None else W[:, features]).T
 
     def decoder_vectors(self, layer: int, features: Int[Tensor, " n"]) -> Float[Tensor, "n n_out d_model"]:

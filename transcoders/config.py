@@ -58,8 +58,9 @@ class TranscoderConfig:
     """Features per layer."""
     activation: str = "jumprelu"
     """"relu", "jumprelu" (per-feature threshold), "topk" (k largest per layer and token),
-    "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference) or
-    "matryoshka_batchtopk" (BatchTopK trained on nested prefixes too, `matryoshka_widths`)."""
+    "batchtopk" (k per token on average over a training batch; a per-layer threshold at inference),
+    "matryoshka_batchtopk" (BatchTopK trained on nested prefixes too, `matryoshka_widths`) or "gated"
+    (a gate `x @ W_enc + b_enc > 0` times a ReLU'd magnitude path, Rajamanoharan et al. 2024)."""
     input_hook: str = MLP_INPUT
     """Read site, a TransformerLens hook name template; the default means the MLP's input."""
     output_hook: str = MLP_OUTPUT

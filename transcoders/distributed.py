@@ -394,8 +394,8 @@ class FeatureShard:
         return rank_activation(self.tc, pre_acts, self.d)
 
     def activate_layer(self, pre_acts: Tensor, layer: int) -> Tensor:
-        threshold = None if self.tc.threshold is None else self.tc.threshold[layer]
-        return self.tc.nonlinearity.spread(pre_acts, threshold, self.d)
+        params = self.tc.nonlinearity.layer_params(self.tc, layer)  # threshold row; gated: its GateParams
+        return self.tc.nonlinearity.spread(pre_acts, params, self.d)
 
     def decode_layer(self, acts: list[Tensor | None], layer: int) -> Tensor:
         b = self.tc.b_dec[layer]

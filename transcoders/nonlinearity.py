@@ -31,15 +31,20 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
    features for it).
 10. `uses_k`: whether `cfg.k` means something (TopK, BatchTopK), so the config checks it;
    `sparse_step`: whether a per-layer set of it may train with sparse_topk.py's step (TopK).
-11. `nested_loss(coder, acts, out, y, d)`: reconstruction terms besides the MSE, weighted 1 like it, or
-   None (Matryoshka BatchTopK: every nested prefix of the features reconstructs the target;
-   `nested` says the config must give its widths).
+11. `nested_loss(coder, acts, out, y, d, pre_acts)`: reconstruction terms besides the MSE, weighted 1
+   like it, or None (Matryoshka BatchTopK: every nested prefix of the features reconstructs the target,
+   `nested` says the config must give its widths; Gated: the auxiliary reconstruction of the gate).
+12. `make_params(n_layers, d_sae)`: parameters besides the threshold the nonlinearity adds to the set
+   (Gated: `r_mag`, `b_mag`); `layer_params(coder, layer)` is what steps 2, 4, 6 and 8 take as their
+   second argument (the threshold's row, or all of it with `layer` None; Gated: its gate bias and
+   magnitude parameters); `encoder(coder, layer)` the weight and bias of the pre-activation that
+   attribution reads (`W_enc`, `b_enc`; Gated: its magnitude path).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -100,6 +105,23 @@ class Nonlinearity:
     def make_threshold(self, n_layers: int, d_sae: int) -> Tensor | None:
         return None
 
+    def make_params(self, n_layers: int, d_sae: int) -> dict[str, nn.Parameter]:
+        """Step 12: trained parameters besides the threshold, zero at initialization."""
+        return {}
+
+    def layer_params(self, coder: Coder, layer: int | None):
+        """Step 12: the threshold's row of `layer` (all rows for None), or None without a threshold."""
+        if coder.threshold is None:
+            return None
+        return coder.threshold if layer is None else coder.threshold[layer]
+
+    def encoder(self, coder: Coder, layer: int | None) -> tuple[Tensor, Tensor]:
+        """Step 12: `(W [.., d_model, d_sae], b [.., d_sae])` with pre-activations `x @ W + b` (all
+        layers for `layer` None)."""
+        if layer is None:
+            return coder.W_enc, coder.b_enc
+        return coder.W_enc[layer], coder.b_enc[layer]
+
     def feature_dims(self) -> dict[str, int | None]:
         """The feature axis of each tensor this nonlinearity adds to the set (`threshold`
         [n_layers, d_sae]: 1), declared for sharding (base.py `declare_features`)."""
@@ -113,7 +135,7 @@ class Nonlinearity:
         raise NotImplementedError
 
     def train_call(self, coder: Coder, h: Tensor) -> Tensor:
-        return self(h, coder.threshold)
+        return self(h, self.layer_params(coder, None))
 
     def spread(self, h: Tensor, threshold: Tensor | None, d: tdist.Dist) -> Tensor:
         """Step 8: `__call__` on a rank of `d`; a per-feature rule needs nothing from the others."""
@@ -121,7 +143,7 @@ class Nonlinearity:
 
     def spread_train_call(self, coder: Coder, h: Tensor, d: tdist.Dist) -> Tensor:
         """Step 8: `train_call` on a rank of `d`."""
-        return self.spread(h, coder.threshold, d)
+        return self.spread(h, self.layer_params(coder, None), d)
 
     def aux_loss(
         self, coder: Coder, h: Tensor, residual: Tensor, dead: Tensor | None, d: tdist.Dist
@@ -129,7 +151,15 @@ class Nonlinearity:
         """Step 9: the auxiliary loss (no coefficient), or None when the nonlinearity has none."""
         return None
 
-    def nested_loss(self, coder: Coder, acts: Tensor, out: Tensor, y: Tensor, d: tdist.Dist) -> Tensor | None:
+    def nested_loss(
+        self,
+        coder: Coder,
+        acts: Tensor,
+        out: Tensor,
+        y: Tensor,
+        d: tdist.Dist,
+        pre_acts: Tensor | None = None,
+    ) -> Tensor | None:
         """Step 11: reconstruction terms besides the MSE (weighted 1), or None."""
         return None
 
@@ -330,7 +360,7 @@ class MatryoshkaBatchTopK(BatchTopK):
         super().__init__(cfg)
         self.widths = tuple(cfg.matryoshka_widths)
 
-    def nested_loss(self, coder, acts, out, y, d):
+    def nested_loss(self, coder, acts, out, y, d, pre_acts=None):
         """`sum_w mse(out - decoded(features >= w), y)`: the whole reconstruction less the outer
         features' part (b_dec and any skip stay, as in `out`); feature-sharded, the outer part is
         summed over ranks, the global feature index deciding inner or outer."""
@@ -346,6 +376,88 @@ class MatryoshkaBatchTopK(BatchTopK):
         return total
 
 
+class GateParams(NamedTuple):
+    """A gated set's per-layer parameters besides `W_enc` (one layer's rows, or all layers')."""
+
+    b_gate: Tensor
+    """The gate's bias: the set's `b_enc` (sae_lens `b_gate`)."""
+    r_mag: Tensor
+    """Log-scale of the magnitude path's encoder: `W_mag = W_enc * exp(r_mag)`."""
+    b_mag: Tensor
+    """The magnitude path's bias."""
+
+
+class _Decode(nn.Module):
+    """`coder.decode` as a module's forward, so that `torch.func.functional_call` can run it on
+    detached copies of the coder's parameters (the frozen decoder of Gated's auxiliary loss)."""
+
+    def __init__(self, coder: Coder):
+        super().__init__()
+        self.coder = coder
+
+    def forward(self, acts: Tensor) -> Tensor:
+        return self.coder.decode(acts)
+
+
+class Gated(Nonlinearity):
+    """Gated SAE (Rajamanoharan et al. 2024, "Improving Dictionary Learning with Gated Sparse
+    Autoencoders", eqs. 6-8; sae_lens `GatedTrainingSAE`): the gate `pi_gate = x @ W_enc + b_enc > 0`
+    decides which features fire, the magnitude path `pi_mag = x @ (W_enc * exp(r_mag)) + b_mag` how
+    much: `a = 1[pi_gate > 0] * ReLU(pi_mag)`.
+
+    The set's pre-activations are `pi_mag` (what attribution reads: with the gate frozen, an active
+    feature is linear in it); the gate is recovered from them exactly in the reals,
+    `pi_gate = (pi_mag - b_mag) * exp(-r_mag) + b_gate`. Losses: the L1 of `ReLU(pi_gate)` weighted by
+    decoder norms (its gradient trains the gate), and the auxiliary reconstruction of the target from
+    `ReLU(pi_gate)` through a frozen copy of the decoder and `b_dec` (eq. 8), weighted 1 like the MSE.
+    """
+
+    name = "gated"
+
+    def make_params(self, n_layers, d_sae):
+        return {name: nn.Parameter(torch.zeros(n_layers, d_sae)) for name in ("r_mag", "b_mag")}
+
+    def feature_dims(self):
+        return {"r_mag": 1, "b_mag": 1}
+
+    def layer_params(self, coder, layer):
+        at = slice(None) if layer is None else layer
+        return GateParams(coder.b_enc[at], coder.r_mag[at], coder.b_mag[at])
+
+    def encoder(self, coder, layer):
+        at = slice(None) if layer is None else layer
+        return coder.W_enc[at] * coder.r_mag[at].exp().unsqueeze(-2), coder.b_mag[at]
+
+    @staticmethod
+    def gate_pre(h: Tensor, p: GateParams) -> Tensor:
+        """`pi_gate` from the magnitude pre-activations `h`."""
+        return (h - p.b_mag) * (-p.r_mag).exp() + p.b_gate
+
+    def __call__(self, h, p):
+        with torch.no_grad():  # the gate is a step: no gradient (the L1 and auxiliary losses train it)
+            gate = (self.gate_pre(h, p) > 0).to(h.dtype)
+        return gate * h.relu()
+
+    def onset(self, h, p, feature):
+        """Active iff `pi_mag > 0` and `pi_gate > 0`, i.e. `pi_mag > b_mag - b_gate * exp(r_mag)`."""
+        gate = p.b_mag[feature] - p.b_gate[feature] * p.r_mag[feature].exp()
+        return max(0.0, float(gate.detach()))
+
+    def sparsity(self, acts, pre_acts, p, decoder_norms, penalty):
+        return losses.l1_sparsity(self.gate_pre(pre_acts, p).relu(), decoder_norms)
+
+    def nested_loss(self, coder, acts, out, y, d, pre_acts=None):
+        """Eq. 8's auxiliary term: `mse(frozen_decode(ReLU(pi_gate)), y)`, the decoder's parameters
+        detached so that only the encoder learns from it (feature-sharded: summed over ranks)."""
+        via_gate = self.gate_pre(pre_acts, self.layer_params(coder, None)).relu()
+        frozen = {f"coder.{name}": p.detach() for name, p in coder.named_parameters()}
+        recon = torch.func.functional_call(_Decode(coder), frozen, (via_gate,))
+        if d.shards_features:
+            b_dec = coder.b_dec.detach()
+            recon = tdist.reduce_sum(recon - b_dec) + b_dec
+        return losses.mse_loss(recon, y)
+
+
 NONLINEARITIES: dict[str, type[Nonlinearity]] = {
-    cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK, MatryoshkaBatchTopK)
+    cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK, MatryoshkaBatchTopK, Gated)
 }

@@ -93,7 +93,7 @@ def preactivation_target(
     with torch.no_grad():
         feat = torch.tensor([feature], device=transcoders.device)
         w_enc = transcoders.encoder_vectors(layer, feat)[0].detach().to(model.cfg.dtype)
-        offset = float(transcoders.b_enc[layer, feature])
+        offset = float(transcoders.encoder_bias(layer)[feature])
         vector = w_enc
         if cfg.input_hook == sites.MLP_INPUT:
             ln2 = model.blocks[layer].ln2

@@ -1,5 +1,5 @@
 """Two CPU processes (gloo) train like one: data parallel and feature-sharded, PLT and CLT
-(Matryoshka BatchTopK both ways; feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
+(Matryoshka BatchTopK both ways; gated feature-sharded; feature-sharded TopK and BatchTopK too, and TopK's auxiliary loss on its own; data-parallel
 BatchTopK, whose budget is the global batch's); a checkpoint written with 2 ranks resumes with 1
 and with 2.
 
@@ -48,6 +48,9 @@ CASES = {
     "clt-data-matryoshka": dict(
         kind="clt", activation="matryoshka_batchtopk", matryoshka_widths=(8, 20), parallel="data", k=4
     ),
+    # gated: r_mag, b_mag split by feature; the auxiliary reconstruction summed over ranks
+    "plt-features-gated": dict(kind="plt", activation="gated", parallel="features", skip=True),
+    "clt-features-gated": dict(kind="clt", activation="gated", parallel="features"),
 }
 STEPS = 6
 ATOL, RTOL = 1e-6, 1e-5

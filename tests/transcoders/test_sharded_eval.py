@@ -5,7 +5,7 @@ Two gloo ranks each take their half of a random set's features (`shard_state`) a
 `distributed.FeatureShard`: held-out FVU, L0 and dead fractions (`reconstruction_metrics`), CE loss
 recovered and KL with the set spliced in (`replacement_metrics`) and with another set spliced in
 beside it (`spliced_metrics`), for a CLT (JumpReLU, skip), a PLT (TopK: the k largest over both
-ranks' features) and an attention SAE (BatchTopK's inference threshold). Expected values: the same
+ranks' features), an attention SAE (BatchTopK's inference threshold) and a gated PLT. Expected values: the same
 functions on the whole set in this process. While a rank evaluates, no live tensor has the full
 feature width. Then `train.save_and_evaluate` (what the CLI runs): the set rank 0 writes, gathered
 one tensor at a time, loads back as the whole set, and the metrics are `evaluate` of the whole set.
@@ -40,6 +40,7 @@ CASES = {
     "clt-jumprelu-skip": dict(kind="clt", activation="jumprelu", skip=True, seed=1),
     "plt-topk": dict(kind="plt", activation="topk", seed=2),
     "sae-batchtopk": dict(kind="sae", activation="batchtopk", seed=3),
+    "plt-gated": dict(kind="plt", activation="gated", seed=4),  # its per-layer GateParams on each rank
 }
 HOOK = "blocks.{layer}.hook_attn_out"  # random_set's SAE site
 EXACT = ("l0", "l0_mean", "dead_fraction", "dead_fraction_total", "n_tokens")

@@ -233,6 +233,10 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
         raise UnknownFormatError(
             "circuit-tracer has no TopK activation; save a TopK set in the native format."
         )
+    if cfg.activation == "gated":  # its magnitude path (r_mag, b_mag) has no place in the files
+        raise UnknownFormatError(
+            "circuit-tracer has no gated activation; save a gated set in the native format."
+        )
     if cfg.kind == "clt" and cfg.skip:
         raise UnknownFormatError(
             "circuit-tracer's CLT files carry no W_skip; save a CLT with skip in the native format."

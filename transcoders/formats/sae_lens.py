@@ -9,10 +9,12 @@ once. Reading:
 1. Architectures: "standard" / "transcoder" -> ReLU; "jumprelu" / "jumprelu_transcoder" ->
    JumpReLU (sae_lens computes `ReLU(h) * (h > threshold)`: the same for thresholds >= 0);
    "topk" -> TopK with `cfg.k`; "skip_transcoder" / "jumprelu_skip_transcoder" -> ReLU / JumpReLU
-   with `W_skip = W_skip_sl.T` (sae_lens adds `x @ W_skip_sl.T`). Others are refused with
+   with `W_skip = W_skip_sl.T` (sae_lens adds `x @ W_skip_sl.T`); "gated" -> Gated, sae_lens's
+   `b_gate` as our `b_enc`, `r_mag` and `b_mag` as they are. Others are refused with
    `UnknownFormatError`.
 2. `apply_b_dec_to_input` (SAEs): `h = (x - b_dec) @ W_enc + b_enc`, folded into
-   `b_enc - b_dec @ W_enc`.
+   `b_enc - b_dec @ W_enc` (gated: the gate's bias so, and the magnitude path's
+   `b_mag - (b_dec @ W_enc) * exp(r_mag)`).
 3. Hooks `blocks.{i}.X` become the template `blocks.{layer}.X`. Note: a literal
    `ln2.hook_normalized` read site means *the MLP input* in our convention (sites.py); the two
    agree on fold_ln models, which is what sae_lens assumes. A metadata key
@@ -28,7 +30,7 @@ Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save
    before anything is written.
 6. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
    (our `b_enc` is the whole encoder bias); `hook_name` / `hook_name_out` are our hook templates
-   with the layer filled in; `k` for TopK.
+   with the layer filled in; `k` for TopK; gated: `b_enc` as `b_gate`, and `r_mag`, `b_mag`.
 """
 
 from __future__ import annotations
@@ -54,11 +56,13 @@ ACTIVATIONS = {
     "jumprelu_transcoder": ("jumprelu", False),
     "jumprelu_skip_transcoder": ("jumprelu", True),
     "topk": ("topk", False),
+    "gated": ("gated", False),
 }
 WRITE_ARCHITECTURES = {  # (is a transcoder, activation, skip) -> sae_lens architecture (step 5)
     (False, "relu", False): "standard",
     (False, "jumprelu", False): "jumprelu",
     (False, "topk", False): "topk",
+    (False, "gated", False): "gated",
     (True, "relu", False): "transcoder",
     (True, "relu", True): "skip_transcoder",
     (True, "jumprelu", False): "jumprelu_transcoder",
@@ -142,12 +146,8 @@ def load_sae_lens(
         else:
             out_hook = in_hook
         activation, skip = ACTIVATIONS[arch]
-        W_enc = sae.W_enc.detach().float().cpu()
-        b_enc = sae.b_enc.detach().float().cpu()
-        b_dec = sae.b_dec.detach().float().cpu()
-        if not is_transcoder and cfg.apply_b_dec_to_input:
-            b_enc = b_enc - b_dec @ W_enc
-        state = {"W_enc": W_enc, "b_enc": b_enc, "W_dec": sae.W_dec.detach().float().cpu(), "b_dec": b_dec}
+        state = _encoder_state(sae, fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input)
+        W_enc = state["W_enc"]
         if activation == "jumprelu":
             state["threshold"] = sae.threshold.detach().float().cpu()
         if skip:
@@ -197,6 +197,26 @@ def load_sae_lens(
     return tc.to(device=device, dtype=dtype)
 
 
+def _encoder_state(sae, fold_b_dec: bool) -> dict[str, torch.Tensor]:
+    """`W_enc`, `b_enc`, `W_dec`, `b_dec` (gated: `b_gate` as `b_enc`, and `r_mag`, `b_mag`) of one
+    sae_lens object, float32 on the CPU, `b_dec` folded into the encoder biases (step 2)."""
+
+    def t(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().float().cpu()
+
+    gated = sae.cfg.architecture() == "gated"
+    state = {"W_enc": t(sae.W_enc), "b_enc": t(sae.b_gate if gated else sae.b_enc)}
+    state |= {"W_dec": t(sae.W_dec), "b_dec": t(sae.b_dec)}
+    if gated:
+        state |= {"r_mag": t(sae.r_mag), "b_mag": t(sae.b_mag)}
+    if fold_b_dec:
+        shift = state["b_dec"] @ state["W_enc"]
+        state["b_enc"] = state["b_enc"] - shift
+        if gated:
+            state["b_mag"] = state["b_mag"] - shift * state["r_mag"].exp()
+    return state
+
+
 def sae_lens_architecture(cfg: TranscoderConfig) -> str:
     """The sae_lens architecture that holds sets of `cfg` (step 5), or `UnknownFormatError`."""
     if cfg.kind == "clt":
@@ -207,8 +227,9 @@ def sae_lens_architecture(cfg: TranscoderConfig) -> str:
     activation = "jumprelu" if cfg.activation in ("batchtopk", "matryoshka_batchtopk") else cfg.activation
     arch = WRITE_ARCHITECTURES.get((cfg.kind == "plt", activation, cfg.skip))
     if arch is None:
+        name = {"topk": "TopK"}.get(cfg.activation, cfg.activation)
         raise UnknownFormatError(
-            "sae_lens has no TopK transcoder (only TopK SAEs); save a TopK transcoder set in the native format."
+            f"sae_lens has no {name} transcoder (only {name} SAEs); save a {name} transcoder set in the native format."
         )
     return arch
 
@@ -278,10 +299,12 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
             kw["k"] = cfg.k
         state = {
             "W_enc": t(tc.W_enc[l]),
-            "b_enc": t(tc.b_enc[l]),
+            "b_gate" if arch == "gated" else "b_enc": t(tc.b_enc[l]),
             "W_dec": t(tc.W_dec[l]),
             "b_dec": t(tc.b_dec[l]),
         }
+        for name in tc.nonlinearity.make_params(1, 1):  # gated: r_mag, b_mag
+            state[name] = t(getattr(tc, name)[l])
         if tc.threshold is not None:
             state["threshold"] = t(tc.threshold[l])
         if tc.W_skip is not None:

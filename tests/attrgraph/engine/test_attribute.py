@@ -110,6 +110,35 @@ def test_exactness_contract_of_a_matryoshka_batchtopk_set():
     check_contracts(graph, rm, rm.run(TOKENS, exclude_bos=True), rtol=1e-6)
 
 
+def test_exactness_contract_of_a_gated_set():
+    """A gated set (issue 33; Rajamanoharan et al. 2024) with its gate frozen at the recorded value is
+    linear in its magnitude pre-activation `x @ (W_enc * exp(r_mag)) + b_mag`: the graph's targets are
+    those, and the contract holds as for every other set. Gate biases, log-scales and magnitude biases
+    are random, so that gate and magnitude paths differ (some features have a positive magnitude and a
+    shut gate)."""
+    import dataclasses
+
+    from transcoders.plt import PerLayerTranscoder
+
+    model = tiny_model("gpt2")
+    relu = tiny_transcoders(model)
+    tc = PerLayerTranscoder(dataclasses.replace(relu.cfg, activation="gated")).to(model.cfg.dtype)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in relu.named_parameters():
+            tc.get_parameter(name).copy_(p)
+        for p in (tc.b_enc, tc.r_mag, tc.b_mag):
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    rm = ReplacementModel(model, tc.eval())
+    state = rm.run(TOKENS, exclude_bos=True)
+    on = state.acts != 0
+    torch.testing.assert_close(state.acts[on], state.pre_acts[on])  # active: a = pi_mag
+    assert bool(((state.pre_acts > 0) & ~on)[:, 1:].any())  # some shut gates over positive magnitudes
+    graph = attribute(model, rm, TOKENS, batch_size=32, exclude_bos=True)
+    assert graph.n_features > 10
+    check_contracts(graph, rm, state, rtol=1e-6)
+
+
 def test_exactness_contract_float32_with_position_zero_included(device):
     model = tiny_model("gpt2", torch.float32)
     rm = ReplacementModel(model.to(device), tiny_transcoders(model, "clt").to(device))
