@@ -101,6 +101,13 @@ class StandardSetup:
     def n_nodes(self) -> int:
         return self.sources.n_columns + len(self.targets)
 
+    def logit_weights(self) -> np.ndarray:
+        """`Graph.logit_weights` of the full graph, before it exists (its logit probabilities are
+        stored as float32)."""
+        w = np.zeros(self.n_nodes)
+        w[self.nodes.kind == "logit"] = self.weights.astype(np.float32)
+        return w
+
     def rows(
         self,
         injections: list[Injection],
@@ -284,9 +291,9 @@ def attribute(
     on_device = None
     if isinstance(rows, DeviceRows):  # influence on the device, then one copy (linear_backward.py step 8)
         nodes = setup.nodes
-        w = np.zeros(setup.n_nodes)
-        w[nodes.mask("logit")] = setup.weights.astype(np.float32)  # as the graph stores them (graph.py)
-        on_device = rows.influence(w, layer_blocks(nodes), nodes.kind == "error", setup.n_src)
+        on_device = rows.influence(
+            setup.logit_weights(), layer_blocks(nodes), nodes.kind == "error", setup.n_src
+        )
         rows = rows.to_csr()
     # rows only for features and targets; embeddings and errors have no inputs (empty rows)
     # keep the rows' index dtype, so that scipy does not copy the (large) indices

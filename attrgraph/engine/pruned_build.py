@@ -94,7 +94,7 @@ def attribute_pruned(
     stats: dict = {}
     full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
     kind = setup.nodes.kind
-    w = _logit_weights(setup)
+    w = setup.logit_weights()
     scores = scores_from_shares(kind, full.influence, full.error_share, w)
 
     t1 = time.perf_counter()
@@ -126,13 +126,6 @@ def attribute_pruned(
     return out
 
 
-def _logit_weights(setup: StandardSetup) -> np.ndarray:
-    """Graph.logit_weights of the full graph (its logit probabilities are stored as float32)."""
-    w = np.zeros(setup.n_nodes)
-    w[setup.nodes.kind == "logit"] = setup.weights.astype(np.float32)
-    return w
-
-
 def _influence(
     setup: StandardSetup, batch_size: int, chunk_edges: int, progress: bool, stats: dict
 ) -> tuple[StreamedInfluence, int]:
@@ -147,7 +140,7 @@ def _influence(
     rows_of = slice(n_src, N)
     layer = np.where(nodes.kind[rows_of] == "feature", nodes.layer[rows_of], top + 1)
     bound = below[layer, nodes.position[rows_of]]
-    solve = InfluenceSolve(_logit_weights(setup), nodes.kind == "error")
+    solve = InfluenceSolve(setup.logit_weights(), nodes.kind == "error")
     n_edges = 0
     bar = tqdm(
         total=len(setup.injections),
