@@ -11,8 +11,8 @@ idle. Instead:
    Pruning"): blocks of nodes from the last, `z_B = w_B + acc_B`, and each batch of block B adds
    `(z_t / rowsum_t) |A[t, s]|` over its rows t to `acc_s` (one matrix-vector product, float64);
    a row's error share is `sum_{s error} |A[t, s]| / rowsum_t`.
-3. The buffer is checked for NaN and inf and copied to the host once (`to_csr`); the CSR arrays are
-   written from the host copy (csr_rows.py: a block without zeros is copied as it is).
+3. The buffer is copied to the host once (`to_csr`); the CSR arrays are written from the host copy
+   (csr_rows.py: NaN and inf refused, a block without zeros copied as it is).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 from jaxtyping import Float
 
 from attrgraph.engine.csr_rows import CsrRowWriter
-from attrgraph.engine.finite import check_rows
 from attrgraph.errors import GraphError
 from attrgraph.graph.streamed_influence import StreamedInfluence
 
@@ -84,9 +83,7 @@ class DeviceRows:
 
     def to_csr(self) -> sp.csr_array:
         """Step 3: the rows as a host CSR matrix (one copy of the buffer)."""
-        if not bool(torch.isfinite(self.buffer).all()):
-            check_rows(self.buffer.cpu().numpy())  # names the count of bad values
-        host = self.buffer.cpu().numpy()
+        host = self.buffer.cpu().numpy()  # NaN and inf are refused block by block (csr_rows.py)
         written = CsrRowWriter(self.n_rows, self.n_cols, host.dtype)
         for rows, columns, at in self.batches:
             written.append(rows, host[at : at + len(rows) * len(columns)].reshape(len(rows), -1), columns)

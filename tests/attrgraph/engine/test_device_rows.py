@@ -100,8 +100,8 @@ def _count_host_waits(monkeypatch, run) -> int:
 
 @pytest.mark.parametrize("kind", ["plt", "clt"])
 def test_the_row_loop_never_waits_for_the_device(kind, monkeypatch):
-    """With a GPU's budget the host waits a fixed number of times per graph (the NaN check and the
-    one copy of the rows), however many batches; the CPU's plan copies every batch."""
+    """With a GPU's budget the host waits a fixed number of times per graph (the one copy of the
+    rows), however many batches; the CPU's plan copies every batch."""
     model = tiny_model("llama", torch.float32)
     rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
     state = rm.run(TOKENS)
