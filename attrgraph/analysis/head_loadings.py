@@ -238,8 +238,13 @@ def head_loadings(
     (target node, source node) pairs, default the `top` strongest edges by |value| among feature
     and logit targets. Runs one forward per batch of `batch_size` distinct sources and one backward
     per batch of distinct targets; holds `model_lock(model)` while it does."""
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    _check_graph(rm, graph)
+    # another thread's sweep swaps `block.mlp` under this lock: read the model (and its fingerprint)
+    # only while holding it
+    with model_lock(model if not isinstance(transcoders, ReplacementModel) else transcoders.model):
+        rm = (
+            transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+        )
+        _check_graph(rm, graph)
     if batch_size < 1:
         raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
     edges = _pick_edges(graph, top) if edges is None else np.asarray(edges, dtype=np.int64).reshape(-1, 2)
