@@ -5,14 +5,17 @@ Seed: circuit-tracing appendix ("Efficiency relative to alternatives": the (MSE,
 KL, L0) frontiers); Rajamanoharan et al. 2024 (JumpReLU, L0 penalty); Gao et al. 2024 (TopK);
 Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
 
-1. Dump (benchmarks/train_vs_sparsify.py's `dump`, imported): the shuffled MLP input / output
-   blocks of all 4 layers of the bundled model for `--n-tokens` training tokens, and 256 held-out
-   sequences (the trainer's held-out corpus seed; 32,512 tokens after dropping BOS).
-2. Train one per-layer transcoder set (PLT, d_sae 1024, every layer) per method and sparsity
-   setting, every method on the same batches of `--batch-size` tokens in the same order, for the
-   same number of tokens:
+1. Dump (benchmarks/train_vs_sparsify.py's `dump`, imported), once per seed of `--seeds` (default
+   0, 1, 2; `WORK/seed{s}/`): the MLP input / output blocks of all 4 layers of the bundled model for
+   `--n-tokens` training tokens, shuffled by that seed, and 256 held-out sequences (the trainer's
+   held-out corpus seed, the same for every seed; 32,512 tokens after dropping BOS).
+2. For each seed, train one per-layer transcoder set (PLT, d_sae 1024, every layer) per method and
+   sparsity setting, every method on that seed's batches of `--batch-size` tokens in the same order,
+   for the same number of tokens, initialized from that seed:
    - ours (`transcoders.train.train`, reading the dumped shards): JumpReLU with the tanh penalty,
-     JumpReLU with the L0 penalty (`--penalty l0`), ReLU + L1, TopK (AuxK on), BatchTopK (AuxK on);
+     JumpReLU with the L0 penalty (`--penalty l0`), ReLU + L1, TopK (AuxK on), BatchTopK (AuxK on),
+     Matryoshka BatchTopK (Bussmann et al. 2025; nested widths 64 and 256, AuxK on), Gated
+     (Rajamanoharan et al. 2024; the gate's L1 weighted by decoder norms);
      Adam at `--lr`, the trainer's defaults otherwise (bandwidth 1.0, initial threshold 0.03,
      sparsity coefficient ramped 0 -> final over training, lr decay over the last 20%).
    - ours with sae_lens's settings (below: tanh scale 4, bandwidth 2, initial threshold 0.1,
@@ -34,7 +37,7 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
      pre-activation loss; its default window, 1000 steps, would never fire within this run.
    - sparsify's TopK (`eai-sparsify` in its own venv, train_vs_sparsify.py's `--_worker sparsify`
      as a child process): its `Trainer` with every default (signum, its lr for 1024 latents, no
-     AuxK), `TranscoderConfig(k=...)`.
+     AuxK) but `init_seeds=[seed]`, `TranscoderConfig(k=...)`.
 3. Foreign weights become a `PerLayerTranscoder` (sae_lens: `W_enc`, `b_enc`, `threshold`, `W_dec`,
    `b_dec` per layer; sparsify: `encoder.weight.T`, `encoder.bias`, `W_dec`, `b_dec`, TopK k), and
    each library's own forward on the held-out tokens is checked to give the same FVU (`own_fvu_mean`).
@@ -42,8 +45,11 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
    held-out activations (FVU, L0, dead fraction = features never active on them) and
    `replacement_metrics` on the held-out sequences (every layer's MLP output replaced at once:
    CE loss recovered, KL(original || spliced)).
-5. "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU against log L0 between
-   its two sweep points around an L0, only inside its measured range, compared with ours.
+5. Each setting's point is the mean over its seeds (L0, FVU, KL, ...), with the range over the seeds
+   (bars in the plot). "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU
+   against log L0 between its two sweep points around an L0, only inside its measured range,
+   compared with ours (the ratio's range over seeds: each seed's run against that seed's curve);
+   "Against sae_lens": each of our methods at sae_lens's points' L0.
 
 What made the difference between ours and sae_lens's JumpReLU: gradient clipping. Both clipped the
 gradient norm at 1, but sae_lens's loss sums the MSE over the 128 dims where ours averages, so its
@@ -63,8 +69,10 @@ Not part of the test suite (eai-sparsify is no dependency). One thread; run it n
 
     OMP_NUM_THREADS=1 nice -n 5 python benchmarks/frontier.py --sparsify-python /tmp/sparsify-venv/bin/python
 
+On two cores, one process per seed (`--seeds 0` and `--seeds 1,2` beside it, same `--work`): each
+seed's runs go to `WORK/seed{s}/runs_*.json` and every process writes the outputs from all of them.
 Writes benchmarks/results/frontier.{json,md,png}; results are saved after every run and a rerun with
-the same `--work` skips the runs already in the JSON.
+the same `--work` skips the runs already saved.
 """
 
 from __future__ import annotations
@@ -129,6 +137,9 @@ METHODS = {
         (12, 30, 60),
         {"activation": "matryoshka_batchtopk", "matryoshka_widths": (64, 256)},
     ),
+    "gated": Method(  # Rajamanoharan et al. 2024: the gate's L1 weighted by decoder norms
+        "ours: Gated", "ours", "sparsity_coef", (3e-3, 8e-3, 2e-2), {"activation": "gated"}
+    ),
     "sae_lens_jumprelu": Method(
         "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
     ),
@@ -161,8 +172,8 @@ SAE_LENS_SETUP = dict(
 )
 
 
-def run_name(method: str, value) -> str:
-    return f"{method}_{value:g}"
+def run_name(method: str, value, seed: int) -> str:
+    return f"{method}_{value:g}_seed{seed}"
 
 
 # ----------------------------------------------------------------------------- step 4: one scorer
@@ -351,11 +362,11 @@ def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
 def train_sparsify(work: Path, model, value: int, args) -> tuple:
     from safetensors.torch import load_file
 
-    run = run_name("sparsify_topk", value)
+    run = run_name("sparsify_topk", value, args.seed)
     shutil.rmtree(work / run, ignore_errors=True)
     me = str(ROOT / "benchmarks" / "train_vs_sparsify.py")
     common = ["--work", str(work), "--d-sae", str(args.d_sae), "--k", str(value)]
-    common += ["--batch-size", str(args.batch_size)]
+    common += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
     stdout, _, _ = tvs.run_child(
         [args.sparsify_python, me, "--_worker", "sparsify", "--_run", run, *common], 1
     )
@@ -392,80 +403,161 @@ def at_l0(points: list[tuple[float, float]], l0: float) -> float | None:
     return None
 
 
+def points(runs: dict) -> dict[str, list[dict]]:
+    """Each method's sweep points, one per setting, averaged over its seeds: the means of every
+    metric, the seeds' runs (`runs`) and the min / max of L0 and FVU over them; sorted by mean L0."""
+    by_method = {}
+    for m in METHODS:
+        groups: dict = {}
+        for r in runs.values():
+            if r["method"] == m:
+                groups.setdefault(r["value"], []).append(r)
+        pts = []
+        for value, rs in groups.items():
+            rs = sorted(rs, key=lambda r: r.get("seed", 0))
+
+            def mean(k: str, rs=rs) -> float:
+                return sum(r[k] for r in rs) / len(rs)
+
+            pt = {k: mean(k) for k in ("l0_mean", "fvu_mean", "kl_to_orig", "ce_loss_recovered", "train_s")}
+            pt.update(
+                value=value,
+                runs=rs,
+                dead_fraction_total=mean("dead_fraction_total"),
+                fvu=[sum(r["fvu"][l] for r in rs) / len(rs) for l in range(len(rs[0]["fvu"]))],
+                fvu_range=(min(r["fvu_mean"] for r in rs), max(r["fvu_mean"] for r in rs)),
+                l0_range=(min(r["l0_mean"] for r in rs), max(r["l0_mean"] for r in rs)),
+            )
+            if all("own_fvu_mean" in r for r in rs):
+                pt["own_fvu_mean"] = mean("own_fvu_mean")
+            pts.append(pt)
+        by_method[m] = sorted(pts, key=lambda p: p["l0_mean"])
+    return by_method
+
+
+def curve(pts: list[dict], key: str, seed: int | None = None) -> list[tuple[float, float]]:
+    """(L0, `key`) of the seed-mean points, or of one seed's runs."""
+    if seed is None:
+        return [(p["l0_mean"], p[key]) for p in pts]
+    return [(r["l0_mean"], r[key]) for p in pts for r in p["runs"] if r.get("seed", 0) == seed]
+
+
+def ratio_cell(pt: dict, ref: list[dict]) -> str:
+    """`pt` against the reference method at its mean L0: FVU and KL, theirs vs the reference's, their
+    ratio, and the range of that ratio over the seeds (each seed's run against the same seed's curve)."""
+    cell = f"L0 {pt['l0_mean']:.1f}: FVU {pt['fvu_mean']:.4f}"
+    f = at_l0(curve(ref, "fvu_mean"), pt["l0_mean"])
+    k = at_l0(curve(ref, "kl_to_orig"), pt["l0_mean"])
+    if f is None:
+        return cell
+    per_seed = []
+    for r in pt["runs"]:
+        g = at_l0(curve(ref, "fvu_mean", r.get("seed", 0)), r["l0_mean"])
+        if g is not None:
+            per_seed.append(r["fvu_mean"] / g)
+    spread = f"; seeds {min(per_seed):.2f}-{max(per_seed):.2f}x" if len(per_seed) > 1 else ""
+    return cell + (
+        f" vs {f:.4f} ({pt['fvu_mean'] / f:.2f}x{spread}), KL {pt['kl_to_orig']:.3f} vs {k:.3f} "
+        f"({pt['kl_to_orig'] / k:.2f}x)"
+    )
+
+
 def write_outputs(out: Path, meta: dict, runs: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
+    seeds = sorted({r.get("seed", 0) for r in runs.values()})
+    meta = {**meta, "seeds": seeds}
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, runs=runs), indent=1))
-    by_method = {m: [r for r in runs.values() if r["method"] == m] for m in METHODS}
+    by_method = points(runs)
     lines = [
         "# FVU / L0 frontier of per-layer transcoders (benchmarks/frontier.py)",
         "",
         f"Bundled model, one transcoder per layer on all {meta['n_layers']} layers (MLP input -> MLP output), "
         f"d_sae {meta['d_sae']}; every method trains on the same {meta['n_tokens']:,} dumped tokens in the same "
         f"batches of {meta['batch_size']} (Adam at lr {meta['lr']} for ours and sae_lens; sparsify its own "
-        f"signum default). Held-out FVU, L0 and dead fraction (never active) on {meta['held_out_tokens']:,} tokens; "
-        f"CE loss recovered and KL(original || spliced) with every layer's MLP output replaced at once, on "
-        f"{meta['held_out_sequences']} held-out sequences. One thread, niced, on a shared 2-core machine "
-        f"(train time is indicative only); {meta['date']}.",
+        f"signum default), once per seed ({', '.join(map(str, seeds))}: each seed its own shuffle of the "
+        "tokens and its own initialization). Each row is the mean over the seeds; the FVU's range over "
+        f"them in brackets. Held-out FVU, L0 and dead fraction (never active) on {meta['held_out_tokens']:,} "
+        "tokens; CE loss recovered and KL(original || spliced) with every layer's MLP output replaced at "
+        f"once, on {meta['held_out_sequences']} held-out sequences. One thread per run, niced, on a shared "
+        f"2-core machine (train time is indicative only); {meta['date']}.",
         "",
-        "| method | setting | mean L0 | mean FVU | FVU per layer | CE loss recovered | KL | dead | own FVU | train s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | setting | seeds | mean L0 | mean FVU [min, max] | FVU per layer | CE loss recovered | KL "
+        "| dead | own FVU | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for m, rs in by_method.items():
-        for r in sorted(rs, key=lambda r: r["l0_mean"]):
-            own = f"{r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""
+    for m, pts in by_method.items():
+        for p in pts:
+            own = f"{p['own_fvu_mean']:.4f}" if "own_fvu_mean" in p else ""
+            lo, hi = p["fvu_range"]
             lines.append(
-                f"| {METHODS[m].label} | {METHODS[m].param} {r['value']:g} | {r['l0_mean']:.1f} | "
-                f"{r['fvu_mean']:.4f} | {' / '.join(f'{v:.3f}' for v in r['fvu'])} | "
-                f"{r['ce_loss_recovered']:.4f} | {r['kl_to_orig']:.3f} | {r['dead_fraction_total']:.3f} | "
-                f"{own} | {r['train_s']:.0f} |"
+                f"| {METHODS[m].label} | {METHODS[m].param} {p['value']:g} | {len(p['runs'])} | "
+                f"{p['l0_mean']:.1f} | {p['fvu_mean']:.4f} [{lo:.4f}, {hi:.4f}] | "
+                f"{' / '.join(f'{v:.3f}' for v in p['fvu'])} | {p['ce_loss_recovered']:.4f} | "
+                f"{p['kl_to_orig']:.3f} | {p['dead_fraction_total']:.3f} | {own} | {p['train_s']:.0f} |"
             )
     lines += [
         "",
         '"own FVU": the foreign library\'s own forward on the same held-out tokens (the converted set must',
         "match it). Dead: fraction of all features never active on the held-out tokens.",
         "",
+    ]
+    ref_sl = by_method["sae_lens_jumprelu"]
+    ours = [m for m in METHODS if METHODS[m].trainer == "ours" and by_method[m]]
+    if ref_sl and ours:
+        lines += [
+            "## Against sae_lens",
+            "",
+            "Each of our methods at the mean L0 of each of sae_lens's JumpReLU points (interpolated log-log",
+            "between its own points; blank outside its measured range): its FVU and the ratio to sae_lens's",
+            "(< 1: ours reconstructs better at that L0).",
+            "",
+            "| ours | "
+            + " | ".join(f"L0 {p['l0_mean']:.1f}: sae_lens FVU {p['fvu_mean']:.4f}" for p in ref_sl)
+            + " |",
+            "|---|" + "---|" * len(ref_sl),
+        ]
+        for m in ours:
+            cells = []
+            for p in ref_sl:
+                f = at_l0(curve(by_method[m], "fvu_mean"), p["l0_mean"])
+                cells.append("" if f is None else f"{f:.4f} ({f / p['fvu_mean']:.2f}x)")
+            lines.append(f"| {METHODS[m].label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
         "## At equal L0",
         "",
-        "For each run of every other method, our JumpReLU (tanh penalty) at the same mean L0, interpolated",
-        "log-log between its two sweep points around that L0 (blank outside its measured range): FVU and KL,",
-        "theirs vs ours, and the ratio theirs / ours (> 1: ours is better). Columns: the method's sweep",
-        "from its lowest to its highest L0.",
+        "For each point of every other method, our JumpReLU (tanh penalty) at the same mean L0, interpolated",
+        "log-log between its two seed-mean points around that L0 (blank outside its measured range): FVU and",
+        "KL, theirs vs ours, and the ratio theirs / ours (> 1: ours is better), with that ratio's range over",
+        "the seeds (each seed's run against the same seed's curve). Columns: the method's sweep from its",
+        "lowest to its highest L0.",
         "",
     ]
-    ref = [(r["l0_mean"], r["fvu_mean"], r["kl_to_orig"]) for r in by_method["jumprelu_tanh"]]
+    ref = by_method["jumprelu_tanh"]
     if ref:
         lines += [
             "| method | lowest L0 | middle L0 | highest L0 |",
             "|---|---|---|---|",
         ]
-        for m, rs in by_method.items():
-            if m == "jumprelu_tanh" or not rs:
+        for m, pts in by_method.items():
+            if m == "jumprelu_tanh" or not pts:
                 continue
-            cells = []
-            for r in sorted(rs, key=lambda r: r["l0_mean"]):
-                f = at_l0([(a, b) for a, b, _ in ref], r["l0_mean"])
-                k = at_l0([(a, c) for a, _, c in ref], r["l0_mean"])
-                cell = f"L0 {r['l0_mean']:.1f}: FVU {r['fvu_mean']:.4f}"
-                if f is not None:
-                    cell += (
-                        f" vs {f:.4f} ({r['fvu_mean'] / f:.2f}x), KL {r['kl_to_orig']:.3f} vs {k:.3f} "
-                        f"({r['kl_to_orig'] / k:.2f}x)"
-                    )
-                cells.append(cell)
-            lines.append(f"| {METHODS[m].label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {METHODS[m].label} | " + " | ".join(ratio_cell(p, ref) for p in pts) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     plot(out.with_suffix(".png"), meta, by_method)
 
 
 def plot(path: Path, meta: dict, by_method: dict) -> None:
+    """Seed-mean points joined per method, with bars from the lowest to the highest seed (L0 across,
+    FVU or KL up)."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
     styles = {
         "jumprelu_tanh": ("C3", "o", "-"),
         "jumprelu_l0": ("C1", "s", "-"),
@@ -474,22 +566,25 @@ def plot(path: Path, meta: dict, by_method: dict) -> None:
         "topk": ("C0", "^", "--"),
         "batchtopk": ("C2", "D", "--"),
         "matryoshka_batchtopk": ("C8", "d", "--"),
+        "gated": ("C6", "*", "-"),
         "sae_lens_jumprelu": ("C4", "P", ":"),
         "sparsify_topk": ("C5", "X", ":"),
     }
-    for m, rs in by_method.items():
-        if not rs:
+    for m, pts in by_method.items():
+        if not pts:
             continue
-        rs = sorted(rs, key=lambda r: r["l0_mean"])
         c, mk, ls = styles[m]
+        l0 = [p["l0_mean"] for p in pts]
+        xerr = [
+            [p["l0_mean"] - p["l0_range"][0] for p in pts],
+            [p["l0_range"][1] - p["l0_mean"] for p in pts],
+        ]
         for ax, key in zip(axes, ("fvu_mean", "kl_to_orig"), strict=True):
-            ax.plot(
-                [r["l0_mean"] for r in rs],
-                [r[key] for r in rs],
-                color=c,
-                marker=mk,
-                ls=ls,
-                label=METHODS[m].label,
+            ys = [[r[key] for r in p["runs"]] for p in pts]
+            mid = [p[key] for p in pts]
+            yerr = [[v - min(y) for v, y in zip(mid, ys)], [max(y) - v for v, y in zip(mid, ys)]]
+            ax.errorbar(
+                l0, mid, xerr=xerr, yerr=yerr, color=c, marker=mk, ls=ls, capsize=2, label=METHODS[m].label
             )
     for ax, ylabel in zip(
         axes, ("held-out FVU (mean over layers)", "KL(original || spliced), nats/token"), strict=True
@@ -504,10 +599,11 @@ def plot(path: Path, meta: dict, by_method: dict) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_title("Reconstruction vs sparsity")
     axes[1].set_title("All 4 MLP outputs replaced: KL vs sparsity")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
+    seeds = len(meta["seeds"])
     fig.suptitle(
-        f"Per-layer transcoders on the bundled model: d_sae {meta['d_sae']}, {meta['n_tokens']:,} tokens each "
-        "(lower is better)"
+        f"Per-layer transcoders on the bundled model: d_sae {meta['d_sae']}, {meta['n_tokens']:,} tokens each, "
+        f"mean of {seeds} seed{'s' * (seeds > 1)}, bars: lowest to highest seed (lower is better)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -515,6 +611,40 @@ def plot(path: Path, meta: dict, by_method: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
+def prepare_seed(work: Path, args) -> dict:
+    """The dump of seed `args.seed` under `work` (its own shuffled batches), made once."""
+    work.mkdir(parents=True, exist_ok=True)
+    dumped = json.loads((work / "dump.json").read_text()) if (work / "dump.json").exists() else {}
+    if dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens:
+        shutil.rmtree(work / "cache", ignore_errors=True)
+        t0 = time.perf_counter()
+        dumped = tvs.dump(work, args.n_tokens, args.batch_size, tvs.BLOCK_TOKENS, args.seed)
+        dumped.update(seed=args.seed, dumped_tokens=dumped["blocks"] * dumped["block_tokens"])
+        print(
+            f"seed {args.seed}: dumped {dumped['blocks']} blocks in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
+    # the sparsify worker trains dump.json's `steps` batches of `--batch-size` tokens
+    info = {**dumped, "steps": args.n_tokens // args.batch_size}
+    (work / "dump.json").write_text(json.dumps(info))
+    return info
+
+
+def saved_runs(root: Path, key: str) -> dict:
+    """Every seed's finished runs under `root` (each seed's process writes its own file)."""
+    runs = {}
+    for f in sorted(root.glob(f"seed*/runs_{key}.json")):
+        runs.update(json.loads(f.read_text()))
+    return runs
+
+
+def write_json(path: Path, obj) -> None:
+    """Written whole or not at all: another seed's process may be reading it."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sparsify-python", help="Python of a venv with eai-sparsify (VENV/bin/python)")
@@ -522,12 +652,17 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--d-sae", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds",
+        default="0,1,2",
+        help="comma-separated seeds; each has its own dump (batches in its own order) and initialization. "
+        "Seeds may run in separate processes on the same --work (one per core)",
+    )
     ap.add_argument(
         "--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS)
     )
     ap.add_argument("--values", help="override the sweep of every method chosen (comma-separated)")
-    ap.add_argument("--work", default="/tmp/frontier_work", help="shards and resume state")
+    ap.add_argument("--work", default="/tmp/frontier_work", help="shards and resume state, a folder per seed")
     ap.add_argument("--out", default=str(RESULTS / "frontier"))
     ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md and .png from its .json")
     args = ap.parse_args(argv)
@@ -537,45 +672,31 @@ def main(argv=None) -> int:
         write_outputs(out, saved["meta"], saved["runs"])
         return 0
     methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        ap.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     if "sparsify_topk" in methods and not (args.sparsify_python and Path(args.sparsify_python).is_file()):
         ap.error(
             "--sparsify-python must name the Python of a venv with eai-sparsify (or leave out sparsify_topk)"
         )
+    seeds = [int(v) for v in args.seeds.split(",")]
     torch.set_num_threads(1)
     from transcoders.train import load_any_model
 
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    root = Path(args.work)
     model = load_any_model("default")
-    key = dict(
-        n_tokens=args.n_tokens, batch_size=args.batch_size, d_sae=args.d_sae, lr=args.lr, seed=args.seed
-    )
-    dumped = json.loads((work / "dump.json").read_text()) if (work / "dump.json").exists() else {}
-    if dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens:
-        shutil.rmtree(work / "cache", ignore_errors=True)
-        t0 = time.perf_counter()
-        dumped = tvs.dump(work, args.n_tokens, args.batch_size, tvs.BLOCK_TOKENS, args.seed)
-        dumped.update(seed=args.seed, dumped_tokens=dumped["blocks"] * dumped["block_tokens"])
-        print(f"dumped {dumped['blocks']} blocks in {time.perf_counter() - t0:.0f} s", flush=True)
-    # the sparsify worker trains dump.json's `steps` batches of `--batch-size` tokens
-    info = {**dumped, "steps": args.n_tokens // args.batch_size}
-    (work / "dump.json").write_text(json.dumps(info))
-    x, y, tokens = held_out(work, model)
-    state = work / ("runs_" + "_".join(f"{k}{v:g}" for k, v in key.items()) + ".json")
-    runs = json.loads(state.read_text()) if state.exists() else {}
+    key = dict(n_tokens=args.n_tokens, batch_size=args.batch_size, d_sae=args.d_sae, lr=args.lr)
+    key_name = "_".join(f"{k}{v:g}" for k, v in key.items())
+    info = x = y = tokens = None
     meta = dict(
         model="default (bundled, 4 layers, d_model 128)",
-        n_layers=info["n_layers"],
         **key,
-        held_out_tokens=int(x.shape[0]),
-        held_out_sequences=int(tokens.shape[0]),
         sae_lens_setup=SAE_LENS_SETUP,
-        threads=torch.get_num_threads(),
+        threads=1,
     )
-    versions = {}
     import importlib.metadata as md
 
-    versions["sae_lens"] = md.version("sae-lens")
+    versions = {"sae_lens": md.version("sae-lens")}
     if args.sparsify_python:
         versions["eai_sparsify"] = subprocess.run(
             [args.sparsify_python, "-c", "import importlib.metadata as m; print(m.version('eai-sparsify'))"],
@@ -584,36 +705,50 @@ def main(argv=None) -> int:
             check=True,
         ).stdout.strip()
     meta["versions"] = versions
-    for m in methods:
-        method = METHODS[m]
-        values = method.values
-        if args.values:
-            values = tuple((int if method.param == "k" else float)(v) for v in args.values.split(","))
-        for value in values:
-            name = run_name(m, value)
-            if name in runs:
-                continue
-            if method.trainer == "ours":
-                tc, r = train_ours(work, model, name, method, value, args)
-            elif method.trainer == "sae_lens":
-                tc, r = train_sae_lens(work, model, value, args, x, y)
-            else:
-                tc, r = train_sparsify(work, model, value, args)
-            r.update(method=m, value=value, **score(model, tc, x, y, tokens))
-            runs[name] = r
-            state.write_text(json.dumps(runs, indent=1))
-            print(
-                f"{name}: L0 {r['l0_mean']:.1f} FVU {r['fvu_mean']:.4f} KL {r['kl_to_orig']:.3f} "
-                f"CE rec {r['ce_loss_recovered']:.4f} dead {r['dead_fraction_total']:.3f} "
-                f"({r['train_s']:.0f} s)"
-                + (f" own FVU {r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""),
-                flush=True,
+    for seed in seeds:  # seed-major: a run cut short still has whole seeds of every method
+        args.seed = seed
+        work = root / f"seed{seed}"
+        info = prepare_seed(work, args)
+        if x is None:  # the held-out set does not depend on the seed
+            x, y, tokens = held_out(work, model)
+            meta.update(
+                n_layers=info["n_layers"],
+                held_out_tokens=int(x.shape[0]),
+                held_out_sequences=int(tokens.shape[0]),
             )
-            meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
-            write_outputs(out, meta, runs)
-    if "date" not in meta:  # nothing left to train: the outputs from the saved runs
-        meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
-        write_outputs(out, meta, runs)
+        state = work / f"runs_{key_name}.json"
+        mine = json.loads(state.read_text()) if state.exists() else {}
+        for m in methods:
+            method = METHODS[m]
+            values = method.values
+            if args.values:
+                values = tuple((int if method.param == "k" else float)(v) for v in args.values.split(","))
+            for value in values:
+                name = run_name(m, value, seed)
+                if name in mine:
+                    continue
+                if method.trainer == "ours":
+                    tc, r = train_ours(work, model, name, method, value, args)
+                elif method.trainer == "sae_lens":
+                    tc, r = train_sae_lens(work, model, value, args, x, y)
+                else:
+                    tc, r = train_sparsify(work, model, value, args)
+                r.update(method=m, value=value, seed=seed, **score(model, tc, x, y, tokens))
+                mine[name] = r
+                if state.exists():  # another process may be running other methods of this seed
+                    mine = {**json.loads(state.read_text()), **mine}
+                write_json(state, mine)
+                print(
+                    f"{name}: L0 {r['l0_mean']:.1f} FVU {r['fvu_mean']:.4f} KL {r['kl_to_orig']:.3f} "
+                    f"CE rec {r['ce_loss_recovered']:.4f} dead {r['dead_fraction_total']:.3f} "
+                    f"({r['train_s']:.0f} s)"
+                    + (f" own FVU {r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""),
+                    flush=True,
+                )
+                meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+                write_outputs(out, meta, saved_runs(root, key_name))
+    meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+    write_outputs(out, meta, saved_runs(root, key_name))
     return 0
 
 

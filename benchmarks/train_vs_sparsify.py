@@ -181,7 +181,9 @@ def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: in
 
 
 # ----------------------------------------------------------------------------- step 3 (sparsify venv)
-def train_sparsify(work: Path, run: str, info: dict, d_sae: int, k: int, batch_size: int) -> dict:
+def train_sparsify(
+    work: Path, run: str, info: dict, d_sae: int, k: int, batch_size: int, seed: int = 0
+) -> dict:
     import torch
     from datasets import Dataset
     from safetensors import safe_open
@@ -229,6 +231,7 @@ def train_sparsify(work: Path, run: str, info: dict, d_sae: int, k: int, batch_s
         log_to_wandb=False,
         save_dir=str(work / run / "ckpt"),
         run_name=run,
+        init_seeds=[seed],  # its default, [0], for this script's --seed 0
     )
     trainer = Trainer(cfg, dataset, Replay())
     lr = trainer.optimizers[0].param_groups[0]["lr"]
@@ -303,7 +306,9 @@ def main(argv=None) -> int:
         return 0
     if args._worker == "sparsify":
         info = json.loads((work / "dump.json").read_text())
-        print(json.dumps(train_sparsify(work, args._run, info, args.d_sae, args.k, args.batch_size)))
+        print(
+            json.dumps(train_sparsify(work, args._run, info, args.d_sae, args.k, args.batch_size, args.seed))
+        )
         return 0
     if args._worker == "score-ours":
         print(json.dumps(score_ours(work, args._run)))
