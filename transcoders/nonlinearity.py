@@ -1,6 +1,7 @@
 """Feature nonlinearities as small classes: each knows its forward, its straight-through backward, its
-sparsity penalty and the threshold tensor it keeps. `SparseCoder` asks its nonlinearity; nothing
-outside `transcoders/` switches on an activation name.
+sparsity penalty, the threshold tensor it keeps and how foreign formats hold it. `SparseCoder` and the
+readers and writers of formats/ ask the nonlinearity; no module besides this one, activations.py and
+base.py switches on an activation name (tests/transcoders/test_no_activation_switches.py).
 
 A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
 
@@ -39,10 +40,24 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
    second argument (the threshold's row, or all of it with `layer` None; Gated: its gate bias and
    magnitude parameters); `encoder(coder, layer)` the weight and bias of the pre-activation that
    attribution reads (`W_enc`, `b_enc`; Gated: its magnitude path).
+13. Foreign formats (formats/ asks these, and never names an activation): `stored_as()` is the
+   nonlinearity they store it as (itself; BatchTopK and Matryoshka BatchTopK: JumpReLU with their
+   inference threshold, as sae_lens saves its own), whose `extra_state` are the tensors they hold
+   besides `W_enc`, `b_enc`, `W_dec`, `b_dec` and `W_skip` (JumpReLU: `threshold`; Gated: `r_mag`,
+   `b_mag`). `sae_lens` gives its sae_lens architecture for an SAE, a transcoder and a skip
+   transcoder (None where sae_lens has none) and sae_lens's name of `b_enc` (Gated: `b_gate`);
+   `circuit_tracer` and `gemmascope` whether those files hold it (circuit-tracer: a ReLU with an
+   optional threshold; GemmaScope: JumpReLU); `label` names it in their refusals;
+   `fold_input_offset(state, offset)` rewrites a layer reading `x - offset` to read `x` (sae_lens's
+   `apply_b_dec_to_input`). A foreign file tells its nonlinearity by registry lookup:
+   `sae_lens_architectures()` (which nonlinearity reads sae_lens architecture X), `stored_with(extra,
+   held)` (of those a format holds, the one whose `extra_state` the file has: a circuit-tracer file
+   with a threshold is JumpReLU, without one ReLU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -77,6 +92,22 @@ class Penalty:
     """The c inside tanh(c * a * ||W_dec||)."""
 
 
+class SaeLens(NamedTuple):
+    """How sae_lens holds a nonlinearity (step 13): its architecture per role, None where it has none."""
+
+    sae: str | None = None
+    transcoder: str | None = None
+    skip_transcoder: str | None = None
+    """A transcoder with a skip connection (sae_lens adds `x @ W_skip.T`)."""
+    b_enc: str = "b_enc"
+    """sae_lens's name of our `b_enc` (Gated: the gate's bias `b_gate`)."""
+
+    def architectures(self) -> dict[str, str]:
+        """`{role: architecture}` for the roles ("sae", "transcoder", "skip_transcoder") sae_lens has."""
+        roles = ("sae", "transcoder", "skip_transcoder")
+        return {role: arch for role in roles if (arch := getattr(self, role)) is not None}
+
+
 class Nonlinearity:
     """Base class; see the module docstring for the contract."""
 
@@ -101,6 +132,28 @@ class Nonlinearity:
     """Step 10: the k active features per token are all a training step needs (TopK)."""
     nested: ClassVar[bool] = False
     """Step 11: trains nested prefixes of the features (`cfg.matryoshka_widths`)."""
+    label: ClassVar[str] = ""
+    """Step 13: its name in messages ("TopK", "gated": "circuit-tracer has no TopK activation")."""
+    extra_state: ClassVar[tuple[str, ...]] = ()
+    """Step 13: the tensors its set holds besides the encoder's and decoder's weights and biases (and
+    `W_skip`), which a foreign format reads and writes with them."""
+    sae_lens: ClassVar[SaeLens] = SaeLens()
+    """Step 13: its sae_lens architectures (none: sae_lens cannot hold it, or holds its `stored_as`)."""
+    circuit_tracer: ClassVar[bool] = False
+    """Step 13: circuit-tracer's files hold it (they know a ReLU, with a threshold or without)."""
+    gemmascope: ClassVar[bool] = False
+    """Step 13: GemmaScope's params.npz files hold it (they hold JumpReLU's threshold)."""
+
+    @classmethod
+    def stored_as(cls) -> type[Nonlinearity]:
+        """Step 13: the nonlinearity foreign formats store this one as (and read it back as)."""
+        return cls
+
+    @classmethod
+    def fold_input_offset(cls, state: dict[str, Tensor], offset: Tensor) -> dict[str, Tensor]:
+        """Step 13: one layer's `state` whose pre-activations read `x - offset`, rewritten to read `x`:
+        `b_enc - offset @ W_enc`."""
+        return state | {"b_enc": state["b_enc"] - offset @ state["W_enc"]}
 
     def make_threshold(self, n_layers: int, d_sae: int) -> Tensor | None:
         return None
@@ -188,6 +241,9 @@ class ReLU(Nonlinearity):
     """`a = ReLU(h)`, penalized with the decoder-norm-weighted L1 (linear-computation-graphs eq. 1)."""
 
     name = "relu"
+    label = "ReLU"
+    sae_lens = SaeLens("standard", "transcoder", "skip_transcoder")
+    circuit_tracer = True
 
     def __call__(self, h, threshold):
         return h.relu()
@@ -211,6 +267,12 @@ class JumpReLU(Nonlinearity):
 
     name = "jumprelu"
     trained_threshold = True
+    label = "JumpReLU"
+    extra_state = ("threshold",)
+    sae_lens = SaeLens("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")
+    """sae_lens computes `ReLU(h) * (h > threshold)`: ours for thresholds >= 0 (the writer checks)."""
+    circuit_tracer = True
+    gemmascope = True
 
     def make_threshold(self, n_layers, d_sae):
         return nn.Parameter(torch.full((n_layers, d_sae), THRESHOLD_INIT))
@@ -271,6 +333,9 @@ class TopK(_AuxK):
 
     name = "topk"
     sparse_step = True
+    label = "TopK"
+    sae_lens = SaeLens("topk")
+    """sae_lens has TopK SAEs only; circuit-tracer and GemmaScope have no per-token top-k rule."""
 
     def __call__(self, h, threshold):
         return topk(h, self.k)
@@ -291,6 +356,13 @@ class BatchTopK(_AuxK):
 
     name = "batchtopk"
     batch_rule_in_training = True
+    label = "BatchTopK"
+    extra_state = ("threshold",)
+
+    @classmethod
+    def stored_as(cls):
+        """Its inference rule `h * (h > threshold)` is JumpReLU's, so foreign formats hold it as one."""
+        return JumpReLU
 
     def make_threshold(self, n_layers, d_sae):
         return torch.zeros(n_layers, d_sae)  # a buffer: estimated, not trained
@@ -355,6 +427,7 @@ class MatryoshkaBatchTopK(BatchTopK):
 
     name = "matryoshka_batchtopk"
     nested = True
+    label = "Matryoshka BatchTopK"
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -413,6 +486,19 @@ class Gated(Nonlinearity):
     """
 
     name = "gated"
+    label = "gated"
+    extra_state = ("r_mag", "b_mag")
+    sae_lens = SaeLens("gated", b_enc="b_gate")
+    """sae_lens has gated SAEs only; circuit-tracer's and GemmaScope's files have no magnitude path."""
+
+    @classmethod
+    def fold_input_offset(cls, state, offset):
+        """The gate's bias as step 13's, and the magnitude path's `b_mag - (offset @ W_enc) * exp(r_mag)`."""
+        shift = offset @ state["W_enc"]
+        return state | {
+            "b_enc": state["b_enc"] - shift,
+            "b_mag": state["b_mag"] - shift * state["r_mag"].exp(),
+        }
 
     def make_params(self, n_layers, d_sae):
         return {name: nn.Parameter(torch.zeros(n_layers, d_sae)) for name in ("r_mag", "b_mag")}
@@ -461,3 +547,20 @@ class Gated(Nonlinearity):
 NONLINEARITIES: dict[str, type[Nonlinearity]] = {
     cls.name: cls for cls in (ReLU, JumpReLU, TopK, BatchTopK, MatryoshkaBatchTopK, Gated)
 }
+
+
+def sae_lens_architectures() -> dict[str, tuple[type[Nonlinearity], str]]:
+    """Step 13: `{architecture: (nonlinearity, role)}` for every sae_lens architecture a nonlinearity
+    reads (role: "sae", "transcoder" or "skip_transcoder")."""
+    return {
+        arch: (cls, role)
+        for cls in NONLINEARITIES.values()
+        for role, arch in cls.sae_lens.architectures().items()
+    }
+
+
+def stored_with(extra_state: Iterable[str], held: Callable[[type[Nonlinearity]], bool]) -> type[Nonlinearity]:
+    """Step 13: the nonlinearity a foreign file holds: of those its format holds (`held(cls)`), the one
+    whose `extra_state` the file has (circuit-tracer with a threshold: JumpReLU; without: ReLU)."""
+    (cls,) = [c for c in NONLINEARITIES.values() if held(c) and set(c.extra_state) == set(extra_state)]
+    return cls

@@ -7,6 +7,7 @@ import torch
 from tests.transcoders.tc_helpers import random_set
 from transcoders import build_transcoders, sites
 from transcoders.config import TranscoderConfig
+from transcoders.nonlinearity import NONLINEARITIES
 
 
 @pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk", "batchtopk"])
@@ -64,3 +65,18 @@ def test_kind_properties():
     other = TranscoderConfig(kind="sae", n_layers=1, d_model=4, d_sae=4, input_hook=resid, output_hook=resid)
     assert (plt.is_sae, attn.is_sae, other.is_sae) == (False, True, True)
     assert (plt.is_attention_sae, attn.is_attention_sae, other.is_attention_sae) == (False, True, False)
+
+
+@pytest.mark.parametrize("name", sorted(NONLINEARITIES))
+def test_extra_state_is_what_the_set_holds_besides_its_weights(name):
+    """A foreign format reads and writes a nonlinearity's `extra_state` beside the encoder's and
+    decoder's weights and biases: they must be the set's other tensors, and those of the nonlinearity
+    it is stored as."""
+    cls = NONLINEARITIES[name]
+    widths = [4] if cls.nested else []
+    cfg = TranscoderConfig(
+        kind="plt", n_layers=2, d_model=4, d_sae=8, activation=name, k=2, matryoshka_widths=widths
+    )
+    tc = build_transcoders(cfg)
+    assert set(tc.state_dict()) - {"W_enc", "b_enc", "W_dec", "b_dec"} == set(cls.extra_state)
+    assert cls.stored_as().extra_state == cls.extra_state

@@ -10,6 +10,10 @@
 `format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "gemmascope").
 
 `save_transcoders(tc, path, format="native" | "circuit-tracer" | "sae-lens" | "gemmascope")`.
+
+What each nonlinearity is in a foreign format (its sae_lens architectures, whether circuit-tracer's or
+GemmaScope's files hold it, what it is stored as, its extra tensors) lives with the nonlinearity
+(nonlinearity.py step 13); the readers and writers here ask it, and never name an activation.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Conversion to ours (TransformerLens orientation, `x @ W`):
    `mlp.hook_in` -> `blocks.{layer}.ln2.hook_normalized` (the MLP input, sites.py),
    `mlp.hook_out` -> `blocks.{layer}.hook_mlp_out` with `output_before_post_norm=True`,
    anything else `X` -> `blocks.{layer}.X` (e.g. `hook_resid_mid`, `hook_mlp_out`).
+3. The nonlinearity (nonlinearity.py step 13): of those whose `circuit_tracer` says these files
+   hold them, the one whose `extra_state` the files have (a threshold: JumpReLU; none: ReLU). A
+   set is written as the nonlinearity it is `stored_as()` (BatchTopK: JumpReLU); one these files
+   cannot hold (TopK, gated) is refused, named by its `label`.
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ from transcoders.block_layout import MLP_INPUT, MLP_OUTPUT, block_hook, split_bl
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.formats.native import read_safetensors
+from transcoders.nonlinearity import Nonlinearity, stored_with
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
 PLT_KIND = "transcoder_set"
 CLT_KIND = "cross_layer_transcoder"
+PLT_THRESHOLD = "activation_function.threshold"
+"""A PLT file's name of our `threshold` (a CLT's: `threshold_{i}`)."""
 
 
 def is_circuit_tracer(folder: Path) -> bool:
@@ -83,6 +90,11 @@ def hooks_to_ct(cfg: TranscoderConfig) -> tuple[str, str]:
     return inp, out
 
 
+def nonlinearity_with(threshold: bool) -> type[Nonlinearity]:
+    """Of the nonlinearities these files hold, the one with a `threshold` (or without) (step 3)."""
+    return stored_with(("threshold",) if threshold else (), lambda cls: cls.circuit_tracer)
+
+
 def read_yaml(folder: Path) -> dict:
     import yaml
 
@@ -118,7 +130,7 @@ def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtyp
         n_layers=n_layers,
         d_model=d_model,
         d_sae=d_sae,
-        activation=act,
+        activation=act.name,
         input_hook=in_hook,
         output_hook=out_hook,
         skip=skip,
@@ -161,7 +173,7 @@ def _read_plt(folder: Path):
     files = _layer_files(folder, r"layer_(\d+)\.safetensors")
     layers = [read_safetensors(f) for f in files]
     first = layers[0]
-    act = "jumprelu" if "activation_function.threshold" in first else "relu"
+    act = nonlinearity_with(threshold=PLT_THRESHOLD in first)
     skip = "W_skip" in first
     d_sae, d_model = _get(first, "W_enc", files[0]).shape
     state = {
@@ -170,12 +182,9 @@ def _read_plt(folder: Path):
         "b_enc": torch.stack([_get(d, "b_enc", f) for d, f in zip(layers, files, strict=True)]),
         "b_dec": torch.stack([_get(d, "b_dec", f) for d, f in zip(layers, files, strict=True)]),
     }
-    if act == "jumprelu":
+    if "threshold" in act.extra_state:
         state["threshold"] = torch.stack(
-            [
-                _get(d, "activation_function.threshold", f).reshape(-1).expand(d_sae)
-                for d, f in zip(layers, files, strict=True)
-            ]
+            [_get(d, PLT_THRESHOLD, f).reshape(-1).expand(d_sae) for d, f in zip(layers, files, strict=True)]
         )
     if skip:
         state["W_skip"] = torch.stack([_get(d, "W_skip", f).T for d, f in zip(layers, files, strict=True)])
@@ -195,14 +204,14 @@ def _read_clt(folder: Path):
                 f"{f} is missing; a circuit-tracer CLT needs W_dec_{{i}} for every layer."
             )
         decs.append((read_safetensors(f), f))
-    act = "jumprelu" if "threshold_0" in encs[0] else "relu"
+    act = nonlinearity_with(threshold="threshold_0" in encs[0])
     d_sae, d_model = _get(encs[0], "W_enc_0", enc_files[0]).shape
     state = {
         "W_enc": torch.stack([_get(e, f"W_enc_{i}", enc_files[i]).T for i, e in enumerate(encs)]),
         "b_enc": torch.stack([_get(e, f"b_enc_{i}", enc_files[i]) for i, e in enumerate(encs)]),
         "b_dec": torch.stack([_get(e, f"b_dec_{i}", enc_files[i]) for i, e in enumerate(encs)]),
     }
-    if act == "jumprelu":
+    if "threshold" in act.extra_state:
         state["threshold"] = torch.stack(
             [_get(e, f"threshold_{i}", enc_files[i]).reshape(-1).expand(d_sae) for i, e in enumerate(encs)]
         )
@@ -229,13 +238,11 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
         raise UnknownFormatError(
             "circuit-tracer stores transcoders, not SAEs; save an SAE in the native format."
         )
-    if cfg.activation == "topk":
+    form = tc.nonlinearity.stored_as()
+    if not form.circuit_tracer:  # e.g. TopK's per-token rule, or gated's r_mag and b_mag
+        name = tc.nonlinearity.label
         raise UnknownFormatError(
-            "circuit-tracer has no TopK activation; save a TopK set in the native format."
-        )
-    if cfg.activation == "gated":  # its magnitude path (r_mag, b_mag) has no place in the files
-        raise UnknownFormatError(
-            "circuit-tracer has no gated activation; save a gated set in the native format."
+            f"circuit-tracer has no {name} activation; save a {name} set in the native format."
         )
     if cfg.kind == "clt" and cfg.skip:
         raise UnknownFormatError(
@@ -256,14 +263,14 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
                 "b_enc": t(tc.b_enc[l]),
                 "b_dec": t(tc.b_dec[l]),
             }
-            if tc.threshold is not None:
-                d["activation_function.threshold"] = t(tc.threshold[l])
+            if "threshold" in form.extra_state:
+                d[PLT_THRESHOLD] = t(tc.threshold[l])
             if tc.W_skip is not None:
                 d["W_skip"] = t(tc.W_skip[l].T)
             save_file(d, str(folder / f"layer_{l}.safetensors"))
         else:
             d = {f"W_enc_{l}": t(tc.W_enc[l].T), f"b_enc_{l}": t(tc.b_enc[l]), f"b_dec_{l}": t(tc.b_dec[l])}
-            if tc.threshold is not None:
+            if "threshold" in form.extra_state:
                 d[f"threshold_{l}"] = t(tc.threshold[l])
             save_file(d, str(folder / f"W_enc_{l}.safetensors"))
             save_file({f"W_dec_{l}": t(tc.W_dec[l])}, str(folder / f"W_dec_{l}.safetensors"))

@@ -1,9 +1,11 @@
 """GemmaScope `params.npz` files (one per layer), read into a set.
 
 Each `params.npz` holds `W_enc` [d_model, d_sae] (already `x @ W_enc` orientation),
-`W_dec` [d_sae, d_model], `b_enc` [d_sae], `b_dec` [d_model] and `threshold` [d_sae]
-(JumpReLU). GemmaScope transcoders read the MLP input (after the pre-MLP RMSNorm and its
-weight) and write `hook_mlp_out`; residual-stream SAEs read and write one hook. A set is
+`W_dec` [d_sae, d_model], `b_enc` [d_sae], `b_dec` [d_model] and the `extra_state` of the one
+nonlinearity whose `gemmascope` says these files hold it (nonlinearity.py step 13: JumpReLU,
+`threshold` [d_sae]). A set is written as the nonlinearity it is `stored_as()` (BatchTopK:
+JumpReLU); others are refused. GemmaScope transcoders read the MLP input (after the pre-MLP
+RMSNorm and its weight) and write `hook_mlp_out`; residual-stream SAEs read and write one hook. A set is
 either a list of files in layer order, or a directory whose files sit under `layer_{i}/`
 (as on the Hugging Face hub: `layer_{i}/width_16k/average_l0_{n}/params.npz`) or are named
 `layer_{i}.npz`.
@@ -22,12 +24,15 @@ import torch
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
+from transcoders.nonlinearity import stored_with
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
-KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")
+HELD = stored_with(("threshold",), lambda cls: cls.gemmascope)
+"""The nonlinearity of GemmaScope's files (JumpReLU)."""
+KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", *HELD.extra_state)
 
 
 def gemmascope_files(folder: Path) -> list[Path]:
@@ -94,7 +99,7 @@ def load_gemmascope(
         n_layers=len(files),
         d_model=d_model,
         d_sae=d_sae,
-        activation="jumprelu",
+        activation=HELD.name,
         input_hook=input_hook,
         output_hook=output_hook,
         model_name=model_name,
@@ -115,7 +120,7 @@ def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:
 
 def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
     """Write `layer_{i}/params.npz` per layer (for tests and for interchange); returns the files."""
-    if tc.threshold is None or tc.cfg.kind == "clt":
+    if not tc.nonlinearity.stored_as().gemmascope or tc.cfg.kind == "clt":
         raise UnknownFormatError(
             f"GemmaScope files hold per-layer JumpReLU sets, not a {tc.cfg.kind} with {tc.cfg.activation}; "
             "save it in the native format."
@@ -124,13 +129,7 @@ def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
     for l in range(tc.n_layers):
         path = Path(folder) / f"layer_{l}" / "params.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {
-            "W_enc": tc.W_enc[l],
-            "W_dec": tc.W_dec[l],
-            "b_enc": tc.b_enc[l],
-            "b_dec": tc.b_dec[l],
-            "threshold": tc.threshold[l],
-        }
+        arrays = {name: getattr(tc, name)[l] for name in KEYS}
         np.savez(path, **{k: v.detach().float().cpu().numpy() for k, v in arrays.items()})
         out.append(path)
     return out

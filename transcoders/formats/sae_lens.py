@@ -6,15 +6,17 @@ already TransformerLens-oriented; the hook is `cfg.metadata.hook_name` (a transc
 hook is `cfg.metadata.hook_name_out`). A set is one object per layer, any order, every layer
 once. Reading:
 
-1. Architectures: "standard" / "transcoder" -> ReLU; "jumprelu" / "jumprelu_transcoder" ->
-   JumpReLU (sae_lens computes `ReLU(h) * (h > threshold)`: the same for thresholds >= 0);
-   "topk" -> TopK with `cfg.k`; "skip_transcoder" / "jumprelu_skip_transcoder" -> ReLU / JumpReLU
-   with `W_skip = W_skip_sl.T` (sae_lens adds `x @ W_skip_sl.T`); "gated" -> Gated, sae_lens's
-   `b_gate` as our `b_enc`, `r_mag` and `b_mag` as they are. Others are refused with
-   `UnknownFormatError`.
-2. `apply_b_dec_to_input` (SAEs): `h = (x - b_dec) @ W_enc + b_enc`, folded into
-   `b_enc - b_dec @ W_enc` (gated: the gate's bias so, and the magnitude path's
-   `b_mag - (b_dec @ W_enc) * exp(r_mag)`).
+1. Architectures: each nonlinearity names the ones it reads (nonlinearity.py step 13, its
+   `sae_lens`; `ARCHITECTURES` collects them): "standard" / "transcoder" / "skip_transcoder" ->
+   ReLU; "jumprelu" / "jumprelu_transcoder" / "jumprelu_skip_transcoder" -> JumpReLU (sae_lens
+   computes `ReLU(h) * (h > threshold)`: the same for thresholds >= 0); "topk" -> TopK with
+   `cfg.k`; "gated" -> Gated. A skip transcoder's `W_skip = W_skip_sl.T` (sae_lens adds
+   `x @ W_skip_sl.T`); the nonlinearity's `extra_state` (threshold; gated: `r_mag`, `b_mag`) is
+   read as it is, and `b_enc` from sae_lens's name for it (gated: `b_gate`). Others are refused
+   with `UnknownFormatError`.
+2. `apply_b_dec_to_input` (SAEs): `h = (x - b_dec) @ W_enc + b_enc`, folded by the nonlinearity's
+   `fold_input_offset` into `b_enc - b_dec @ W_enc` (gated: the gate's bias so, and the magnitude
+   path's `b_mag - (b_dec @ W_enc) * exp(r_mag)`).
 3. Hooks `blocks.{i}.X` become the template `blocks.{layer}.X`. Note: a literal
    `ln2.hook_normalized` read site means *the MLP input* in our convention (sites.py); the two
    agree on fold_ln models, which is what sae_lens assumes. A metadata key
@@ -24,13 +26,15 @@ once. Reading:
 Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save_model`, into
 `layer_{l}/cfg.json` + `layer_{l}/sae_weights.safetensors`:
 
-5. Architecture from (kind, activation, skip) by `WRITE_ARCHITECTURES`; BatchTopK's inference
-   rule `h * (h > threshold)` is written as JumpReLU with its per-layer threshold. A CLT, a TopK
-   transcoder and negative thresholds (where step 1's ReLU would change the output) are refused
-   before anything is written.
+5. The architecture is the role's (SAE, transcoder, skip transcoder) in the `sae_lens` of the
+   nonlinearity the set is stored as (`stored_as()`: BatchTopK's inference rule
+   `h * (h > threshold)` is written as JumpReLU with its per-layer threshold). A CLT, a role
+   sae_lens lacks (a TopK or gated transcoder) and negative thresholds (where step 1's ReLU would
+   change the output) are refused before anything is written.
 6. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
-   (our `b_enc` is the whole encoder bias); `hook_name` / `hook_name_out` are our hook templates
-   with the layer filled in; `k` for TopK; gated: `b_enc` as `b_gate`, and `r_mag`, `b_mag`.
+   (our `b_enc` is the whole encoder bias, under sae_lens's name for it); `hook_name` /
+   `hook_name_out` are our hook templates with the layer filled in; `k` when the stored
+   nonlinearity `uses_k` (TopK); its `extra_state` as it is.
 """
 
 from __future__ import annotations
@@ -44,30 +48,14 @@ import torch
 from transcoders.block_layout import BLOCK, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
+from transcoders.nonlinearity import Nonlinearity, sae_lens_architectures
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
-ACTIVATIONS = {
-    "standard": ("relu", False),
-    "transcoder": ("relu", False),
-    "skip_transcoder": ("relu", True),
-    "jumprelu": ("jumprelu", False),
-    "jumprelu_transcoder": ("jumprelu", False),
-    "jumprelu_skip_transcoder": ("jumprelu", True),
-    "topk": ("topk", False),
-    "gated": ("gated", False),
-}
-WRITE_ARCHITECTURES = {  # (is a transcoder, activation, skip) -> sae_lens architecture (step 5)
-    (False, "relu", False): "standard",
-    (False, "jumprelu", False): "jumprelu",
-    (False, "topk", False): "topk",
-    (False, "gated", False): "gated",
-    (True, "relu", False): "transcoder",
-    (True, "relu", True): "skip_transcoder",
-    (True, "jumprelu", False): "jumprelu_transcoder",
-    (True, "jumprelu", True): "jumprelu_skip_transcoder",
-}
+ARCHITECTURES = sae_lens_architectures()
+"""sae_lens architecture -> (the nonlinearity that reads it, its role: "sae", "transcoder" or
+"skip_transcoder"), from each nonlinearity's `sae_lens` (step 1)."""
 
 
 def _load_dir(path: Path):
@@ -126,9 +114,9 @@ def load_sae_lens(
     for sae in saes:
         cfg = sae.cfg
         arch = cfg.architecture()
-        if arch not in ACTIVATIONS:
+        if arch not in ARCHITECTURES:
             raise UnknownFormatError(
-                f"sae_lens architecture {arch!r} is not one we read; supported: {sorted(ACTIVATIONS)}."
+                f"sae_lens architecture {arch!r} is not one we read; supported: {sorted(ARCHITECTURES)}."
             )
         if getattr(cfg, "normalize_activations", "none") != "none":
             raise UnknownFormatError(
@@ -139,17 +127,15 @@ def load_sae_lens(
                 "sae_lens hook_z SAEs (per-head inputs) are not supported; use an attn_out SAE."
             )
         layer, in_hook = _split_hook(cfg.metadata.hook_name, "hook_name")
-        is_transcoder = "transcoder" in arch
+        nl, role = ARCHITECTURES[arch]
+        is_transcoder, skip = role != "sae", role == "skip_transcoder"
         if is_transcoder:
             out_name = cfg.metadata.hook_name_out
             out_hook = _split_hook(out_name, "hook_name_out")[1] if out_name else (output_hook or MLP_OUTPUT)
         else:
             out_hook = in_hook
-        activation, skip = ACTIVATIONS[arch]
-        state = _encoder_state(sae, fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input)
+        state = _encoder_state(sae, nl, fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input)
         W_enc = state["W_enc"]
-        if activation == "jumprelu":
-            state["threshold"] = sae.threshold.detach().float().cpu()
         if skip:
             state["W_skip"] = sae.W_skip.detach().float().cpu().T
         before_norm = bool(cfg.metadata.get("output_before_post_norm", False))
@@ -157,7 +143,7 @@ def load_sae_lens(
             is_transcoder,
             in_hook,
             out_hook,
-            activation,
+            nl.name,
             skip,
             before_norm,
             int(getattr(cfg, "k", 0) or 0),
@@ -197,37 +183,30 @@ def load_sae_lens(
     return tc.to(device=device, dtype=dtype)
 
 
-def _encoder_state(sae, fold_b_dec: bool) -> dict[str, torch.Tensor]:
-    """`W_enc`, `b_enc`, `W_dec`, `b_dec` (gated: `b_gate` as `b_enc`, and `r_mag`, `b_mag`) of one
-    sae_lens object, float32 on the CPU, `b_dec` folded into the encoder biases (step 2)."""
+def _encoder_state(sae, nl: type[Nonlinearity], fold_b_dec: bool) -> dict[str, torch.Tensor]:
+    """`W_enc`, `b_enc` (from sae_lens's name for it), `W_dec`, `b_dec` and the nonlinearity's
+    `extra_state` of one sae_lens object, float32 on the CPU, `b_dec` folded into the encoder (step 2)."""
 
     def t(x: torch.Tensor) -> torch.Tensor:
         return x.detach().float().cpu()
 
-    gated = sae.cfg.architecture() == "gated"
-    state = {"W_enc": t(sae.W_enc), "b_enc": t(sae.b_gate if gated else sae.b_enc)}
+    state = {"W_enc": t(sae.W_enc), "b_enc": t(getattr(sae, nl.sae_lens.b_enc))}
     state |= {"W_dec": t(sae.W_dec), "b_dec": t(sae.b_dec)}
-    if gated:
-        state |= {"r_mag": t(sae.r_mag), "b_mag": t(sae.b_mag)}
-    if fold_b_dec:
-        shift = state["b_dec"] @ state["W_enc"]
-        state["b_enc"] = state["b_enc"] - shift
-        if gated:
-            state["b_mag"] = state["b_mag"] - shift * state["r_mag"].exp()
-    return state
+    state |= {name: t(getattr(sae, name)) for name in nl.extra_state}
+    return nl.fold_input_offset(state, state["b_dec"]) if fold_b_dec else state
 
 
-def sae_lens_architecture(cfg: TranscoderConfig) -> str:
-    """The sae_lens architecture that holds sets of `cfg` (step 5), or `UnknownFormatError`."""
+def sae_lens_architecture(tc: SparseCoder) -> str:
+    """The sae_lens architecture that holds the set `tc` (step 5), or `UnknownFormatError`."""
+    cfg: TranscoderConfig = tc.cfg
     if cfg.kind == "clt":
         raise UnknownFormatError(
             "sae_lens holds one layer per object and has no cross-layer transcoder; save a CLT in the native format."
         )
-    # BatchTopK (Matryoshka too) saves as JumpReLU with its inference threshold, as sae_lens saves its own
-    activation = "jumprelu" if cfg.activation in ("batchtopk", "matryoshka_batchtopk") else cfg.activation
-    arch = WRITE_ARCHITECTURES.get((cfg.kind == "plt", activation, cfg.skip))
+    role = "sae" if cfg.kind == "sae" else "skip_transcoder" if cfg.skip else "transcoder"
+    arch = tc.nonlinearity.stored_as().sae_lens.architectures().get(role)
     if arch is None:
-        name = {"topk": "TopK"}.get(cfg.activation, cfg.activation)
+        name = tc.nonlinearity.label
         raise UnknownFormatError(
             f"sae_lens has no {name} transcoder (only {name} SAEs); save a {name} transcoder set in the native format."
         )
@@ -257,7 +236,8 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
     from sae_lens.saes.sae import SAEMetadata
 
     cfg: TranscoderConfig = tc.cfg
-    arch = sae_lens_architecture(cfg)
+    arch = sae_lens_architecture(tc)
+    form = tc.nonlinearity.stored_as()
     is_transcoder = cfg.kind == "plt"
     hooks = [
         (_hook_name(cfg.input_hook, l, "input_hook"), _hook_name(cfg.output_hook, l, "output_hook"))
@@ -295,18 +275,15 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
         }
         if is_transcoder:
             kw["d_out"] = cfg.d_model
-        if arch == "topk":
+        if form.uses_k:
             kw["k"] = cfg.k
         state = {
             "W_enc": t(tc.W_enc[l]),
-            "b_gate" if arch == "gated" else "b_enc": t(tc.b_enc[l]),
+            form.sae_lens.b_enc: t(tc.b_enc[l]),
             "W_dec": t(tc.W_dec[l]),
             "b_dec": t(tc.b_dec[l]),
         }
-        for name in tc.nonlinearity.make_params(1, 1):  # gated: r_mag, b_mag
-            state[name] = t(getattr(tc, name)[l])
-        if tc.threshold is not None:
-            state["threshold"] = t(tc.threshold[l])
+        state |= {name: t(getattr(tc, name)[l]) for name in form.extra_state}
         if tc.W_skip is not None:
             state["W_skip"] = t(tc.W_skip[l].T)
         sae = sae_cls(cfg_cls(**kw))  # on the meta device: no memory until the weights are assigned

@@ -187,3 +187,37 @@ def test_sets_sae_lens_cannot_hold_are_refused_before_writing(tmp_path, make, ma
     with pytest.raises(UnknownFormatError, match=match):
         save_transcoders(make(), tmp_path / "out", format="sae-lens")
     assert not (tmp_path / "out").exists()
+
+
+def test_each_sae_lens_architecture_holds_the_tensors_its_nonlinearity_names():
+    """The architectures the nonlinearities read (nonlinearity.py step 13) are the table sae_lens
+    defines, and sae_lens's own class of each holds exactly our weights under the nonlinearity's names:
+    `b_enc` as its `sae_lens.b_enc`, its `extra_state`, and `W_skip` for a skip transcoder."""
+    import dataclasses
+
+    from sae_lens.registry import get_sae_class
+
+    from transcoders.nonlinearity import sae_lens_architectures
+
+    found = sae_lens_architectures()
+    want = {
+        "standard": ("relu", "sae"),
+        "transcoder": ("relu", "transcoder"),
+        "skip_transcoder": ("relu", "skip_transcoder"),
+        "jumprelu": ("jumprelu", "sae"),
+        "jumprelu_transcoder": ("jumprelu", "transcoder"),
+        "jumprelu_skip_transcoder": ("jumprelu", "skip_transcoder"),
+        "topk": ("topk", "sae"),
+        "gated": ("gated", "sae"),
+    }
+    assert {arch: (nl.name, role) for arch, (nl, role) in found.items()} == want
+    for arch, (nl, role) in found.items():
+        sae_cls, cfg_cls = get_sae_class(arch)
+        kw = {"d_in": 4, "d_sae": 6, "device": "meta", "apply_b_dec_to_input": False}
+        has_d_out = "d_out" in {f.name for f in dataclasses.fields(cfg_cls)}
+        assert has_d_out == (role != "sae"), arch
+        if has_d_out:
+            kw["d_out"] = 4
+        keys = {"W_enc", nl.sae_lens.b_enc, "W_dec", "b_dec", *nl.extra_state}
+        keys |= {"W_skip"} if role == "skip_transcoder" else set()
+        assert set(sae_cls(cfg_cls(**kw)).state_dict()) == keys, arch
