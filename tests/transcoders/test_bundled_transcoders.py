@@ -43,16 +43,16 @@ QUOTED = {
     "default-plt": {
         "ce_loss_recovered": (0.998, 5e-4),
         "kl_to_orig": (0.02, 5e-3),
-        "fvu_mean": (0.009, 5e-4),
-        "l0": ([25, 35, 31, 7], 0.5),
-        "dead_fraction_total": (0.124, 5e-4),  # "12.4%"
+        "fvu_mean": (0.008, 5e-4),
+        "l0": ([25, 36, 32, 8], 0.5),
+        "dead_fraction_total": (0.103, 5e-4),  # "10.3%"
     },
     "default-clt": {
         "ce_loss_recovered": (0.998, 5e-4),
         "kl_to_orig": (0.02, 5e-3),
         "fvu_mean": (0.008, 5e-4),
-        "l0": ([27, 26, 24, 3], 0.5),
-        "dead_fraction_total": (0.132, 5e-4),  # "13.2%"
+        "l0": ([25, 26, 24, 3], 0.5),
+        "dead_fraction_total": (0.108, 5e-4),  # "10.8%"
     },
     "default-attn-sae": {  # alone: every attention output replaced; and together with default-plt
         "ce_loss_recovered": (0.999, 5e-4),
