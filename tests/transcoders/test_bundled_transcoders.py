@@ -57,9 +57,9 @@ QUOTED = {
     "default-attn-sae": {  # alone: every attention output replaced; and together with default-plt
         "ce_loss_recovered": (0.999, 5e-4),
         "kl_to_orig": (0.00, 5e-3),
-        "fvu_mean": (0.013, 5e-4),
-        "l0": ([18, 20, 22, 23], 0.5),
-        "dead_fraction_total": (0.251, 5e-4),  # "25.1%"
+        "fvu_mean": (0.012, 5e-4),
+        "l0": ([22, 20, 22, 24], 0.5),
+        "dead_fraction_total": (0.137, 5e-4),  # "13.7%"
         "spliced_ce_loss_recovered": (0.995, 5e-4),
         "spliced_kl_to_orig": (0.03, 5e-3),
     },
