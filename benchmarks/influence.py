@@ -4,7 +4,7 @@ Seed: circuit-tracing appendix, "Graph Pruning"; DESIGN.md "Pruning": the logit 
 sparse triangular solve, `z = (I - A)^-T w`.
 
 1. The graph: the full (unpruned) graph of the README's IOI prompt on the bundled model and
-   `default-plt` (1,628 nodes, 5.2 10^5 edges since the sets were retrained in issue 20), built once.
+   `default-plt` (1,646 nodes, 5.3 10^5 edges since the sets were retrained in issue 33), built once.
 2. Timed `--repeats` times in this process, the calls taking turns (one of each per round, so
    that a change in the machine's load falls on all of them alike); medians; the load average is
    recorded:

@@ -3,8 +3,8 @@
 Seed: circuit-tracing appendix, "Attribution Graph Computation" and "Graph Pruning".
 
 1. The prompt: benchmarks/long_prompt.py's (BOS plus task examples until the bundled model's 128
-   positions); bundled default + default-plt (about 2.4 10^4 active features, 9.4 10^7 edges since the
-   sets were retrained in issue 20).
+   positions); bundled default + default-plt (about 2.5 10^4 active features, 1.0 10^8 edges since the
+   sets were retrained in issue 33).
 2. Each path runs `--repeats` times, each time in a fresh process (torch's default threads and
    `OMP_WAIT_POLICY=PASSIVE`, as the `attrgraph` command sets them):
    - `held`: `attribute` (rows, then the influence pass), `prune_graph(influence=...)` (the
