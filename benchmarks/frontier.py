@@ -228,7 +228,15 @@ def fvu_mean(y_hat_fn, x, y) -> float:
 
 
 # ----------------------------------------------------------------------------- step 2: trainers
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work, so that a wall time covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def train_ours(work: Path, model, name: str, method: Method, value, args) -> tuple:
+    """Our trainer on `model`'s device (`--device`: the trainer trains where the model runs), bf16
+    autocast with `--autocast`; the set comes back on the CPU, where it is scored."""
     from transcoders.train import TrainConfig, train
 
     out = work / "runs" / name
@@ -243,14 +251,18 @@ def train_ours(work: Path, model, name: str, method: Method, value, args) -> tup
         cache_dir=str(work / "cache"),
         out=str(out),
         checkpoint_every=10**9,
+        device=args.device,
+        autocast=args.autocast,
         **method.options,
         **{method.param: value},
     )
+    synchronize(args.device)
     t0 = time.perf_counter()
     tc, info = train(cfg, model=model, progress=False)
+    synchronize(args.device)
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return tc, dict(train_s=seconds, steps=info["steps"])
+    return tc.to("cpu"), dict(train_s=seconds, steps=info["steps"])
 
 
 def scales_of(store) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,7 +306,7 @@ def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
             l0_warm_up_steps=total,
             **SAE_LENS_SETUP,
         )
-        sae = JumpReLUTrainingSAE(cfg)
+        sae = JumpReLUTrainingSAE(cfg).to(args.device)
         opt = torch.optim.Adam(sae.parameters(), lr=args.lr, betas=(0.9, 0.999))
         saes.append(sae)
         opts.append(opt)
@@ -311,12 +323,15 @@ def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
             )
         )
         coefs.append(CoefficientScheduler(warm_up_steps=total, final_value=value))
-    since_fired = torch.zeros(L, args.d_sae)
+    since_fired = torch.zeros(L, args.d_sae, device=args.device)
+    dev = torch.device(args.device)
+    s_in_d, s_out_d = s_in.to(dev), s_out.to(dev)
+    synchronize(args.device)
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(store.batches(0)):
         if step >= total:
             break
-        xn, yn = x / s_in[:, None], y / s_out[:, None]
+        xn, yn = x.to(dev) / s_in_d[:, None], y.to(dev) / s_out_d[:, None]
         for l, sae in enumerate(saes):
             sae.train()
             with torch.no_grad():
@@ -329,11 +344,12 @@ def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
                 n_training_steps=step,
                 is_logging_step=False,
             )
-            acts, hidden_pre = sae.encode_with_hidden_pre(xn[:, l])
-            out = sae.decode(acts)
-            mse = sae.mse_loss_fn(out, yn[:, l]).sum(dim=-1).mean()  # to the MLP output
-            aux = sae.calculate_aux_loss(step_input, acts, hidden_pre, out)
-            loss = mse + sum(aux.values())
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.autocast):
+                acts, hidden_pre = sae.encode_with_hidden_pre(xn[:, l])
+                out = sae.decode(acts)
+                mse = sae.mse_loss_fn(out, yn[:, l]).sum(dim=-1).mean()  # to the MLP output
+                aux = sae.calculate_aux_loss(step_input, acts, hidden_pre, out)
+                loss = mse + sum(aux.values())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(sae.parameters(), 1.0)
             opts[l].step()
@@ -343,10 +359,11 @@ def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
             fired = (acts > 0).any(0)
             since_fired[l] += 1
             since_fired[l][fired] = 0
+    synchronize(args.device)
     seconds = time.perf_counter() - t0
     for sae in saes:
         sae.threshold.data.clamp_(min=0.0)
-        sae.eval()
+        sae.eval().to("cpu")
     layers = [
         dict(W_enc=s.W_enc, b_enc=s.b_enc, threshold=s.threshold, W_dec=s.W_dec, b_dec=s.b_dec) for s in saes
     ]
@@ -367,8 +384,9 @@ def train_sparsify(work: Path, model, value: int, args) -> tuple:
     me = str(ROOT / "benchmarks" / "train_vs_sparsify.py")
     common = ["--work", str(work), "--d-sae", str(args.d_sae), "--k", str(value)]
     common += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    train_only = ["--device", args.device]
     stdout, _, _ = tvs.run_child(
-        [args.sparsify_python, me, "--_worker", "sparsify", "--_run", run, *common], 1
+        [args.sparsify_python, me, "--_worker", "sparsify", "--_run", run, *common, *train_only], 1
     )
     r = tvs.last_json(stdout)
     own = tvs.last_json(
@@ -478,12 +496,19 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
         "tokens and its own initialization). Each row is the mean over the seeds; the FVU's range over "
         f"them in brackets. Held-out FVU, L0 and dead fraction (never active) on {meta['held_out_tokens']:,} "
         "tokens; CE loss recovered and KL(original || spliced) with every layer's MLP output replaced at "
-        f"once, on {meta['held_out_sequences']} held-out sequences. One thread per run, niced, on a shared "
-        f"2-core machine (train time is indicative only); {meta['date']}.",
+        f"once, on {meta['held_out_sequences']} held-out sequences. "
+        + (
+            "One thread per run, niced, on a shared 2-core machine (train time is indicative only)"
+            if meta.get("device", "cpu") == "cpu"
+            else f"Trained on {meta['device']}"
+            + (" under bfloat16 autocast" if meta.get("autocast") else "")
+            + ", scored on the CPU"
+        )
+        + f"; {meta['date']}.",
         "",
         "| method | setting | seeds | mean L0 | mean FVU [min, max] | FVU per layer | CE loss recovered | KL "
-        "| dead | own FVU | train s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dead | own FVU | train s | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, pts in by_method.items():
         for p in pts:
@@ -493,7 +518,8 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
                 f"| {METHODS[m].label} | {METHODS[m].param} {p['value']:g} | {len(p['runs'])} | "
                 f"{p['l0_mean']:.1f} | {p['fvu_mean']:.4f} [{lo:.4f}, {hi:.4f}] | "
                 f"{' / '.join(f'{v:.3f}' for v in p['fvu'])} | {p['ce_loss_recovered']:.4f} | "
-                f"{p['kl_to_orig']:.3f} | {p['dead_fraction_total']:.3f} | {own} | {p['train_s']:.0f} |"
+                f"{p['kl_to_orig']:.3f} | {p['dead_fraction_total']:.3f} | {own} | {p['train_s']:.0f} | "
+                f"{meta['n_tokens'] / p['train_s']:,.0f} |"
             )
     lines += [
         "",
@@ -662,6 +688,14 @@ def main(argv=None) -> int:
         "--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS)
     )
     ap.add_argument("--values", help="override the sweep of every method chosen (comma-separated)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="train there (ours, sae_lens's and sparsify's; scoring stays on the CPU): cuda for tokens/s on a GPU",
+    )
+    ap.add_argument(
+        "--autocast", action="store_true", help="train ours and sae_lens's under bfloat16 autocast"
+    )
     ap.add_argument("--work", default="/tmp/frontier_work", help="shards and resume state, a folder per seed")
     ap.add_argument("--out", default=str(RESULTS / "frontier"))
     ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md and .png from its .json")
@@ -684,15 +718,20 @@ def main(argv=None) -> int:
     from transcoders.train import load_any_model
 
     root = Path(args.work)
-    model = load_any_model("default")
+    model = load_any_model("default")  # dumps and scores on the CPU
+    train_model = model if args.device == "cpu" else load_any_model("default", args.device)
     key = dict(n_tokens=args.n_tokens, batch_size=args.batch_size, d_sae=args.d_sae, lr=args.lr)
     key_name = "_".join(f"{k}{v:g}" for k, v in key.items())
+    if args.device != "cpu" or args.autocast:  # kept apart from the CPU runs of the same --work
+        key_name += f"_{args.device.replace(':', '')}" + ("_bf16" if args.autocast else "")
     info = x = y = tokens = None
     meta = dict(
         model="default (bundled, 4 layers, d_model 128)",
         **key,
         sae_lens_setup=SAE_LENS_SETUP,
         threads=1,
+        device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        autocast=args.autocast,
     )
     import importlib.metadata as md
 
@@ -728,7 +767,7 @@ def main(argv=None) -> int:
                 if name in mine:
                     continue
                 if method.trainer == "ours":
-                    tc, r = train_ours(work, model, name, method, value, args)
+                    tc, r = train_ours(work, train_model, name, method, value, args)
                 elif method.trainer == "sae_lens":
                     tc, r = train_sae_lens(work, model, value, args, x, y)
                 else:

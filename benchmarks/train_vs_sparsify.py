@@ -182,7 +182,7 @@ def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: in
 
 # ----------------------------------------------------------------------------- step 3 (sparsify venv)
 def train_sparsify(
-    work: Path, run: str, info: dict, d_sae: int, k: int, batch_size: int, seed: int = 0
+    work: Path, run: str, info: dict, d_sae: int, k: int, batch_size: int, seed: int = 0, device: str = "cpu"
 ) -> dict:
     import torch
     from datasets import Dataset
@@ -211,14 +211,14 @@ def train_sparsify(
         dummy_inputs = property(lambda self: {"input_ids": torch.arange(8)[None]})
 
         def forward(self, input_ids):
-            ids = input_ids.flatten()
+            ids = input_ids.flatten().cpu()
             start, n = int(ids[0]), ids.numel()
             b, r = divmod(start, block_tokens)
             assert bool((ids == torch.arange(start, start + n)).all()) and r + n <= block_tokens
             if self.open is None or self.open[0] != b:  # keep the current shard open, as ours does
                 self.open = (b, safe_open(str(work / "cache" / f"block_{b:05d}.safetensors"), "pt"))
             f = self.open[1]
-            x, y = f.get_slice("x")[r : r + n], f.get_slice("y")[r : r + n]
+            x, y = f.get_slice("x")[r : r + n].to(self.device), f.get_slice("y")[r : r + n].to(self.device)
             for l, site in enumerate(self.layers):
                 site(x[None, :, l], y[None, :, l])
 
@@ -233,10 +233,14 @@ def train_sparsify(
         run_name=run,
         init_seeds=[seed],  # its default, [0], for this script's --seed 0
     )
-    trainer = Trainer(cfg, dataset, Replay())
+    trainer = Trainer(cfg, dataset, Replay().to(device))
     lr = trainer.optimizers[0].param_groups[0]["lr"]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     trainer.fit()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return dict(
         seconds=seconds,
@@ -277,6 +281,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--device", default="cpu", help="sparsify's worker trains there (benchmarks/frontier.py --device)"
+    )
     ap.add_argument("--work", help="folder for shards and trained sets (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--out", default=str(RESULTS / "train_vs_sparsify"))
@@ -307,7 +314,11 @@ def main(argv=None) -> int:
     if args._worker == "sparsify":
         info = json.loads((work / "dump.json").read_text())
         print(
-            json.dumps(train_sparsify(work, args._run, info, args.d_sae, args.k, args.batch_size, args.seed))
+            json.dumps(
+                train_sparsify(
+                    work, args._run, info, args.d_sae, args.k, args.batch_size, args.seed, args.device
+                )
+            )
         )
         return 0
     if args._worker == "score-ours":

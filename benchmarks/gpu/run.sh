@@ -18,3 +18,12 @@ timeout 240 python -m pytest -o addopts="" -p no:cacheprovider -q tests/test_dev
 timeout "${BENCH_TIMEOUT:-420}" python benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
     --ag-path "$PWD/.gpu/ag" ${CASES:+--cases $CASES} 2>&1 | tee "$OUT/bench.txt"
 cp benchmarks/results/gpu_vs_circuit_tracer.* "$OUT/" 2>/dev/null || true
+# 4. (FRONTIER=1) training on cuda: our trainer's tokens/s and FVU / L0 on the bundled model, fp32 and bf16 autocast
+#    (benchmarks/frontier.py --device cuda; sae_lens and sparsify are not among the wheels brought here)
+if [ "${FRONTIER:-0}" = 1 ]; then
+    for amp in "" --autocast; do
+        timeout "${FRONTIER_TIMEOUT:-240}" python benchmarks/frontier.py --device cuda $amp --seeds 0 \
+            --methods "${FRONTIER_METHODS:-jumprelu_tanh,topk,batchtopk}" --work /tmp/frontier_gpu \
+            --out "$OUT/frontier_cuda${amp:+_bf16}" 2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
+    done
+fi
