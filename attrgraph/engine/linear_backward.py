@@ -327,6 +327,17 @@ class LinearBackward:
             g = self.attention_back(l, g)
         yield "embed", -1, g
 
+    def start_layer(self, j0) -> tuple[int, bool]:
+        """Where step 1 leaves the walk of a batch whose first target is `j0` (one start for all its
+        rows): (the layer the walk starts at, whether at that layer's resid_mid, its attention still to
+        come). Logits start at the top; an attention read and a parallel block's MLP read go on below
+        their layer; an MLP read starts at its own layer's resid_mid."""
+        if j0.logits:
+            return self.L - 1, False
+        if j0.site == "attn" or self.parallel:
+            return j0.layer - 1, False
+        return j0.layer, True
+
     def start(self, injections, positions: Tensor, P: int, one_position=None) -> tuple[Tensor, int, bool]:
         """Step 1 for a batch with one start (all logits, or all reads of one layer and site) whose
         rows sit at `positions` (on the device): (gradient, layer the walk starts at, whether that
@@ -337,16 +348,16 @@ class LinearBackward:
         if j0.logits:
             g = torch.zeros(P, B, d, dtype=self.dtype, device=dev)
             g[positions, torch.arange(B, device=dev)] = self.ln_final.back_at(v @ self.W_U_T, positions)
-            return g, self.L - 1, False
+            return g, *self.start_layer(j0)
         if j0.site == "attn":  # step 7: through the frozen attention of its layer, on from below it
             g = self.attention_back_at(j0.layer, v, positions, P, residual=False, one_position=one_position)
-            return g, j0.layer - 1, False
+            return g, *self.start_layer(j0)
         g = self.ln2[j0.layer].back_at(v, positions) if self.read_mid else v
         if self.parallel:  # the MLP reads resid_pre: the walk goes on below the layer, attention of l unread
             dense = torch.zeros(P, B, d, dtype=g.dtype, device=dev)
             dense[positions, torch.arange(B, device=dev)] = g
-            return dense, j0.layer - 1, False
-        return g, j0.layer, True
+            return dense, *self.start_layer(j0)
+        return g, *self.start_layer(j0)
 
     def flops(self, start: int, at_mid: bool, positions: np.ndarray, kind: str) -> float:
         """Multiply-adds x 2 of the products that a batch with rows at `positions` needs (step 4):
@@ -518,15 +529,10 @@ class _BatchRows:
     def reach(self, inj: list) -> tuple[int, int, int]:
         """(the highest MLP layer, the highest attention layer whose sources the rows `inj` reach,
         their positions P): what sizes the batch's block (`block_columns`)."""
-        P, j0 = max(j.position for j in inj) + 1, inj[0]
-        if j0.logits:
-            top = self.lb.L - 1
-        else:  # a feature's walk starts at its layer's resid_mid (MLP) or below its layer (attention)
-            top = j0.layer - 1
-        # an MLP feature reads the attention of its own layer, unless the block is parallel
-        mid = j0.site == "mlp" and not j0.logits and not self.lb.parallel
-        top_attn = (top + 1 if mid else top) if self.attn else -1
-        return top, top_attn, P
+        start, at_mid = self.lb.start_layer(inj[0])
+        # a walk from resid_mid of its layer reads that layer's attention, and MLPs from the one below
+        top = start - 1 if at_mid else start
+        return top, start if self.attn else -1, max(j.position for j in inj) + 1
 
     def __call__(
         self, inj: list, positions: Tensor | None = None, out: Tensor | None = None
