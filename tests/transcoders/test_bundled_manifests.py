@@ -14,9 +14,9 @@ import shlex
 
 import pytest
 
+from transcoders.config_cli import parse_config
 from transcoders.paths import BUNDLED
 from transcoders.train import TrainConfig, build_parser
-from transcoders.config_cli import parse_config
 
 SETS = ["default-plt", "default-clt", "default-attn-sae"]
 pytestmark = pytest.mark.bundled(*SETS)
