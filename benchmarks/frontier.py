@@ -138,7 +138,7 @@ METHODS = {
         {"activation": "matryoshka_batchtopk", "matryoshka_widths": (64, 256)},
     ),
     "gated": Method(  # Rajamanoharan et al. 2024: the gate's L1 weighted by decoder norms
-        "ours: Gated", "ours", "sparsity_coef", (1e-2, 2.5e-2, 6e-2), {"activation": "gated"}
+        "ours: Gated", "ours", "sparsity_coef", (4e-3, 1e-2, 2.5e-2), {"activation": "gated"}
     ),
     "sae_lens_jumprelu": Method(
         "sae_lens: JumpReLU (tanh)", "sae_lens", "l0_coefficient", (0.015, 0.035, 0.08)
