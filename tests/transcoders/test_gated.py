@@ -36,6 +36,17 @@ OURS = {
 }
 
 
+def randomized(sae, seed: int):
+    """`sae` with every parameter drawn from `seed` (biases and `r_mag` at 0.3 the scale), so that
+    gates open and shut and every path carries signal."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in OURS:
+            p = getattr(sae, name)
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith(("b", "r")) else 1.0))
+    return sae
+
+
 def theirs(seed: int = 0) -> GatedTrainingSAE:
     cfg = GatedTrainingSAEConfig(
         d_in=D,
@@ -45,12 +56,7 @@ def theirs(seed: int = 0) -> GatedTrainingSAE:
         metadata=SAEMetadata(hook_name=HOOK.format(layer=0)),
     )
     sae = GatedTrainingSAE(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name in OURS:
-            p = getattr(sae, name)
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith(("b", "r")) else 1.0))
-    return sae
+    return randomized(sae, seed)
 
 
 def ours_like(sae) -> torch.nn.Module:
@@ -158,12 +164,7 @@ def sae_lens_gated(seed: int, apply_b_dec_to_input: bool) -> GatedSAE:
         metadata=SAEMetadata(hook_name=HOOK.format(layer=0)),
     )
     sae = GatedSAE(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name in OURS:
-            p = getattr(sae, name)
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith(("b", "r")) else 1.0))
-    return sae
+    return randomized(sae, seed)
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
