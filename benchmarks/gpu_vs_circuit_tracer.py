@@ -1,7 +1,7 @@
 """circuit-tracer and attrgraph on the same GPU and identical weights: time, peak memory, agreement, FLOP floor.
 
 1. For each case (a model shape and a prompt length), circuit-tracer's side runs `../shared/peer/ct_gpu.py`
-   in a fresh process (its packages on `--ct-path`, see `../shared/GPU.md`): it builds a seeded random
+   (`--harness`: a copy of that folder, as on the GPU machine, where ../shared does not travel) in a fresh process (its packages on `--ct-path`, see `../shared/GPU.md`): it builds a seeded random
    model and JumpReLU transcoders calibrated to ~64 active features per layer and position, saves them,
    reloads them on the device, times its `attribute` (second of two runs) and saves its graph.
 2. Ours, in a fresh process (`--_worker`): `load_model(DIR, device)`, `load_transcoders(DIR/transcoders,
@@ -16,11 +16,13 @@
    at its own positions) over the device's float32 matmul rate (8192^3 products, TF32 off, best of 3):
    the share of that floor reached is `gflop / seconds / rate`.
 5. Print a table and write `benchmarks/results/gpu_vs_circuit_tracer.{md,json}` (on a CPU:
-   `..._cpu_smoke.{md,json}`).
+   `..._cpu_smoke.{md,json}`), again after each case, so that a run cut short by its time limit keeps the
+   cases it finished; a case that fails is a row with its error, and the next case runs.
 
 Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
-each at 32 and 128 tokens; vocabularies of 8,192 (a vocabulary equal to d_model confuses
+each at 32 and 128 tokens, in that order of priority (the issue's Llama-1B case first, Gemma-2-2B at 128
+tokens last); vocabularies of 8,192 (a vocabulary equal to d_model confuses
 circuit-tracer's logit rows, ../shared/GPU.md). `--smoke` runs one tiny case on the CPU (circuit-tracer
 from the peer venv, `--peer-python`) as this script's own test.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,11 +54,12 @@ SHAPES = {  # name: ct_gpu.py arguments (L0 64 per layer and position)
     "llama-1b": "--arch llama --n-layers 16 --d-model 2048 --n-heads 16 --d-transcoder 16384",
     "gemma2-2b": "--arch gemma2 --n-layers 26 --d-model 2304 --n-heads 8 --d-transcoder 16384",
 }
+ORDER = ("llama-1b-32", "gpt2-small-32", "gpt2-small-128", "gemma2-2b-32", "llama-1b-128", "gemma2-2b-128")
 CASES = {
-    f"{name}-{n}": f"{args} --prompt-len {n} --l0 64 --d-vocab 8192"
-    for name, args in SHAPES.items()
-    for n in (32, 128)
+    case: f"{SHAPES[case.rsplit('-', 1)[0]]} --prompt-len {case.rsplit('-', 1)[1]} --l0 64 --d-vocab 8192"
+    for case in ORDER
 }
+PEAK = re.compile(r"peak GPU ([0-9.]+) GiB")
 SMOKE = {
     "smoke": "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8 --d-vocab 128"
 }
@@ -144,26 +148,42 @@ def _kept(pruned):
 
 
 def run_case(
-    name: str, args: str, device: str, ct: list[str], ct_env: dict, env: dict, keep: Path | None
+    name: str,
+    args: str,
+    device: str,
+    ct: list[str],
+    ct_env: dict,
+    env: dict,
+    keep: Path | None,
+    harness: Path = HARNESS,
+    timeout: float | None = None,
 ) -> dict:
     """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`), on one folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"gpu-{name}-", dir=keep))
-    cmd = [*ct, str(HARNESS / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device))
+    cmd = [*ct, str(harness / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device), timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"circuit-tracer failed on {name}: {' '.join(cmd)}\n{res.stderr[-3000:]}")
     meta = json.loads((folder / "meta.json").read_text())
+    log = res.stdout.strip().splitlines()[-1]
+    peak = PEAK.search(log)
     theirs = dict(
-        seconds=round(float(meta["stats"]["attribute_s"]), 3), log=res.stdout.strip().splitlines()[-1]
+        seconds=round(float(meta["stats"]["attribute_s"]), 3),
+        peak_gib=float(peak.group(1)) if peak and device == "cuda" else float("nan"),
+        log=log,
     )
     ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device]
-    res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"our worker failed on {name}: {' '.join(ours_cmd)}\n{res.stderr[-3000:]}")
     ours = json.loads(res.stdout.strip().splitlines()[-1])
     if keep is None:
         shutil.rmtree(folder)
     return dict(case=name, args=args, circuit_tracer=theirs, attrgraph=ours)
+
+
+def _gib(x) -> str:
+    return "-" if x is None or x != x else f"{x:.1f}"  # NaN (the CPU) as a dash
 
 
 def write_results(rows: list[dict], device: str, device_name: str, results: Path = RESULTS) -> Path:
@@ -175,11 +195,14 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
         "second of two runs; memory is peak device memory; the floor share is our backward's FLOPs per",
         "second over the device's float32 matmul rate with TF32 off.",
         "",
-        "| case | circuit-tracer | attrgraph fp32 | ratio | floor share | peak GiB | feature rows | logit rows "
-        "| tf32 (ratio, edge err, Jaccard) | bf16 (ratio, edge err, Jaccard) |",
+        "| case | circuit-tracer | attrgraph fp32 | ratio | floor share | peak GiB, CT / ours | feature rows "
+        "| logit rows | tf32 (ratio, edge err, Jaccard) | bf16 (ratio, edge err, Jaccard) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | failed: {r['error']} |" + " |" * 8)
+            continue
         ct, ours = r["circuit_tracer"], r["attrgraph"]
         f32 = ours["fp32"]
 
@@ -189,7 +212,8 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
 
         lines.append(
             f"| {r['case']} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
-            f"| {f32['floor_share']:.0%} | {f32['peak_gib'] if f32['peak_gib'] == f32['peak_gib'] else '-'} | {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
+            f"| {f32['floor_share']:.0%} | {_gib(ct.get('peak_gib'))} / {_gib(f32['peak_gib'])} "
+            f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
             f"| {f32.get('logit_rows_rel_diff', float('nan')):.1e} | {variant('tf32')} | {variant('bf16')} |"
         )
     results.mkdir(parents=True, exist_ok=True)
@@ -200,12 +224,18 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", nargs="*", choices=sorted(CASES), help="default: all six")
+    ap.add_argument("--cases", nargs="*", choices=ORDER, help="default: all six, in ORDER")
     ap.add_argument("--device", default=None, help="default: cuda where present, else cpu")
     ap.add_argument("--ct-path", help="folder of circuit-tracer's packages, put on PYTHONPATH for its side")
     ap.add_argument("--peer-python", help="circuit-tracer's own interpreter (the peer venv) instead")
     ap.add_argument("--ag-path", help="folder of attrgraph's dependencies, put on PYTHONPATH for our side")
     ap.add_argument("--smoke", action="store_true", help="one tiny case on the CPU (this script's test)")
+    ap.add_argument(
+        "--case-timeout", type=float, help="seconds for each side of a case, beyond which it is a failed row"
+    )
+    ap.add_argument(
+        "--harness", type=Path, default=HARNESS, help="folder of ct_gpu.py and ct_graph.py (../shared/peer)"
+    )
     ap.add_argument("--keep", type=Path, help="keep the case folders under this folder")
     ap.add_argument(
         "--results", type=Path, default=RESULTS, help="where the tables go (default benchmarks/results)"
@@ -227,20 +257,29 @@ def main(argv=None) -> int:
         ct, ct_env = [sys.executable], dict(env, PYTHONPATH=args.ct_path)
     else:
         ap.error("give --ct-path (circuit-tracer's packages) or --peer-python (its venv's python)")
+    if not (args.harness / "ct_gpu.py").is_file():
+        ap.error(f"--harness {args.harness} holds no ct_gpu.py (a copy of ../shared/peer)")
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "the CPU"
     rows = []
     for name, case_args in cases.items():
-        r = run_case(name, case_args, device, ct, ct_env, env, args.keep)
-        rows.append(r)
-        f32 = r["attrgraph"]["fp32"]
-        print(
-            f"{name}: circuit-tracer {r['circuit_tracer']['seconds']:.2f} s, ours {f32['seconds']:.2f} s "
-            f"({f32['floor_share']:.0%} of the fp32 floor, {f32['peak_gib']} GiB), feature rows "
-            f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}",
-            flush=True,
-        )
-    name = torch.cuda.get_device_name() if device == "cuda" else "the CPU"
-    print(f"wrote {write_results(rows, device, name, args.results)}")
-    return 0
+        try:
+            r = run_case(name, case_args, device, ct, ct_env, env, args.keep, args.harness, args.case_timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # out of memory, say: the next case runs
+            why = str(e).strip().splitlines()[-1][:300].replace("|", "/")
+            rows.append(dict(case=name, args=case_args, error=why))
+            print(f"{name}: failed\n{e}", flush=True)
+        else:
+            rows.append(r)
+            f32 = r["attrgraph"]["fp32"]
+            print(
+                f"{name}: circuit-tracer {r['circuit_tracer']['seconds']:.2f} s, ours {f32['seconds']:.2f} s "
+                f"({f32['floor_share']:.0%} of the fp32 floor, {_gib(f32['peak_gib'])} GiB), feature rows "
+                f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}",
+                flush=True,
+            )
+        written = write_results(rows, device, device_name, args.results)  # a run cut short keeps these
+    print(f"wrote {written}")
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """benchmarks/gpu_vs_circuit_tracer.py runs end to end on the CPU (`--smoke`): circuit-tracer in its own
-venv and ours on one seeded case, and the feature rows agree (the figure the GPU table reports)."""
+venv and ours on one seeded case, and the feature rows agree (the figure the GPU table reports). On the
+GPU machine ../shared does not travel: the harness is a copy (`--harness`), as here. A case that fails
+is a row with its error, written at once."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     peer = require_peer()
-    if not (ROOT.parent / "shared" / "peer" / "ct_gpu.py").is_file():
+    shared = ROOT.parent / "shared" / "peer"
+    if not (shared / "ct_gpu.py").is_file():
         pytest.skip("../shared/peer/ct_gpu.py is not beside the project")
+    harness = tmp_path / "harness"  # as benchmarks/gpu/prepare.sh copies it for the device
+    harness.mkdir()
+    for name in ("ct_gpu.py", "ct_graph.py"):
+        shutil.copy(shared / name, harness)
     cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--peer-python", peer]
+    cmd += ["--harness", str(harness)]
     res = subprocess.run([*cmd, "--results", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     (case,) = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
@@ -25,3 +34,27 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert ours["fp32"]["match"] and ours["fp32"]["feature_rows_rel_diff"] <= 1e-5
     assert ours["bf16"]["edge_rel_err"] < 0.05 and ours["fp32"]["backward_gflop"] > 0
     assert "| smoke |" in (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
+
+
+def test_a_failing_case_is_a_row_with_its_error(tmp_path):
+    """circuit-tracer's side dies as it would out of device memory: the script still writes its table,
+    with that case's error in the row, and exits 1."""
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    (harness / "ct_gpu.py").write_text(
+        "import sys\nsys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+    )
+    cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--ct-path", str(tmp_path)]
+    cmd += ["--harness", str(harness), "--results", str(tmp_path)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (case,) = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
+    assert case["case"] == "smoke" and "CUDA out of memory" in case["error"]
+    table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
+    assert "| smoke | failed: torch.OutOfMemoryError: CUDA out of memory" in table
+
+
+def test_a_harness_without_ct_gpu_is_refused(tmp_path):
+    cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--ct-path", str(tmp_path)]
+    res = subprocess.run([*cmd, "--harness", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2 and "holds no ct_gpu.py" in res.stderr

@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# On the GPU machine (the device tool, with carry [".gpu"]): every GPU check of issue 29 in one go, logs in $OUT.
+# On the GPU machine (the device tool, with carry [".gpu"]): the GPU checks of issue 29, logs in $OUT.
 # 1. install each side's wheels into its own folder (no package index there);
-# 2. the device tests on cuda (tests/test_devices.py: attribution and a training step on the model's device);
-# 3. the benchmark against circuit-tracer (benchmarks/gpu_vs_circuit_tracer.py), CASES cases (default: all);
-# results land in benchmarks/results/ and are copied to $OUT.
+# 2. (STEPS has tests) the device tests on cuda (tests/test_devices.py: attribution, a training step);
+# 3. (STEPS has bench) the benchmark against circuit-tracer (benchmarks/gpu_vs_circuit_tracer.py), CASES cases
+#    (default: all six, most wanted first; each written as it ends), results copied to $OUT;
+# 4. (STEPS has frontier) training on the device, below.
+# STEPS defaults to "tests bench", about 8 minutes: one device call holds at most 10, so the frontier is a
+# second call (STEPS=frontier). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the device tests'
+# cpu cases, the benchmark's --smoke case, a short frontier.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-for side in ag ct; do
-    [ -d ".gpu/$side" ] || pip install -q --no-index --no-deps --target ".gpu/$side" .gpu/wheels/$side/*.whl
+DEVICE=${DEVICE:-cuda}
+STEPS=" ${STEPS:-tests bench} "
+PY=$(command -v python3)  # the GPU machine's Python, the one with torch
+for side in ag ct tr; do
+    [ -d ".gpu/$side" ] || "$PY" -m pip install -q --no-index --no-deps --target ".gpu/$side" .gpu/wheels/$side/*.whl
 done
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
+if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
+    results=benchmarks/results/gpu_vs_circuit_tracer
+else
+    BENCH_ARGS="--smoke ${BENCH_ARGS:-}"
+    results=benchmarks/results/gpu_vs_circuit_tracer_cpu_smoke
+fi
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/.gpu/ag"
-# attribution on cuda (the resident rows of linear_backward.py step 8) equals the CPU graph; a training step runs
-timeout 240 python -m pytest -o addopts="" -p no:cacheprovider -q tests/test_devices.py -k cuda 2>&1 \
-    | tail -30 | tee "$OUT/tests.txt"
-timeout "${BENCH_TIMEOUT:-420}" python benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
-    --ag-path "$PWD/.gpu/ag" ${CASES:+--cases $CASES} 2>&1 | tee "$OUT/bench.txt"
-cp benchmarks/results/gpu_vs_circuit_tracer.* "$OUT/" 2>/dev/null || true
-# 4. (FRONTIER=1) training on cuda: our trainer's tokens/s and FVU / L0 on the bundled model, fp32 and bf16 autocast
-#    (benchmarks/frontier.py --device cuda; sae_lens and sparsify are not among the wheels brought here)
-if [ "${FRONTIER:-0}" = 1 ]; then
+# attribution on the device (the resident rows of linear_backward.py step 8) equals the CPU graph; a training step runs
+if [[ $STEPS == *" tests "* ]]; then
+    timeout "${TESTS_TIMEOUT:-150}" "$PY" -m pytest -o addopts="" -p no:cacheprovider -q tests/test_devices.py \
+        -k "$DEVICE" 2>&1 | tail -30 | tee "$OUT/tests.txt"
+fi
+if [[ $STEPS == *" bench "* ]]; then
+    timeout "${BENCH_TIMEOUT:-400}" "$PY" benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
+        --ag-path "$PWD/.gpu/ag" --harness .gpu/peer --case-timeout "${CASE_TIMEOUT:-240}" \
+        ${CASES:+--cases $CASES} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+    cp "$results".* "$OUT/" 2>/dev/null || true
+fi
+# 4. (STEPS has frontier) training on the device: our trainer's and sparsify's tokens/s and FVU / L0 on the bundled model,
+#    fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU). sparsify runs in a child
+#    process that starts with no PYTHONPATH (train_vs_sparsify.run_child): a wrapper file gives it its folder.
+if [[ $STEPS == *" frontier "* ]]; then
+    printf '#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' "$PWD:$PWD/.gpu/ag:$PWD/.gpu/tr" "$PY" >.gpu/sparsify-python
+    chmod +x .gpu/sparsify-python
     for amp in "" --autocast; do
-        timeout "${FRONTIER_TIMEOUT:-240}" python benchmarks/frontier.py --device cuda $amp --seeds 0 \
-            --methods "${FRONTIER_METHODS:-jumprelu_tanh,topk,batchtopk}" --work /tmp/frontier_gpu \
-            --out "$OUT/frontier_cuda${amp:+_bf16}" 2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
+        timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
+            --methods "${FRONTIER_METHODS:-jumprelu_tanh,topk,batchtopk,sparsify_topk}" --work /tmp/frontier_gpu \
+            --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$OUT/frontier_$DEVICE${amp:+_bf16}" \
+            2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
     done
 fi
