@@ -715,6 +715,7 @@ def main(argv=None) -> int:
         )
     seeds = [int(v) for v in args.seeds.split(",")]
     torch.set_num_threads(1)
+    import attrgraph.bundled  # noqa: F401  (registers the bundled model and corpus: a checkout not pip-installed)
     from transcoders.train import load_any_model
 
     root = Path(args.work)
@@ -735,7 +736,9 @@ def main(argv=None) -> int:
     )
     import importlib.metadata as md
 
-    versions = {"sae_lens": md.version("sae-lens")}
+    versions = {}
+    if any(METHODS[m].trainer == "sae_lens" for m in methods):  # the GPU machine may have no sae_lens
+        versions["sae_lens"] = md.version("sae-lens")
     if args.sparsify_python:
         versions["eai_sparsify"] = subprocess.run(
             [args.sparsify_python, "-c", "import importlib.metadata as m; print(m.version('eai-sparsify'))"],

@@ -136,6 +136,7 @@ def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: in
     import torch
     from safetensors.torch import save_file
 
+    import attrgraph.bundled  # noqa: F401  (registers the bundled model and corpus: a checkout not pip-installed)
     from transcoders.activation_store import ActivationStore
     from transcoders.sites import collect
     from transcoders.train import (
