@@ -130,7 +130,12 @@ def sparse_code(
         offsets = torch.cat([offsets, n_tok * k + torch.arange(0, n_tok * m, m, device=h.device)])
     counts = torch.diff(offsets, append=offsets.new_tensor([rows.numel()]))
     bags = torch.arange(offsets.numel(), device=h.device).repeat_interleave(counts)
-    a, dec = _SparseCode.apply(x, W_enc, b_enc, W_dec, h_sel.detach(), rows, bags, offsets, valid)
+    # under autocast (--autocast) h came from a bfloat16 product; the k-sparse decode is cheap and runs in
+    # the weights' float32 (embedding_bag takes one dtype, and autocast has no rule for it)
+    with torch.autocast(h.device.type, enabled=False):
+        a, dec = _SparseCode.apply(
+            x, W_enc, b_enc, W_dec, h_sel.detach().to(W_dec.dtype), rows, bags, offsets, valid
+        )
     acts = a[: n_tok * k].view(B, L, k)
     out = dec[:n_tok].view(B, L, -1)
     return acts, out, (dec[n_tok:].view(B, L, -1) if aux is not None else None)

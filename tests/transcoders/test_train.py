@@ -321,7 +321,9 @@ class _MatmulDtypes(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("kind, activation", [("plt", "jumprelu"), ("clt", "topk")])
+@pytest.mark.parametrize(
+    "kind, activation", [("plt", "jumprelu"), ("clt", "topk"), ("plt", "topk")]
+)  # PLT TopK: sparse_topk.py's own step
 def test_autocast_runs_the_products_in_bfloat16_and_keeps_float32_weights(tmp_path, kind, activation):
     """--autocast: the step's matrix products take bfloat16 inputs (seen by the dispatcher, not asked
     of the trainer), the weights and Adam stay float32, and the run ends within bfloat16's error of
