@@ -165,7 +165,7 @@ def prune_edges(
             opt.zero_grad()
             opt_l.zero_grad()
             loss.backward()
-            with torch.device("cpu"):  # torch < 2.12 makes Adam's step count on the default device:
+            with torch.device("cpu"):  # torch 2.11 (not 2.13) makes Adam's step count on the default device:
                 opt.step()  # keep it on the host, where later releases put it (no device sync a step)
             opt_l.step()
             kls.append(kl.detach())  # read once after the loop, not a device sync per step
