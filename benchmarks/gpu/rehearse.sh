@@ -36,6 +36,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     check() {  # check WHAT FILE PATTERN
         if grep -q -- "$3" "$WORK/out/$2" 2>/dev/null; then echo "ok: $1"; else echo "MISSING: $1 ($2: $3)"; ok=0; fi
     }
+    check "each step's time" log.txt "frontier --autocast done"
     check "the device tests passed" tests.txt " passed"
     grep -q -E "[0-9]+ (failed|error)" "$WORK/out/tests.txt" && { echo "FAILED: a device test"; ok=0; }
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"

@@ -10,7 +10,9 @@
 # cpu cases, the benchmark's --smoke case, a short frontier.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"  # at most 8 files come back from a call: log.txt holds the small ones
+stamp() { echo "$(date -u +%T) $*" | tee -a "$OUT/log.txt"; }
+stamp "start"
 DEVICE=${DEVICE:-cuda}
 STEPS=" ${STEPS:-tests bench} "
 PY=$(command -v python3)  # the GPU machine's Python, the one with torch
@@ -18,7 +20,7 @@ for side in ag ct tr; do
     [ -d ".gpu/$side" ] || "$PY" -m pip install -q --no-index --no-deps --target ".gpu/$side" .gpu/wheels/$side/*.whl
 done
 if [ "$DEVICE" = cuda ]; then
-    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$OUT/log.txt"
     results=benchmarks/results/gpu_vs_circuit_tracer
 else
     BENCH_ARGS="--smoke ${BENCH_ARGS:-}"
@@ -26,15 +28,18 @@ else
 fi
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/.gpu/ag"
 # attribution on the device (the resident rows of linear_backward.py step 8) equals the CPU graph; a training step runs
+stamp "installed; steps:$STEPS"
 if [[ $STEPS == *" tests "* ]]; then
     timeout "${TESTS_TIMEOUT:-150}" "$PY" -m pytest -o addopts="" -p no:cacheprovider -q tests/test_devices.py \
         -k "$DEVICE" 2>&1 | tail -30 | tee "$OUT/tests.txt"
+    stamp "device tests done"
 fi
 if [[ $STEPS == *" bench "* ]]; then
     timeout "${BENCH_TIMEOUT:-400}" "$PY" benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
         --ag-path "$PWD/.gpu/ag" --harness .gpu/peer --case-timeout "${CASE_TIMEOUT:-240}" \
         ${CASES:+--cases $CASES} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
     cp "$results".* "$OUT/" 2>/dev/null || true
+    stamp "benchmark done"
 fi
 # 4. (STEPS has frontier) training on the device: our trainer's and sparsify's tokens/s and FVU / L0 on the bundled model,
 #    fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU). sparsify runs in a child
@@ -47,5 +52,6 @@ if [[ $STEPS == *" frontier "* ]]; then
             --methods "${FRONTIER_METHODS:-jumprelu_tanh,topk,batchtopk,sparsify_topk}" --work /tmp/frontier_gpu \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$OUT/frontier_$DEVICE${amp:+_bf16}" \
             2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
+        stamp "frontier ${amp:-fp32} done"
     done
 fi
