@@ -11,7 +11,11 @@
 3. Agreement (peer_compare.compare): our fp32 feature rows and logit rows against circuit-tracer's,
    each as max |difference| over the largest |edge| of those rows (goal: feature rows 1e-5); for tf32 and
    bf16, the edge error against our own fp32 graph and the overlap (Jaccard) of the features kept by
-   pruning (0.8 / 0.98, circuit-tracer's rule).
+   pruning (0.8 / 0.98, circuit-tracer's rule). Where the logit rows disagree (beyond 1e-5), the model
+   decides: for the feature -> logit edges that differ most, the feature is ablated by constrained
+   patching from its layer to the last with attention and normalization frozen (the direct path
+   only, `attrgraph.analysis.intervene`), and the change of `logit_t - mean(logits)` at the last
+   position is the edge; each side's largest error against it, over the largest edge checked.
 4. The FLOP floor: the products our linear backward needs (`meta["backward_gflop"]`, counted per row
    at its own positions) over the device's float32 matmul rate (8192^3 products, TF32 off, best of 3):
    the share of that floor reached is `gflop / seconds / rate`.
@@ -23,8 +27,9 @@ Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
 each at 32 and 128 tokens, in that order of priority (the issue's Llama-1B case first, Gemma-2-2B at 128
 tokens last); vocabularies of 8,192 (a vocabulary equal to d_model confuses
-circuit-tracer's logit rows, ../shared/GPU.md). `--smoke` runs one tiny case on the CPU (circuit-tracer
-from the peer venv, `--peer-python`) as this script's own test.
+circuit-tracer's logit rows, ../shared/GPU.md). `--smoke` runs two tiny cases on the CPU (circuit-tracer
+from the peer venv, `--peer-python`) as this script's own test, the second with the vocabulary equal to
+d_model, where the logit rows disagree and step 3's interventions decide.
 
 Usage (GPU machine): python benchmarks/gpu_vs_circuit_tracer.py --ct-path CT_PKGS [--cases NAME ...]
         (CPU):         python benchmarks/gpu_vs_circuit_tracer.py --smoke --peer-python /tmp/peer/venv/bin/python
@@ -60,9 +65,10 @@ CASES = {
     for case in ORDER
 }
 PEAK = re.compile(r"peak GPU ([0-9.]+) GiB")
-SMOKE = {
-    "smoke": "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8 --d-vocab 128"
-}
+_TINY = "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8"
+SMOKE = {"smoke": f"{_TINY} --d-vocab 128", "smoke-vocab-64": f"{_TINY} --d-vocab 64"}
+N_CHECKS = 8
+"""Step 3: feature -> logit edges checked by intervention where the logit rows disagree."""
 
 
 def matmul_tflops(device, n: int = 8192, repeats: int = 3) -> float:
@@ -130,6 +136,8 @@ def worker(dir_: str, device: str) -> dict:
         )
         if precision == "fp32":
             row.update(compare(g, d))
+            if row.get("logit_rows_rel_diff", 0.0) > FEATURE_ROWS_TOL:
+                row["logit_rows_by_intervention"] = logit_rows_by_intervention(model, tc, tokens, g, d)
         else:
             ref = graphs["fp32"]
             scale = float(abs(ref.adjacency).max())
@@ -186,6 +194,49 @@ def _gib(x) -> str:
     return "-" if x is None or x != x else f"{x:.1f}"  # NaN (the CPU) as a dash
 
 
+def logit_rows_by_intervention(model, tc, tokens, g, d: Path, n_checks: int = N_CHECKS) -> dict:
+    """Step 3's check of the `n_checks` feature -> logit edges where ours and circuit-tracer's differ most."""
+    import numpy as np
+    from peer_compare import ct_index
+
+    from attrgraph.analysis.intervene import Scale, intervene
+
+    idx, _ = ct_index(g, d)
+    ref = np.load(d / "adjacency.npy", mmap_mode="r")
+    n = g.nodes
+    rows, cols = np.flatnonzero(n.kind == "logit"), np.flatnonzero(n.kind == "feature")
+    ours = g.adjacency[rows][:, cols].toarray()
+    theirs = np.asarray(ref[np.ix_(idx[rows], idx[cols])])
+    worst = np.argsort(np.abs(ours - theirs), axis=None)[::-1][:n_checks]
+
+    def demeaned(out, tok: int) -> float:
+        z = out.logits[-1].double()
+        return float(z[tok] - z.mean())
+
+    checks = []
+    for r, c in zip(*np.unravel_index(worst, ours.shape)):
+        j, tok = cols[c], int(g.logit_tokens[r])
+        key = (int(n.layer[j]), int(n.position[j]), int(n.feature[j]))
+        clean = intervene(model, tc, tokens, {key: Scale(1.0)})  # the same patched forward, no change
+        ablated = intervene(model, tc, tokens, {key: 0.0})
+        checks.append((demeaned(clean, tok) - demeaned(ablated, tok), ours[r, c], theirs[r, c]))
+    edge, o, t = map(np.array, zip(*checks))
+    scale = float(np.abs(edge).max()) or 1.0
+    return dict(
+        checked=len(checks),
+        ours_rel_err=float(np.abs(o - edge).max() / scale),
+        ct_rel_err=float(np.abs(t - edge).max() / scale),
+    )
+
+
+def _logit_cell(f32: dict) -> str:
+    cell = f"{f32.get('logit_rows_rel_diff', float('nan')):.1e}"
+    by = f32.get("logit_rows_by_intervention")
+    if by:  # the model's own answer where the two disagree
+        cell += f" (by intervention: ours {by['ours_rel_err']:.0e}, CT {by['ct_rel_err']:.0e})"
+    return cell
+
+
 def write_results(rows: list[dict], device: str, device_name: str, results: Path = RESULTS) -> Path:
     stem = "gpu_vs_circuit_tracer" if device == "cuda" else "gpu_vs_circuit_tracer_cpu_smoke"
     lines = [
@@ -214,7 +265,7 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             f"| {r['case']} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
             f"| {f32['floor_share']:.0%} | {_gib(ct.get('peak_gib'))} / {_gib(f32['peak_gib'])} "
             f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
-            f"| {f32.get('logit_rows_rel_diff', float('nan')):.1e} | {variant('tf32')} | {variant('bf16')} |"
+            f"| {_logit_cell(f32)} | {variant('tf32')} | {variant('bf16')} |"
         )
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -334,9 +334,8 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
     return out
 
 
-def compare(g, d: Path) -> dict:
-    """Step 3: map circuit-tracer's node order onto ours and compare node for node."""
-    ref = np.load(d / "adjacency.npy", mmap_mode="r")
+def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
+    """Our node i is circuit-tracer's node `idx[i]` (its graph in `d`), or None and why not."""
     af = np.load(d / "active_features.npy")
     ct_logits = np.load(d / "logit_token_ids.npy").tolist()
     n_pos, n_feat = len(g.prompt_ids), len(af)
@@ -348,7 +347,7 @@ def compare(g, d: Path) -> dict:
         if kind == "feature":
             key = (int(layer), int(pos), int(feat))
             if key not in feat_index:
-                return dict(match=False, reason=f"feature {key} is not active in circuit-tracer's graph")
+                return None, f"feature {key} is not active in circuit-tracer's graph"
             idx[i] = feat_index[key]
         elif kind == "error":
             idx[i] = n_feat + layer * n_pos + pos
@@ -357,15 +356,20 @@ def compare(g, d: Path) -> dict:
         else:
             tok = int(g.logit_tokens[i - (g.n_nodes - len(g.logit_tokens))])
             if tok not in ct_logits:
-                return dict(
-                    match=False, reason=f"logit token {tok} is not among circuit-tracer's {ct_logits}"
-                )
+                return None, f"logit token {tok} is not among circuit-tracer's {ct_logits}"
             idx[i] = n_feat + L * n_pos + n_pos + ct_logits.index(tok)
     if g.n_features != n_feat or len(g.logit_tokens) != len(ct_logits):
-        return dict(
-            match=False,
-            reason=f"{g.n_features} features / {len(g.logit_tokens)} logits vs {n_feat} / {len(ct_logits)}",
-        )
+        return None, f"{g.n_features} features / {len(g.logit_tokens)} logits vs {n_feat} / {len(ct_logits)}"
+    return idx, None
+
+
+def compare(g, d: Path) -> dict:
+    """Step 3: map circuit-tracer's node order onto ours and compare node for node."""
+    ref = np.load(d / "adjacency.npy", mmap_mode="r")
+    idx, reason = ct_index(g, d)
+    if idx is None:
+        return dict(match=False, reason=reason)
+    n = g.nodes
     unmapped = np.setdiff1d(np.arange(ref.shape[0]), idx)
     scale = float(np.abs(ref).max())
     unmapped_max = (
