@@ -272,7 +272,41 @@ def scales_of(store) -> tuple[torch.Tensor, torch.Tensor]:
     return x0.pow(2).sum(-1).mean(0).div(d).sqrt(), y0.pow(2).sum(-1).mean(0).div(d).sqrt()
 
 
+def import_sae_lens_training() -> None:
+    """Import sae_lens so that its training SAE classes load, on a machine without its runner's
+    packages too. sae_lens's `__init__` imports its whole training runner (wandb, plotly, nltk, babe:
+    about 35 MB of wheels, more than a GPU machine's call carries beside circuit-tracer); the frontier
+    needs only the JumpReLU training SAE and the optimizer schedules, whose modules read two names
+    from the package (`__version__`, `logger`) and its class registry. Where the full import fails for
+    a missing package, the package is a module holding those two names, over sae_lens's own folder,
+    and the JumpReLU classes are registered as its `__init__` registers them."""
+    import importlib.metadata as md
+    import importlib.util
+    import logging
+    import types
+
+    try:
+        import sae_lens  # noqa: F401
+    except ModuleNotFoundError as e:
+        spec = importlib.util.find_spec("sae_lens")
+        if spec is None:
+            raise
+        print(f"sae_lens: importing its SAE modules alone ({e.name} is missing)", flush=True)
+        for name in [m for m in sys.modules if m == "sae_lens" or m.startswith("sae_lens.")]:
+            del sys.modules[name]  # what the failed import left half made
+        pkg = types.ModuleType("sae_lens")
+        pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
+        pkg.__version__, pkg.logger = md.version("sae-lens"), logging.getLogger("sae_lens")
+        sys.modules["sae_lens"] = pkg
+        from sae_lens.registry import register_sae_class, register_sae_training_class
+        from sae_lens.saes import jumprelu_sae as j
+
+        register_sae_class("jumprelu", j.JumpReLUSAE, j.JumpReLUSAEConfig)  # as its __init__ does
+        register_sae_training_class("jumprelu", j.JumpReLUTrainingSAE, j.JumpReLUTrainingSAEConfig)
+
+
 def train_sae_lens(work: Path, model, value: float, args, x_ho, y_ho) -> tuple:
+    import_sae_lens_training()
     from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
     from sae_lens.saes.sae import TrainStepInput
     from sae_lens.training.optim import CoefficientScheduler, get_lr_scheduler

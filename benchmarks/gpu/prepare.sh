@@ -19,10 +19,12 @@ get ct circuit-tracer==0.5.0 transformer-lens==3.2.1 transformers==4.57.3 tokeni
     huggingface_hub==0.36.2 datasets==5.0.1 dill multiprocess better-abc fancy-einsum beartype typeguard \
     pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 jaxtyping \
     wadler-lindig einops
-# sparsify, for the training comparison on the device (STEPS=frontier); what it needs beyond these (accelerate, einops,
-# safetensors) the machine has. sae_lens does not come: with wandb and what wandb and babe need it is about 35 MB,
-# which with the checkout (about 23 MB) and the two sides above passes the 64 MiB a device call may carry.
-get tr eai-sparsify==1.3.3 schedulefree==1.4.1 natsort==8.4.0 simple-parsing==0.1.9 docstring-parser==0.18.0
+# sparsify and sae_lens, for the training comparison on the device (STEPS=frontier); what they need beyond these
+# (accelerate, einops, safetensors) the machine has. sae_lens comes without what its package __init__ imports for its
+# runner (wandb, plotly, nltk, babe: about 35 MB, past the 64 MiB a call carries): benchmarks/frontier.py imports
+# its training SAE modules alone (import_sae_lens_training).
+get tr eai-sparsify==1.3.3 schedulefree==1.4.1 natsort==8.4.0 simple-parsing==0.1.9 docstring-parser==0.18.0 \
+    sae-lens==6.54.12
 # circuit-tracer's side runs ../shared/peer/ct_gpu.py, and ../shared does not travel to the device: a copy does
 mkdir -p "$G/peer" && cp ../shared/peer/ct_gpu.py ../shared/peer/ct_graph.py "$G/peer/"
 du -sh "$G"/wheels/* "$G/peer"

@@ -6,7 +6,7 @@
 # torch 2.13 on the CPU stands in for 2.11 with CUDA unless TORCH=2.11.0, a 3 GB CUDA build from PyPI that runs on
 # the CPU here; numpy 2.4 for 2.5, Python 3.11 for 3.12) and nothing more.
 # Then it checks that each step left its result: the device tests passed, the benchmark's smoke row, the frontier's
-# rows for ours and sparsify. About 5 minutes; the venv is kept in VENV for the next rehearsal.
+# rows for ours, sae_lens and sparsify. A few minutes; the venv is kept in VENV for the next rehearsal.
 set -euo pipefail
 
 rehearse() {  # one function, read whole before it runs: editing this file meanwhile is safe
@@ -28,8 +28,8 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     PY=$py GPU_DIR="$WORK/repo/.gpu" bash benchmarks/gpu/prepare.sh
     (
         cd "$WORK/repo"
-        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" STEPS="tests bench frontier" FRONTIER_METHODS=topk,sparsify_topk \
-            FRONTIER_ARGS="--n-tokens 20480 --values 30" bash benchmarks/gpu/run.sh
+        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" STEPS="tests bench frontier" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
+            FRONTIER_ARGS="--n-tokens 8192" bash benchmarks/gpu/run.sh
     )
     echo "--- rehearsal: what each step left in $WORK/out"
     ok=1
@@ -42,6 +42,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"
     check "the frontier (fp32): ours" frontier_cpu.md "ours: TopK"
     check "the frontier (fp32): sparsify" frontier_cpu.md "sparsify: TopK"
+    check "the frontier (fp32): sae_lens" frontier_cpu.md "sae_lens: JumpReLU"
     check "the frontier (bf16 autocast): ours" frontier_cpu_bf16.md "ours: TopK"
     [ $ok = 1 ] && echo "the rehearsal passed" || { echo "the rehearsal failed"; exit 1; }
 }

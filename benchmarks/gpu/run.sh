@@ -41,15 +41,17 @@ if [[ $STEPS == *" bench "* ]]; then
     cp "$results".* "$OUT/" 2>/dev/null || true
     stamp "benchmark done"
 fi
-# 4. (STEPS has frontier) training on the device: our trainer's and sparsify's tokens/s and FVU / L0 on the bundled model,
-#    fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU). sparsify runs in a child
-#    process that starts with no PYTHONPATH (train_vs_sparsify.run_child): a wrapper file gives it its folder.
+# 4. (STEPS has frontier) training on the device: our trainer's, sae_lens's and sparsify's tokens/s and FVU / L0 on
+#    the bundled model, fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU).
+#    sparsify runs in a child process that starts with no PYTHONPATH (train_vs_sparsify.run_child): a wrapper file
+#    gives it its folders.
 if [[ $STEPS == *" frontier "* ]]; then
-    printf '#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' "$PWD:$PWD/.gpu/ag:$PWD/.gpu/tr" "$PY" >.gpu/sparsify-python
+    export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/tr"  # sae_lens for frontier.py itself
+    printf '#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' "$PYTHONPATH" "$PY" >.gpu/sparsify-python
     chmod +x .gpu/sparsify-python
     for amp in "" --autocast; do
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
-            --methods "${FRONTIER_METHODS:-jumprelu_tanh,topk,batchtopk,sparsify_topk}" --work /tmp/frontier_gpu \
+            --methods "${FRONTIER_METHODS:-jumprelu_tanh,sae_lens_jumprelu,topk,sparsify_topk}" --work /tmp/frontier_gpu \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$OUT/frontier_$DEVICE${amp:+_bf16}" \
             2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
         stamp "frontier ${amp:-fp32} done"
