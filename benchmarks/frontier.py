@@ -535,8 +535,9 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
             "One thread per run, niced, on a shared 2-core machine (train time is indicative only)"
             if meta.get("device", "cpu") == "cpu"
             else f"Trained on {meta['device']}"
-            + (" under bfloat16 autocast" if meta.get("autocast") else "")
-            + ", scored on the CPU"
+            + (" under bfloat16 autocast (ours and sae_lens's)" if meta.get("autocast") else "")
+            + ", scored on the CPU; sparsify runs its forward under its own bfloat16 autocast on a GPU "
+            "either way"
         )
         + f"; {meta['date']}.",
         "",

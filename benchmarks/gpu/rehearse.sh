@@ -28,7 +28,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     PY=$py GPU_DIR="$WORK/repo/.gpu" bash benchmarks/gpu/prepare.sh
     (
         cd "$WORK/repo"
-        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" STEPS="tests bench frontier" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
+        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" FRONTIER_WORK="$WORK/frontier" STEPS="tests bench frontier" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
             FRONTIER_ARGS="--n-tokens 8192" bash benchmarks/gpu/run.sh
     )
     echo "--- rehearsal: what each step left in $WORK/out"

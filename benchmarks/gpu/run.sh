@@ -24,6 +24,7 @@ if [ "$DEVICE" = cuda ]; then
     results=benchmarks/results/gpu_vs_circuit_tracer
 else
     BENCH_ARGS="--smoke ${BENCH_ARGS:-}"
+    export SPARSIFY_DISABLE_TRITON=1  # sparsify decodes with triton wherever it imports, and triton needs a GPU
     results=benchmarks/results/gpu_vs_circuit_tracer_cpu_smoke
 fi
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/.gpu/ag"
@@ -51,7 +52,7 @@ if [[ $STEPS == *" frontier "* ]]; then
     chmod +x .gpu/sparsify-python
     for amp in "" --autocast; do
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
-            --methods "${FRONTIER_METHODS:-jumprelu_tanh,sae_lens_jumprelu,topk,sparsify_topk}" --work /tmp/frontier_gpu \
+            --methods "${FRONTIER_METHODS:-jumprelu_tanh,sae_lens_jumprelu,topk,sparsify_topk}" --work "${FRONTIER_WORK:-/tmp/frontier_gpu}" \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$OUT/frontier_$DEVICE${amp:+_bf16}" \
             2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
         stamp "frontier ${amp:-fp32} done"
