@@ -22,6 +22,8 @@
 5. Print a table and write `benchmarks/results/gpu_vs_circuit_tracer.{md,json}` (on a CPU:
    `..._cpu_smoke.{md,json}`), again after each case, so that a run cut short by its time limit keeps the
    cases it finished; a case that fails is a row with its error, and the next case runs.
+6. `--profile CASE`: one more fp32 run of that case under torch.profiler; the ops (kernels) that took
+   the most device time and the host's kernel launches, copies and waits, a section of the results.
 
 Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
@@ -95,8 +97,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(dir_: str, device: str) -> dict:
-    """Steps 2-4 in this process, on the case folder `dir_`."""
+def worker(dir_: str, device: str, profile: bool = False) -> dict:
+    """Steps 2-4 in this process, on the case folder `dir_` (and step 6 with `profile`)."""
     import numpy as np
     import torch
 
@@ -146,7 +148,51 @@ def worker(dir_: str, device: str) -> dict:
             row["feature_jaccard"] = round(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])), 4)
         graphs[precision] = g
         out[precision] = row
+    if profile:
+        out["profile"] = profile_run(
+            lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token"), dev
+        )
     return out
+
+
+RUNTIME_CALLS = {  # step 6: what the host asked of the CUDA runtime, by kind
+    "launches": ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"),
+    "copies": ("cudaMemcpyAsync", "cudaMemcpy"),
+    "host_waits": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
+}
+
+
+def profile_run(run, dev, top: int = 12) -> dict:
+    """Step 6: one more fp32 run under torch.profiler. The ops (on a GPU: the kernels) that took the
+    most device time (the CPU's on a CPU), and the runtime calls the host made (launches, copies,
+    waits): what to look at where the run falls short of the FLOP floor."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = dev.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(dev)
+    t0 = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        run()
+        _sync(dev)
+    wall = time.perf_counter() - t0
+    avg = list(prof.key_averages())
+    if cuda:
+        timed = [(a, a.self_device_time_total) for a in avg if a.self_device_time_total > 0]
+    else:  # the CPU's own ops: aten's (a profiled op's children are counted apart)
+        timed = [(a, a.self_cpu_time_total) for a in avg if a.key.startswith("aten::")]
+    total = sum(t for _, t in timed) or 1.0
+    counts = {a.key: a.count for a in avg}
+    return dict(
+        wall_seconds=round(wall, 3),
+        busy_seconds=round(total / 1e6, 3),  # device (or CPU op) time in the listed ops
+        **{kind: sum(counts.get(k, 0) for k in keys) for kind, keys in RUNTIME_CALLS.items()},
+        top=[
+            dict(op=a.key[:80], calls=a.count, ms=round(t / 1e3, 2), share=round(t / total, 3))
+            for a, t in sorted(timed, key=lambda x: -x[1])[:top]
+        ],
+    )
 
 
 def _kept(pruned):
@@ -165,6 +211,7 @@ def run_case(
     keep: Path | None,
     harness: Path = HARNESS,
     timeout: float | None = None,
+    profile: bool = False,
 ) -> dict:
     """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`), on one folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"gpu-{name}-", dir=keep))
@@ -181,6 +228,7 @@ def run_case(
         log=log,
     )
     ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device]
+    ours_cmd += ["--profile", name] if profile else []
     res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"our worker failed on {name}: {' '.join(ours_cmd)}\n{res.stderr[-3000:]}")
@@ -267,6 +315,24 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
             f"| {_logit_cell(f32)} | {variant('tf32')} | {variant('bf16')} |"
         )
+    for r in rows:
+        prof = r.get("attrgraph", {}).get("profile")
+        if prof:
+            lines += [
+                "",
+                f"## Profile of {r['case']} (fp32, one more run under torch.profiler)",
+                "",
+                f"Wall {prof['wall_seconds']:.2f} s; the ops took {prof['busy_seconds']:.2f} s in all (on a GPU, "
+                f"kernel time on the device), the largest below; {prof['launches']:,} kernel launches, "
+                f"{prof['copies']:,} copies, {prof['host_waits']:,} host waits.",
+                "",
+                "| op | calls | ms | share |",
+                "|---|---|---|---|",
+                *(
+                    f"| `{t['op']}` | {t['calls']:,} | {t['ms']:.1f} | {t['share']:.0%} |"
+                    for t in prof["top"]
+                ),
+            ]
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (results / f"{stem}.json").write_text(json.dumps(dict(device=device_name, cases=rows), indent=1) + "\n")
@@ -282,6 +348,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ag-path", help="folder of attrgraph's dependencies, put on PYTHONPATH for our side")
     ap.add_argument("--smoke", action="store_true", help="one tiny case on the CPU (this script's test)")
     ap.add_argument(
+        "--profile", nargs="*", default=[], help="cases also profiled (one more fp32 run each, step 6)"
+    )
+    ap.add_argument(
         "--case-timeout", type=float, help="seconds for each side of a case, beyond which it is a failed row"
     )
     ap.add_argument(
@@ -294,7 +363,7 @@ def main(argv=None) -> int:
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._worker:
-        print(json.dumps(worker(args._worker, args.device or "cpu")))
+        print(json.dumps(worker(args._worker, args.device or "cpu", profile=bool(args.profile))))
         return 0
     import torch
 
@@ -314,7 +383,18 @@ def main(argv=None) -> int:
     rows = []
     for name, case_args in cases.items():
         try:
-            r = run_case(name, case_args, device, ct, ct_env, env, args.keep, args.harness, args.case_timeout)
+            r = run_case(
+                name,
+                case_args,
+                device,
+                ct,
+                ct_env,
+                env,
+                args.keep,
+                args.harness,
+                args.case_timeout,
+                profile=name in args.profile,
+            )
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # out of memory, say: the next case runs
             why = str(e).strip().splitlines()[-1][:300].replace("|", "/")
             rows.append(dict(case=name, args=case_args, error=why))

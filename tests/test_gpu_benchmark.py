@@ -27,7 +27,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     for name in ("ct_gpu.py", "ct_graph.py"):
         shutil.copy(shared / name, harness)
     cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--peer-python", peer]
-    cmd += ["--harness", str(harness)]
+    cmd += ["--harness", str(harness), "--profile", "smoke"]
     res = subprocess.run([*cmd, "--results", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     case, tied = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
@@ -42,6 +42,13 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert by["checked"] == 8 and by["ours_rel_err"] <= 1e-5 and by["ct_rel_err"] > 0.1
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert "| smoke |" in table and "(by intervention: ours " in table
+    # --profile smoke: that case alone ran once more under torch.profiler; the engine's products are
+    # among its ops, and the shares are of the time the listed ops took (none on a CPU: no launches)
+    prof = ours["profile"]
+    assert "profile" not in tied["attrgraph"] and "## Profile of smoke " in table
+    ops = {t["op"] for t in prof["top"]}
+    assert ops & {"aten::mm", "aten::bmm", "aten::addmm"} and prof["launches"] == 0
+    assert 0 < sum(t["share"] for t in prof["top"]) <= 1.0001 and prof["busy_seconds"] > 0
 
 
 def test_a_failing_case_is_a_row_with_its_error(tmp_path):

@@ -40,6 +40,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     check "the device tests passed" tests.txt " passed"
     grep -q -E "[0-9]+ (failed|error)" "$WORK/out/tests.txt" && { echo "FAILED: a device test"; ok=0; }
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"
+    check "the benchmark's profile" gpu_vs_circuit_tracer_cpu_smoke.md "## Profile of smoke"
     check "the frontier (fp32): ours" frontier_cpu.md "ours: TopK"
     check "the frontier (fp32): sparsify" frontier_cpu.md "sparsify: TopK"
     check "the frontier (fp32): sae_lens" frontier_cpu.md "sae_lens: JumpReLU"

@@ -22,8 +22,10 @@ done
 if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$OUT/log.txt"
     results=benchmarks/results/gpu_vs_circuit_tracer
+    PROFILE=${PROFILE:-llama-1b-32}  # the goal case, profiled once more: where its time goes
 else
     BENCH_ARGS="--smoke ${BENCH_ARGS:-}"
+    PROFILE=${PROFILE:-smoke}
     export SPARSIFY_DISABLE_TRITON=1  # sparsify decodes with triton wherever it imports, and triton needs a GPU
     results=benchmarks/results/gpu_vs_circuit_tracer_cpu_smoke
 fi
@@ -38,7 +40,7 @@ fi
 if [[ $STEPS == *" bench "* ]]; then
     timeout "${BENCH_TIMEOUT:-400}" "$PY" benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
         --ag-path "$PWD/.gpu/ag" --harness .gpu/peer --case-timeout "${CASE_TIMEOUT:-240}" \
-        ${CASES:+--cases $CASES} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+        ${CASES:+--cases $CASES} --profile $PROFILE ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
     cp "$results".* "$OUT/" 2>/dev/null || true
     stamp "benchmark done"
 fi
