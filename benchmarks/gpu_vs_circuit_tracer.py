@@ -166,6 +166,7 @@ def profile_run(run, dev, top: int = 12) -> dict:
     """Step 6: one more fp32 run under torch.profiler. The ops (on a GPU: the kernels) that took the
     most device time (the CPU's on a CPU), and the runtime calls the host made (launches, copies,
     waits): what to look at where the run falls short of the FLOP floor."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -178,8 +179,8 @@ def profile_run(run, dev, top: int = 12) -> dict:
         _sync(dev)
     wall = time.perf_counter() - t0
     avg = list(prof.key_averages())
-    if cuda:
-        timed = [(a, a.self_device_time_total) for a in avg if a.self_device_time_total > 0]
+    if cuda:  # the kernels themselves (an aten op's own device time repeats its kernels')
+        timed = [(a, a.self_device_time_total) for a in avg if a.device_type == DeviceType.CUDA]
     else:  # the CPU's own ops: aten's (a profiled op's children are counted apart)
         timed = [(a, a.self_cpu_time_total) for a in avg if a.key.startswith("aten::")]
     total = sum(t for _, t in timed) or 1.0
