@@ -6,7 +6,7 @@
 # torch 2.13 on the CPU stands in for 2.11 with CUDA unless TORCH=2.11.0, a 3 GB CUDA build from PyPI that runs on
 # the CPU here; numpy 2.4 for 2.5, Python 3.11 for 3.12) and nothing more.
 # Then it checks that each step left its result: the device tests passed, the benchmark's smoke row, the frontier's
-# rows for ours, sae_lens and sparsify. A few minutes; the venv is kept in VENV for the next rehearsal.
+# rows for ours, sae_lens and sparsify. About 6 minutes; the venv is kept in VENV for the next rehearsal.
 set -euo pipefail
 
 rehearse() {  # one function, read whole before it runs: editing this file meanwhile is safe
