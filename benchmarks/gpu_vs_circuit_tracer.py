@@ -188,6 +188,7 @@ def profile_run(run, dev, top: int = 12) -> dict:
     return dict(
         wall_seconds=round(wall, 3),
         busy_seconds=round(total / 1e6, 3),  # device (or CPU op) time in the listed ops
+        products=sum(counts.get(f"aten::{k}", 0) for k in ("mm", "bmm", "addmm", "baddbmm")),
         **{kind: sum(counts.get(k, 0) for k in keys) for kind, keys in RUNTIME_CALLS.items()},
         top=[
             dict(op=a.key[:80], calls=a.count, ms=round(t / 1e3, 2), share=round(t / total, 3))
@@ -324,8 +325,9 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
                 f"## Profile of {r['case']} (fp32, one more run under torch.profiler)",
                 "",
                 f"Wall {prof['wall_seconds']:.2f} s; the ops took {prof['busy_seconds']:.2f} s in all (on a GPU, "
-                f"kernel time on the device), the largest below; {prof['launches']:,} kernel launches, "
-                f"{prof['copies']:,} copies, {prof['host_waits']:,} host waits.",
+                f"kernel time on the device), the largest below; {prof['products']:,} matrix products, "
+                f"{prof['launches']:,} kernel launches, {prof['copies']:,} copies, {prof['host_waits']:,} "
+                "host waits.",
                 "",
                 "| op | calls | ms | share |",
                 "|---|---|---|---|",

@@ -42,13 +42,14 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert by["checked"] == 8 and by["ours_rel_err"] <= 1e-5 and by["ct_rel_err"] > 0.1
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert "| smoke |" in table and "(by intervention: ours " in table
-    # --profile smoke: that case alone ran once more under torch.profiler; the engine's products are
-    # among its ops, and the shares are of the time the listed ops took (none on a CPU: no launches)
+    # --profile smoke: that case alone ran once more under torch.profiler: the engine's matrix
+    # products were seen, no kernel launches (a CPU), and the ops listed largest first, with shares of
+    # the time all of them took (which ops lead depends on the machine's timing: not asserted)
     prof = ours["profile"]
     assert "profile" not in tied["attrgraph"] and "## Profile of smoke " in table
-    ops = {t["op"] for t in prof["top"]}
-    assert ops & {"aten::mm", "aten::bmm", "aten::addmm"} and prof["launches"] == 0
-    assert 0 < sum(t["share"] for t in prof["top"]) <= 1.0001 and prof["busy_seconds"] > 0
+    assert prof["products"] > 0 and prof["launches"] == 0
+    ms = [t["ms"] for t in prof["top"]]
+    assert ms == sorted(ms, reverse=True) and 0 < sum(t["share"] for t in prof["top"]) <= 1.0001
 
 
 def test_a_failing_case_is_a_row_with_its_error(tmp_path):
