@@ -3,7 +3,7 @@
 # 1. install each side's wheels into its own folder (no package index there);
 # 2. (STEPS has tests) the device tests on cuda (tests/test_devices.py: attribution, a training step);
 # 3. (STEPS has bench) the benchmark against circuit-tracer (benchmarks/gpu_vs_circuit_tracer.py), CASES cases
-#    (default: all six, most wanted first; each written as it ends), results copied to $OUT;
+#    (default: all six, most wanted first), its tables written into $OUT after every case;
 # 4. (STEPS has frontier) training on the device, below.
 # STEPS defaults to "tests bench", about 8 minutes: one device call holds at most 10, so the frontier is a
 # second call (STEPS=frontier). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the device tests'
@@ -21,13 +21,11 @@ for side in ag ct tr; do
 done
 if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$OUT/log.txt"
-    results=benchmarks/results/gpu_vs_circuit_tracer
     PROFILE=${PROFILE:-llama-1b-32}  # the issue's goal case, profiled once more: where its time goes
 else
     BENCH_ARGS="--smoke ${BENCH_ARGS:-}"
     PROFILE=${PROFILE:-smoke}
     export SPARSIFY_DISABLE_TRITON=1  # sparsify decodes with triton wherever it imports, and triton needs a GPU
-    results=benchmarks/results/gpu_vs_circuit_tracer_cpu_smoke
 fi
 export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/.gpu/ag"
 # attribution on the device (the resident rows of linear_backward.py step 8) equals the CPU graph; a training step runs
@@ -40,8 +38,7 @@ fi
 if [[ $STEPS == *" bench "* ]]; then
     timeout "${BENCH_TIMEOUT:-400}" "$PY" benchmarks/gpu_vs_circuit_tracer.py --ct-path "$PWD/.gpu/ct" \
         --ag-path "$PWD/.gpu/ag" --harness .gpu/peer --case-timeout "${CASE_TIMEOUT:-240}" \
-        ${CASES:+--cases $CASES} --profile $PROFILE ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
-    cp "$results".* "$OUT/" 2>/dev/null || true
+        ${CASES:+--cases $CASES} --profile $PROFILE --results "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
     stamp "benchmark done"
 fi
 # 4. (STEPS has frontier) training on the device: our trainer's, sae_lens's and sparsify's tokens/s and FVU / L0 on
