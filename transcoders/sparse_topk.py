@@ -16,6 +16,7 @@ the same loss and the same gradients (up to float rounding) from the selected fe
    per-sample weights, 2 * batch * n_layers bags). Its backward never forms a [batch, d_sae]
    matrix: the acts' gradient by embedding_bag, then `W_dec`'s and `W_enc`'s gradients as two
    sparse (CSR, rows = features, one shared sort) times dense products, `b_enc`'s by index_add.
+   Under `--autocast` step 1's product is bfloat16 and this step runs in the weights' float32.
 4. Losses as in losses.py: `mse_loss(out + b_dec, y)` and AuxK's `||aux_out - r||^2 / ||r||^2`
    with `r = y - out` detached; entries of a layer with fewer dead features than selected add 0.
 
