@@ -604,6 +604,8 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
             if m == "jumprelu_tanh" or not pts:
                 continue
             lines.append(f"| {METHODS[m].label} | " + " | ".join(ratio_cell(p, ref) for p in pts) + " |")
+    if meta.get("failed"):
+        lines += ["", "## Failed runs", ""] + [f"- {name}: {why}" for name, why in meta["failed"].items()]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     plot(out.with_suffix(".png"), meta, by_method)
@@ -782,6 +784,7 @@ def main(argv=None) -> int:
             check=True,
         ).stdout.strip()
     meta["versions"] = versions
+    failed = {}  # run name: why, for this invocation (a rerun on the same --work retries them)
     for seed in seeds:  # seed-major: a run cut short still has whole seeds of every method
         args.seed = seed
         work = root / f"seed{seed}"
@@ -804,13 +807,23 @@ def main(argv=None) -> int:
                 name = run_name(m, value, seed)
                 if name in mine:
                     continue
-                if method.trainer == "ours":
-                    tc, r = train_ours(work, train_model, name, method, value, args)
-                elif method.trainer == "sae_lens":
-                    tc, r = train_sae_lens(work, model, value, args, x, y)
-                else:
-                    tc, r = train_sparsify(work, model, value, args)
-                r.update(method=m, value=value, seed=seed, **score(model, tc, x, y, tokens))
+                try:
+                    if method.trainer == "ours":
+                        tc, r = train_ours(work, train_model, name, method, value, args)
+                    elif method.trainer == "sae_lens":
+                        tc, r = train_sae_lens(work, model, value, args, x, y)
+                    else:
+                        tc, r = train_sparsify(work, model, value, args)
+                    r.update(method=m, value=value, seed=seed, **score(model, tc, x, y, tokens))
+                except Exception as e:  # one library's failure (on a device, say) leaves the others' runs
+                    why = str(e).strip().splitlines() or [type(e).__name__]
+                    failed[name] = f"{type(e).__name__}: {why[-1]}"[:300]
+                    print(f"{name}: failed\n{e}", flush=True)
+                    meta.update(
+                        failed=failed, date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg()
+                    )
+                    write_outputs(out, meta, saved_runs(root, key_name))
+                    continue
                 mine[name] = r
                 if state.exists():  # another process may be running other methods of this seed
                     mine = {**json.loads(state.read_text()), **mine}
@@ -826,7 +839,7 @@ def main(argv=None) -> int:
                 write_outputs(out, meta, saved_runs(root, key_name))
     meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
     write_outputs(out, meta, saved_runs(root, key_name))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,6 +208,25 @@ def _kept(pruned):
     return zip(n.layer[m].tolist(), n.position[m].tolist(), n.feature[m].tolist())
 
 
+def exit_reason(returncode: int) -> str:
+    """'exit 1', or the signal that killed the process ('killed by SIGKILL': the host's OOM killer, say)."""
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit {returncode}"
+
+
+def failure_cell(e: Exception) -> str:
+    """A failed case's table cell: which side, why, and the last line of its error output."""
+    if isinstance(e, subprocess.TimeoutExpired):
+        side = "circuit-tracer" if "ct_gpu.py" in " ".join(map(str, e.cmd)) else "our worker"
+        why = f"{side} timed out after {e.timeout:.0f} s"
+    else:
+        first, *rest = str(e).strip().splitlines()
+        last = rest[-1].strip() if len(rest) > 1 else ""  # rest[0] is the command
+        why = f"{first}: {last}" if last else first
+    return why[:300].replace("|", "/")
+
+
 def run_case(
     name: str,
     args: str,
@@ -224,7 +244,9 @@ def run_case(
     cmd = [*ct, str(harness / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device), timeout=timeout)
     if res.returncode != 0:
-        raise RuntimeError(f"circuit-tracer failed on {name}: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"circuit-tracer failed on {name} ({exit_reason(res.returncode)})\n{' '.join(cmd)}\n{res.stderr[-3000:]}"
+        )
     meta = json.loads((folder / "meta.json").read_text())
     log = res.stdout.strip().splitlines()[-1]
     peak = PEAK.search(log)
@@ -237,7 +259,10 @@ def run_case(
     ours_cmd += ["--profile", name] if profile else []
     res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     if res.returncode != 0:
-        raise RuntimeError(f"our worker failed on {name}: {' '.join(ours_cmd)}\n{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"our worker failed on {name} ({exit_reason(res.returncode)})\n{' '.join(ours_cmd)}\n"
+            f"{res.stderr[-3000:]}"
+        )
     ours = json.loads(res.stdout.strip().splitlines()[-1])
     if keep is None:
         shutil.rmtree(folder)
@@ -376,7 +401,7 @@ def main(argv=None) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    cases = SMOKE if args.smoke else {c: CASES[c] for c in (args.cases or sorted(CASES))}
+    cases = SMOKE if args.smoke else {c: CASES[c] for c in (args.cases or CASES)}  # CASES is in ORDER
     ours_path = [str(ROOT), args.ag_path, os.environ.get("PYTHONPATH")]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, ours_path)))
     if args.peer_python:
@@ -404,7 +429,7 @@ def main(argv=None) -> int:
                 profile=name in args.profile,
             )
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # out of memory, say: the next case runs
-            why = str(e).strip().splitlines()[-1][:300].replace("|", "/")
+            why = failure_cell(e)
             rows.append(dict(case=name, args=case_args, error=why))
             print(f"{name}: failed\n{e}", flush=True)
         else:

@@ -113,6 +113,10 @@ def score_ours(work: Path, run: str) -> dict:
 
 
 def score_sparsify(work: Path, run: str) -> dict:
+    """sparsify's own forward on the held-out tokens, on the CPU (where it trained does not matter)."""
+    os.environ["SPARSIFY_DISABLE_TRITON"] = (
+        "1"  # read at import: with a GPU present it decodes by triton, GPU only
+    )
     import torch
     from sparsify import SparseCoder
 

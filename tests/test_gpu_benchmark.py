@@ -68,7 +68,51 @@ def test_a_failing_case_is_a_row_with_its_error(tmp_path):
     assert [c["case"] for c in cases] == ["smoke", "smoke-vocab-64"]  # the second ran after the first failed
     assert all("CUDA out of memory" in c["error"] for c in cases)
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
-    assert "| smoke | failed: torch.OutOfMemoryError: CUDA out of memory" in table
+    assert (
+        "| smoke | failed: circuit-tracer failed on smoke (exit 1): torch.OutOfMemoryError: CUDA out" in table
+    )
+
+
+def failing_harness(tmp_path: Path, body: str) -> list[str]:
+    """The benchmark's command with a ct_gpu.py that runs `body` (after `import os, sys, time`)."""
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    (harness / "ct_gpu.py").write_text(f"import os, sys, time\n{body}\n")
+    cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--ct-path", str(tmp_path)]
+    return [*cmd, "--harness", str(harness), "--results", str(tmp_path)]
+
+
+def failed_rows(tmp_path: Path, cmd: list[str]) -> list[dict]:
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr[-3000:]
+    return json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [  # the host's OOM killer leaves no error output (as gemma2-2b-128 did on an H200): the signal says it
+        ("os.kill(os.getpid(), 9)", "circuit-tracer failed on smoke (killed by SIGKILL)"),
+        ("time.sleep(60)", "circuit-tracer timed out after 2 s"),
+    ],
+)
+def test_a_case_killed_or_timed_out_says_so(tmp_path, body, error):
+    cmd = failing_harness(tmp_path, body) + ["--smoke", "--case-timeout", "2"]
+    assert failed_rows(tmp_path, cmd)[0]["error"] == error
+
+
+def test_the_cases_run_most_wanted_first(tmp_path):
+    """With no --cases, the issue's goal case (Llama-1B's shape, 32 tokens) runs first and the slowest
+    to build (Gemma-2-2B's) last: a device call cut short keeps the cases wanted most. The first device
+    call ran them in alphabetical order, the two Gemma cases first, and used its time on them."""
+    cmd = failing_harness(tmp_path, "sys.exit('no GPU here')") + ["--device", "cpu"]
+    assert [c["case"] for c in failed_rows(tmp_path, cmd)] == [
+        "llama-1b-32",
+        "gpt2-small-32",
+        "gpt2-small-128",
+        "gemma2-2b-32",
+        "llama-1b-128",
+        "gemma2-2b-128",
+    ]
 
 
 def test_a_harness_without_ct_gpu_is_refused(tmp_path):

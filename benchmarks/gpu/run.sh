@@ -31,8 +31,8 @@ export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/.gpu/ag"
 # attribution on the device (the resident rows of linear_backward.py step 8) equals the CPU graph; a training step runs
 stamp "installed; steps:$STEPS"
 if [[ $STEPS == *" tests "* ]]; then
-    timeout "${TESTS_TIMEOUT:-150}" "$PY" -m pytest -o addopts="" -p no:cacheprovider -q tests/test_devices.py \
-        -k "$DEVICE" 2>&1 | tail -30 | tee "$OUT/tests.txt"
+    timeout "${TESTS_TIMEOUT:-150}" "$PY" -m pytest -o addopts="" -p no:cacheprovider -q -rA tests/test_devices.py \
+        -k "$DEVICE" 2>&1 | tail -40 | tee "$OUT/tests.txt"
     stamp "device tests done"
 fi
 if [[ $STEPS == *" bench "* ]]; then
