@@ -6,7 +6,8 @@ all layers in one pass, store activations to disk, stream them back).
 
 1. `pack_sequences` turns any iterable of texts or token-id lists into training sequences of
    `n_ctx` tokens: BOS, then items joined by EOS (how the bundled model was trained).
-2. Block b takes the next `ceil(block_tokens / (n_ctx - 1))` sequences, runs the model once
+2. Block b takes the next `ceil(block_tokens / (n_ctx - 1))` sequences (`n_ctx`: the source's
+   sequence length, `sequence_width`, which may be below the model's context), runs the model once
    per model batch, and keeps every layer's read value `x` and write target `y` (sites.collect),
    dropping position 0 (BOS, a constant outlier) by default.
 3. The block's tokens are fully shuffled with a generator seeded by (seed, b), then served in
@@ -60,6 +61,28 @@ def pack_sequences(
             seq = [bos_id]
 
 
+def sequence_width(
+    sequences: Callable[[], Iterable[Sequence[int]]] | Tensor, n_ctx: int, skip_bos: bool = True
+) -> int:
+    """Tokens per sequence of a source (a tensor's width, or the first sequence's length), which may be
+    shorter than the model's context `n_ctx` but not longer. Blocks are counted in these: a block sized
+    by `n_ctx` from shorter sequences came out short, and its last batches empty."""
+    if isinstance(sequences, Tensor):
+        if sequences.ndim != 2:
+            raise ValueError(f"token sequences must be [n_seq, n_ctx], not {list(sequences.shape)}")
+        width = sequences.shape[1]
+    else:
+        first = next(iter(sequences()), None)
+        if first is None:
+            raise ValueError("the token source yields no sequences")
+        width = len(first)
+    if width > n_ctx:
+        raise ValueError(f"sequences of {width} tokens are longer than the model's context ({n_ctx} tokens)")
+    if width <= int(skip_bos):
+        raise ValueError(f"sequences of {width} tokens leave no token after the BOS position")
+    return width
+
+
 class ActivationStore:
     """Token-level shuffled batches of `(x, y)`, each `[batch, n_layers, d_model]` (see module docstring)."""
 
@@ -85,7 +108,7 @@ class ActivationStore:
         if self.block_tokens == 0:
             raise ValueError(f"block_tokens {block_tokens} is smaller than batch_size {batch_size}")
         self.seed, self.skip_bos, self.model_batch = seed, skip_bos, model_batch
-        self.n_ctx = model.cfg.n_ctx
+        self.n_ctx = sequence_width(sequences, model.cfg.n_ctx, skip_bos)
         self.seqs_per_block = math.ceil(self.block_tokens / (self.n_ctx - int(skip_bos)))
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if world > 1 and (self.cache_dir is None or batch_size % world):
@@ -116,6 +139,11 @@ class ActivationStore:
                     rows.append(list(next(self._source)))
                 except StopIteration:
                     break
+                if len(rows[-1]) != self.n_ctx:
+                    raise ValueError(
+                        f"sequence {self._next_seq} of the token source has {len(rows[-1])} tokens and the first "
+                        f"has {self.n_ctx}: a source yields sequences of one length"
+                    )
                 self._next_seq += 1
             out = (
                 torch.tensor(rows, dtype=torch.long) if rows else torch.zeros(0, self.n_ctx, dtype=torch.long)

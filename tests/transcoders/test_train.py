@@ -1,6 +1,7 @@
 """Training: the loss falls, folding is exact, resume reproduces, NaN stops with the documented error."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -178,6 +179,26 @@ def test_store_blocks_are_shuffled_reproducible_and_cached(tmp_path):
     stream = list(zip(range(20), a.batches(0), strict=False))
     later = next(a.batches(18))
     torch.testing.assert_close(later[0], stream[18][1][0])
+
+
+def test_sequences_shorter_than_the_context_fill_whole_blocks():
+    """16-token sequences for a model whose context is 32 (a researcher's usual short contexts): block 1
+    is the next ceil(1024 / 15) = 69 of them, every batch full. Sized by the model's context, a block
+    took 34 sequences (510 tokens) and batches 8-15 of each block came out empty: the sparse TopK step
+    then failed on a 0-row batch."""
+    model = tiny_model()
+    tcfg = transcoder_config(TrainConfig(), model)
+    seqs = random_sequences(300, n_ctx=16)
+    store = ActivationStore(model, tcfg, seqs, batch_size=64, block_tokens=1024, seed=3)
+    assert [x.shape[0] for x, _ in itertools.islice(store.batches(0), 32)] == [64] * 32
+    xs, _ = collect(model, seqs[69:138], tcfg)
+    flat = xs[:, 1:].flatten(0, 1)[:1024]
+    assert torch.allclose(flat.sum(0), store.block(1)[0].sum(0), rtol=1e-4, atol=1e-3)  # its tokens
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        ActivationStore(model, tcfg, random_sequences(10, n_ctx=33), batch_size=64, block_tokens=1024)
+    ragged = ActivationStore(model, tcfg, lambda: iter([[1] * 16, [1] * 12]), batch_size=64, block_tokens=64)
+    with pytest.raises(ValueError, match="sequence 1 of the token source has 12 tokens and the first has 16"):
+        ragged.block(0)
 
 
 def test_pack_sequences():
