@@ -437,12 +437,13 @@ def reduce_sum(x: Tensor) -> Tensor:
     return _ReduceSum.apply(x)
 
 
-def all_finite(value: Tensor, d: Dist) -> bool:
-    """True when `value` is finite on every rank (so all ranks stop together)."""
-    ok = torch.isfinite(value).all().to(torch.int32).reshape(1)
+def all_true(flags: Tensor, d: Dist) -> list[bool]:
+    """For each entry of the 1-D boolean `flags`, True when it is True on every rank (so all ranks
+    stop together): one host sync."""
+    ok = flags.to(torch.int32)
     if d.active:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    return bool(ok.item())
+    return [bool(v) for v in ok.tolist()]
 
 
 def any_over_ranks(mask: Tensor, d: Dist) -> Tensor:

@@ -83,8 +83,8 @@ class _SparseCode(torch.autograd.Function):
             ga = ga + g_a
         g_h = ga * (a > 0)  # ReLU (and invalid AuxK entries, whose a is 0)
         order = torch.argsort(rows, stable=True)
-        crow = torch.zeros(L * S + 1, dtype=torch.long, device=rows.device)
-        crow[1:] = torch.bincount(rows, minlength=L * S).cumsum(0)
+        # row r's entries start where the sorted rows reach r (bincount would sync with the host)
+        crow = torch.searchsorted(rows.index_select(0, order), torch.arange(L * S + 1, device=rows.device))
         bags_sorted = bags.index_select(0, order)
         gx = gW_enc = gb_enc = gW_dec = None
         if ctx.needs_input_grad[3]:
@@ -129,8 +129,9 @@ def sparse_code(
         m = aux[0].shape[-1]
         valid = torch.cat([valid, aux[1].expand(B, L, m).reshape(-1)])
         offsets = torch.cat([offsets, n_tok * k + torch.arange(0, n_tok * m, m, device=h.device)])
-    counts = torch.diff(offsets, append=offsets.new_tensor([rows.numel()]))
-    bags = torch.arange(offsets.numel(), device=h.device).repeat_interleave(counts)
+    bags = torch.arange(n_tok * k, device=h.device) // k  # each entry's bag (no repeat_interleave: a sync)
+    if aux is not None:
+        bags = torch.cat([bags, n_tok + torch.arange(n_tok * m, device=h.device) // m])
     # under autocast (--autocast) h came from a bfloat16 product; the k-sparse decode is cheap and runs in
     # the weights' float32 (embedding_bag takes one dtype, and autocast has no rule for it)
     with torch.autocast(h.device.type, enabled=False):
@@ -194,9 +195,10 @@ class TopKOutput(NamedTuple):
     def fired(self, d_sae: int) -> Tensor:
         """[n_layers, d_sae] bool: features active for some token of the batch."""
         L = self.indices.shape[1]
-        fired = torch.zeros(L * d_sae, dtype=torch.bool, device=self.indices.device)
-        fired[flat_rows(self.indices, d_sae)[self.acts > 0]] = True
-        return fired.view(L, d_sae)
+        fired = torch.zeros(L * d_sae, dtype=torch.int32, device=self.indices.device)
+        # counted by scatter_add (a boolean index would sync with the host)
+        fired.scatter_add_(0, flat_rows(self.indices, d_sae).reshape(-1), (self.acts > 0).reshape(-1).int())
+        return (fired > 0).view(L, d_sae)
 
     def l0(self) -> float:
         """Active features per token and layer, averaged."""

@@ -12,10 +12,12 @@ and on feature-sharded ranks (distributed.py; what differs lives in the `Dist` t
    nonlinearity's sparsity penalty [+ pre-activation loss] [+ its auxiliary loss, AuxK for TopK /
    BatchTopK, on the features dead for `DEAD_TOKENS` tokens]; a TopK PLT / SAE takes the sparse step
    (sparse_topk.py) with the same loss. Data parallel, the forward is wrapped in DDP.
-4. A NaN or inf loss stops the run (`NonFiniteError`) before the step changes any weight.
+4. A NaN or inf loss stops the run (`NonFiniteError`) before the step changes any weight; so does a
+   NaN or inf weight left by the step before (step 6's check, in the same host sync).
 5. Backward; feature-sharded, the replicated parameters' gradients are averaged over ranks; the global
    gradient norm, summed in float64, is clipped (distributed.py `clip_grad_norm`).
-6. Adam; a NaN or inf weight stops the run, the last good checkpoint kept.
+6. Adam; a NaN or inf weight stops the run at the next step's check (or the next checkpoint's), the
+   last good checkpoint kept.
 7. Record which features fired (over all ranks' rows, data parallel).
 
 Around the steps: setup (the set, Adam, a resumed checkpoint or fresh scales), checkpoints every
@@ -143,6 +145,7 @@ class Trainer:
         tracks_dead |= bool(cfg.preact_coef) and cfg.preact_form == "sae_lens"
         self.dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if tracks_dead else None
         self.clip = cfg.max_grad_norm / self.tcfg.d_model  # on sae_lens's scale (loss summed over dims)
+        self._weights_finite: Tensor | None = None  # after the last step's Adam, not yet checked
         self.log: dict = {}
 
     # ------------------------------------------------------------------ setup
@@ -220,11 +223,8 @@ class Trainer:
         dead = dead_features(t, self.last_fired, self.dead_after)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
             res = self.forward(xn, yn, sparsity_schedule(t, self.total, cfg.sparsity_coef), dead)
-        if not tdist.all_finite(res.loss.detach(), d):
-            raise NonFiniteError(
-                f"the loss became {res.loss.item()} at step {t}; training stopped and the last good checkpoint "
-                f"is kept in {self.ckpt} (lower --lr, or check the model's activations)."
-            )
+        # one host sync per step, here: the loss, and the weights the previous step's Adam wrote
+        self._check_finite(res.loss.detach())
         self.opt.zero_grad(set_to_none=True)
         res.loss.backward()
         if d.shards_features:
@@ -233,18 +233,28 @@ class Trainer:
             tdist.clip_grad_norm(self.sharded, self.replicated, self.clip, d)
         self.opt.step()
         with torch.no_grad():
-            self._check_weights()
+            self._weights_finite = self._all_weights_finite()  # checked with the next loss (no sync here)
             fired = tdist.any_over_ranks(res.fired, d) if d.shards_batch else res.fired
-            self.last_fired[fired] = t
+            self.last_fired.masked_fill_(fired, t)  # not last_fired[fired] = t: a boolean index syncs
         self.t += 1
         return res
 
-    def _check_weights(self) -> None:
-        finite = torch.stack([torch.isfinite(p).all() for p in self.tc.parameters()]).all()
-        if not tdist.all_finite(torch.where(finite, 0.0, torch.nan), self.d):
+    def _all_weights_finite(self) -> Tensor:
+        return torch.stack([torch.isfinite(p).all() for p in self.tc.parameters()]).all()
+
+    def _check_finite(self, loss: Tensor | None = None) -> None:
+        """Steps 4 and 6 in one host sync (over all ranks): this step's `loss` (None: none yet) and the
+        weights of the step before, before anything changes them again."""
+        weights = self._weights_finite if self._weights_finite is not None else self._all_weights_finite()
+        flags = torch.stack([weights, torch.isfinite(loss).all() if loss is not None else weights])
+        ok_weights, ok_loss = tdist.all_true(flags, self.d)
+        kept = f"training stopped and the last good checkpoint is kept in {self.ckpt}"
+        if not ok_weights:
+            raise NonFiniteError(f"a weight became NaN or inf at step {self.t - 1}; {kept} (lower --lr).")
+        if not ok_loss:
             raise NonFiniteError(
-                f"a weight became NaN or inf at step {self.t}; training stopped and the last good checkpoint "
-                f"is kept in {self.ckpt} (lower --lr)."
+                f"the loss became {loss.item()} at step {self.t}; {kept} (lower --lr, or check the model's "
+                "activations)."
             )
 
     # ------------------------------------------------------------------ the run
@@ -253,6 +263,7 @@ class Trainer:
         from transcoders.train_config import dist_barrier
 
         tc, d = self.tc, self.d
+        self._check_finite()  # the last step's weights: a checkpoint holds finite ones only
         if d.shards_features:
             tensors, order, groups = state_tensors(tc, self.opt, self.scales, self.last_fired)
             write_checkpoint(
