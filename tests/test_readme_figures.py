@@ -504,3 +504,30 @@ def test_circuit_tracer_on_the_new_blocks(readme):
     assert all(s["match"] for s in sides)
     worst = max(s["max_rel_diff"] for s in sides)
     quoted(readme, f"in all {len(rows)} cases, max relative difference {sci(worst, 1)}")
+
+
+def test_training_on_the_h200(readme):
+    """benchmarks/results/gpu/2026-11-27_h200/frontier_cuda*.md: our PLT TopK's tokens/s on the GPU, fp32
+    and bf16, against the same runs on one CPU thread (benchmarks/results/frontier.md)."""
+    import math
+
+    def rates(path: Path) -> list[int]:
+        rows = [ln for ln in path.read_text().splitlines() if ln.startswith("| ours: TopK | k ")]
+        assert len(rows) == 3, path
+        return [int(ln.strip("| ").split(" | ")[-1].replace(",", "")) for ln in rows]  # k 12, 30, 60
+
+    gpu = RESULTS / "gpu" / "2026-11-27_h200"
+    fp32, bf16, cpu = (
+        rates(gpu / "frontier_cuda.md"),
+        rates(gpu / "frontier_cuda_bf16.md"),
+        rates(RESULTS / "frontier.md"),
+    )
+    k = lambda x: f"{round(x, -3):,.0f}"  # noqa: E731
+    quoted(readme, f"our trainer ran at about {k(sum(fp32) / 3)} tokens/s on the bundled model")
+    ratios = [g / c for g, c in zip(fp32, cpu)]
+    quoted(readme, f"({math.floor(min(ratios))}-{math.ceil(max(ratios))}x one CPU thread)")
+    quoted(
+        readme,
+        f"about {k(sum(fp32) / 3)} tokens/s in float32 and {k(min(bf16))}-{k(max(bf16))} under bfloat16",
+    )
+    quoted(readme, f"(one CPU thread: {round(min(cpu), -2):,}-{round(max(cpu), -2):,})")

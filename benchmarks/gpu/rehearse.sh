@@ -28,7 +28,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     PY=$py GPU_DIR="$WORK/repo/.gpu" bash benchmarks/gpu/prepare.sh
     (
         cd "$WORK/repo"
-        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" FRONTIER_WORK="$WORK/frontier" STEPS="tests bench frontier" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
+        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" FRONTIER_WORK="$WORK/frontier" STEPS="tests bench train frontier" TRAIN_ARGS="--runs topk:256 jumprelu:256 --steps 3 --block-tokens 4096" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
             FRONTIER_ARGS="--n-tokens 8192" bash benchmarks/gpu/run.sh
     )
     echo "--- rehearsal: what each step left in $WORK/out"
@@ -41,10 +41,12 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     grep -q -E "[0-9]+ (failed|error)" "$WORK/out/tests.txt" && { echo "FAILED: a device test"; ok=0; }
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"
     check "the benchmark's profile" gpu_vs_circuit_tracer_cpu_smoke.md "## Profile of smoke"
-    check "the frontier (fp32): ours" frontier_cpu.md "ours: TopK"
-    check "the frontier (fp32): sparsify" frontier_cpu.md "sparsify: TopK"
-    check "the frontier (fp32): sae_lens" frontier_cpu.md "sae_lens: JumpReLU"
-    check "the frontier (bf16 autocast): ours" frontier_cpu_bf16.md "ours: TopK"
+    check "the trainer's steps (fp32)" gpu_train_steps_cpu.md "| topk, batch 256 |"
+    check "the trainer's steps (bf16 autocast)" gpu_train_steps_cpu_bf16.md "| jumprelu, batch 256 |"
+    check "the frontier (fp32): ours" frontier_cpu.json '"method": "topk"'
+    check "the frontier (fp32): sparsify" frontier_cpu.json '"method": "sparsify_topk"'
+    check "the frontier (fp32): sae_lens" frontier_cpu.json '"method": "sae_lens_jumprelu"'
+    check "the frontier (bf16 autocast): ours" frontier_cpu_bf16.json '"method": "topk"'
     [ $ok = 1 ] && echo "the rehearsal passed" || { echo "the rehearsal failed"; exit 1; }
 }
 

@@ -4,10 +4,13 @@
 # 2. (STEPS has tests) the device tests on cuda (tests/test_devices.py: attribution, a training step);
 # 3. (STEPS has bench) the benchmark against circuit-tracer (benchmarks/gpu_vs_circuit_tracer.py), CASES cases
 #    (default: all six, most wanted first), its tables written into $OUT after every case;
-# 4. (STEPS has frontier) training on the device, below.
-# STEPS defaults to "tests bench", about 8 minutes: one device call holds at most 10, so the frontier is a
-# second call (STEPS=frontier). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the device tests'
-# cpu cases, the benchmark's --smoke case, a short frontier.
+# 4. (STEPS has train) where our trainer's steps spend their time (benchmarks/gpu_train_steps.py), fp32 and bf16;
+# 5. (STEPS has frontier) training on the device, below.
+# STEPS defaults to "tests bench", about 8 minutes: one device call holds at most 10, so training is a second
+# call (STEPS="train frontier", about 6 minutes). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the
+# device tests' cpu cases, the benchmark's --smoke case, short training runs. At most 8 files come back from a
+# call: log.txt holds the small outputs, and the frontier returns its .json alone (frontier.py --rewrite makes
+# its table and plot here).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"  # at most 8 files come back from a call: log.txt holds the small ones
@@ -41,7 +44,14 @@ if [[ $STEPS == *" bench "* ]]; then
         ${CASES:+--cases $CASES} --profile $PROFILE --results "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
     stamp "benchmark done"
 fi
-# 4. (STEPS has frontier) training on the device: our trainer's, sae_lens's and sparsify's tokens/s and FVU / L0 on
+if [[ $STEPS == *" train "* ]]; then
+    for amp in "" --autocast; do
+        timeout "${TRAIN_TIMEOUT:-100}" "$PY" benchmarks/gpu_train_steps.py --device "$DEVICE" $amp ${TRAIN_ARGS:-} \
+            --out "$OUT/gpu_train_steps_$DEVICE${amp:+_bf16}" 2>&1 | grep -v USDT | tail -8 | tee -a "$OUT/log.txt"
+        stamp "train steps ${amp:-fp32} done"
+    done
+fi
+# 5. (STEPS has frontier) training on the device: our trainer's, sae_lens's and sparsify's tokens/s and FVU / L0 on
 #    the bundled model, fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU).
 #    sparsify runs in a child process that starts with no PYTHONPATH (train_vs_sparsify.run_child): a wrapper file
 #    gives it its folders.
@@ -49,11 +59,13 @@ if [[ $STEPS == *" frontier "* ]]; then
     export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/tr"  # sae_lens for frontier.py itself
     printf '#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' "$PYTHONPATH" "$PY" >.gpu/sparsify-python
     chmod +x .gpu/sparsify-python
+    FRONTIER_OUT=$(mktemp -d)
     for amp in "" --autocast; do
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
             --methods "${FRONTIER_METHODS:-jumprelu_tanh,sae_lens_jumprelu,topk,sparsify_topk}" --work "${FRONTIER_WORK:-/tmp/frontier_gpu}" \
-            --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$OUT/frontier_$DEVICE${amp:+_bf16}" \
-            2>&1 | tail -25 | tee -a "$OUT/frontier.txt"
+            --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}" \
+            2>&1 | grep -v "^    " | tail -25 | tee -a "$OUT/log.txt"
+        cp "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}.json" "$OUT/" || true
         stamp "frontier ${amp:-fp32} done"
     done
 fi
