@@ -4,9 +4,12 @@ On an H200 our trainer trained the bundled model's transcoders at about 64,000 t
 alike (benchmarks/results/gpu/2026-11-27_h200): a rate that does not move with the arithmetic is the
 host's, not the device's. This script says where the time goes, for our real `Trainer`
 (transcoders/trainer.py: a batch from the store's shard, its copy to the device, normalization, the
-coder's forward and loss, the finite check, backward, clipping, Adam, the fired record), on the
-bundled model's activations, for each `--runs` entry `ACTIVATION:BATCH` (default topk:512, the
-frontier's setting, topk:4096 and jumprelu:4096):
+coder's forward and loss, the finite check, backward, clipping, Adam, the fired record), for each
+`--runs` entry `MODEL:ACTIVATION:BATCH:D_SAE`. MODEL is `bundled` (4 layers, d_model 128, its corpus)
+or `wide`: a randomly initialized 2-layer model of d_model `--wide-d-model` (2048, a Llama-1B's width)
+on random tokens, whose activations have the shapes of real training at that width. By default
+bundled:topk:512:1024 (the frontier's setting), bundled:topk:4096:1024, bundled:jumprelu:4096:1024,
+wide:topk:4096:16384 and wide:jumprelu:4096:16384, TopK's k `--k`:
 
 1. setup: `Trainer(...)` with its shards written beforehand (the model runs once, not timed);
 2. `--steps` steps after 5 warm-up steps, synchronized once at the end: ms per step, tokens/s;
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -38,6 +42,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))  # this tree's transcoders, not an installed one
 sys.path.insert(0, str(ROOT / "benchmarks"))
 WARMUP = 5
+MODELS = ("bundled", "wide")
+ACTIVATIONS = ("topk", "jumprelu", "batchtopk", "relu")
+DEFAULT_RUNS = [
+    "bundled:topk:512:1024",
+    "bundled:topk:4096:1024",
+    "bundled:jumprelu:4096:1024",
+    "wide:topk:4096:16384",
+    "wide:jumprelu:4096:16384",
+]
 
 
 def sync(device: torch.device) -> None:
@@ -45,8 +58,50 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(model, activation: str, batch: int, args, work: Path) -> dict:
-    """Steps 1-3 for one run."""
+class Run(NamedTuple):
+    model: str
+    activation: str
+    batch: int
+    d_sae: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}, {self.activation}, batch {self.batch}, d_sae {self.d_sae}"
+
+
+def parse_run(spec: str) -> Run:
+    parts = spec.split(":")
+    ok = len(parts) == 4 and parts[0] in MODELS and parts[1] in ACTIVATIONS
+    if not ok or not (parts[2].isdigit() and parts[3].isdigit()):
+        raise ValueError(
+            f"--runs takes MODEL:ACTIVATION:BATCH:D_SAE (MODEL {' or '.join(MODELS)}, ACTIVATION one of "
+            f"{', '.join(ACTIVATIONS)}), not {spec!r}"
+        )
+    return Run(parts[0], parts[1], int(parts[2]), int(parts[3]))
+
+
+def wide_model(d_model: int, device: str):
+    """Step 0 for `wide`: a randomly initialized 2-layer model of width `d_model` (heads of 128)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2,
+        d_model=d_model,
+        n_heads=max(1, d_model // 128),
+        d_head=min(128, d_model),
+        d_mlp=4 * d_model,
+        d_vocab=1024,
+        n_ctx=128,
+        act_fn="gelu",
+        normalization_type="LN",
+        seed=0,
+        device=device,
+    )
+    return HookedTransformer(cfg).eval()
+
+
+def measure(model, sequences, run: Run, args, work: Path) -> dict:
+    """Steps 1-4 for one run."""
     from gpu_vs_circuit_tracer import profile_run
 
     from transcoders.train import TrainConfig
@@ -55,19 +110,21 @@ def measure(model, activation: str, batch: int, args, work: Path) -> dict:
     n_steps = WARMUP + 2 * args.steps
     cfg = TrainConfig(
         kind="plt",
-        activation=activation,
+        activation=run.activation,
         k=args.k,
-        d_sae=args.d_sae,
-        batch_size=batch,
-        n_tokens=batch * n_steps,
-        block_tokens=max(args.block_tokens, batch),
+        d_sae=run.d_sae,
+        batch_size=run.batch,
+        n_tokens=run.batch * n_steps,
+        block_tokens=max(args.block_tokens, run.batch),
         cache_dir=str(work / "cache"),
         out=str(work / "run"),
         checkpoint_every=10**9,
         device=args.device,
         autocast=args.autocast,
     )
-    built = Trainer(cfg, model=model)  # writes the shards the steps read (the model runs here)
+    built = Trainer(
+        cfg, model=model, sequences=sequences
+    )  # writes the shards the steps read (the model runs)
     per_block = built.store.batches_per_block
     for b in range(-(-n_steps // per_block)):
         built.store.block(b)
@@ -75,7 +132,7 @@ def measure(model, activation: str, batch: int, args, work: Path) -> dict:
     device = torch.device(args.device)
     sync(device)
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, model=model)
+    trainer = Trainer(cfg, model=model, sequences=sequences)
     sync(device)
     setup = time.perf_counter() - t0
     batches = trainer.store.batches(0)
@@ -94,15 +151,20 @@ def measure(model, activation: str, batch: int, args, work: Path) -> dict:
 
     prof = profile_run(steps, device, top=args.top)
     n = args.steps
+    d_model, n_layers = model.cfg.d_model, model.cfg.n_layers
+    encoder_tflops = 2 * run.batch * n_layers * d_model * run.d_sae / (ms / 1e3) / 1e12
     return dict(
-        activation=activation,
-        batch=batch,
+        **run._asdict(),
+        d_model=d_model,
+        n_layers=n_layers,
         setup_s=round(setup, 3),
         step_ms=round(ms, 3),
-        tokens_per_s=round(batch / (ms / 1e3)),
+        tokens_per_s=round(run.batch / (ms / 1e3)),
         busy_ms_per_step=round(prof["busy_seconds"] * 1e3 / n, 3),
         busy_share=round(prof["busy_seconds"] / prof["wall_seconds"], 3),
         **{k: round(prof[k] / n, 1) for k in ("launches", "copies", "host_waits", "products")},
+        encoder_tflops=round(encoder_tflops, 4),
+        encoder_share=round(encoder_tflops / args.matmul_tflops, 4),
         top=[dict(t, calls=t["calls"] / n, ms=t["ms"] / n) for t in prof["top"]],  # per step
     )
 
@@ -115,23 +177,26 @@ def write(out: Path, meta: dict, runs: list[dict]) -> None:
         f"# Our trainer's steps on {on}",
         "",
         f"Written by `python benchmarks/gpu_train_steps.py` (module docstring: method); {meta['date']}. "
-        f"PLT on all {meta['n_layers']} layers of the bundled model (d_model {meta['d_model']}), d_sae "
-        f"{meta['d_sae']}, k {meta['k']} for TopK; {meta['steps']} timed steps after {WARMUP} warm-up "
-        "steps, then as many under torch.profiler. Busy: the device's kernel time per step (on a CPU, "
-        "its ops' time), and its share of the step's wall time.",
+        f"PLT on every layer; k {meta['k']} for TopK; {meta['steps']} timed steps after {WARMUP} warm-up "
+        "steps, then as many under torch.profiler. Busy: the device's kernel time per step (on a CPU, its "
+        "ops' time), and its share of the step's wall time. Encoder: the encoder's product alone per "
+        f"second, and its share of the device's float32 matmul rate ({meta['matmul_tflops']:.1f} TFLOP/s, "
+        "TF32 off).",
         "",
-        "| run | setup s | ms per step | tokens/s | busy ms per step | busy share | launches per step "
-        "| copies per step | host waits per step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | layers / d_model | setup s | ms per step | tokens/s | busy ms per step | busy share "
+        "| launches per step | copies per step | host waits per step | encoder TFLOP/s (share) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(
-            f"| {r['activation']}, batch {r['batch']} | {r['setup_s']:.2f} | {r['step_ms']:.2f} | "
-            f"{r['tokens_per_s']:,} | {r['busy_ms_per_step']:.2f} | {r['busy_share']:.0%} | "
-            f"{r['launches']:g} | {r['copies']:g} | {r['host_waits']:g} |"
+            f"| {Run(r['model'], r['activation'], r['batch'], r['d_sae']).name} | {r['n_layers']} / "
+            f"{r['d_model']} | {r['setup_s']:.2f} | {r['step_ms']:.2f} | {r['tokens_per_s']:,} | "
+            f"{r['busy_ms_per_step']:.2f} | {r['busy_share']:.0%} | {r['launches']:g} | {r['copies']:g} | "
+            f"{r['host_waits']:g} | {r['encoder_tflops']:.2f} ({r['encoder_share']:.0%}) |"
         )
     for r in runs:
-        lines += ["", f"## {r['activation']}, batch {r['batch']}: top ops by device time", ""]
+        name = Run(r["model"], r["activation"], r["batch"], r["d_sae"]).name
+        lines += ["", f"## {name}: top ops by device time", ""]
         lines += ["| op | calls per step | ms per step | share |", "|---|---|---|---|"]
         lines += [f"| `{t['op']}` | {t['calls']:g} | {t['ms']:.3f} | {t['share']:.0%} |" for t in r["top"]]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -141,50 +206,57 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--autocast", action="store_true", help="train under bfloat16 autocast")
-    ap.add_argument("--runs", nargs="+", default=["topk:512", "topk:4096", "jumprelu:4096"])
-    ap.add_argument("--d-sae", type=int, default=1024)
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, help="MODEL:ACTIVATION:BATCH:D_SAE each")
+    ap.add_argument("--wide-d-model", type=int, default=2048, help="the wide model's width")
     ap.add_argument("--k", type=int, default=30)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--block-tokens", type=int, default=65536)
     ap.add_argument("--top", type=int, default=8, help="ops listed per run")
     ap.add_argument("--out", help="default benchmarks/results/gpu_train_steps_DEVICE[_bf16]")
     args = ap.parse_args(argv)
-    runs = []
-    for spec in args.runs:
-        activation, _, batch = spec.partition(":")
-        if activation not in ("topk", "jumprelu", "batchtopk", "relu") or not batch.isdigit():
-            ap.error(f"--runs takes ACTIVATION:BATCH (topk, jumprelu, batchtopk or relu), not {spec!r}")
-        runs.append((activation, int(batch)))
+    try:
+        runs = [parse_run(spec) for spec in args.runs]
+    except ValueError as e:
+        ap.error(str(e))
+    from gpu_vs_circuit_tracer import matmul_tflops
+
     import attrgraph.bundled  # noqa: F401  (registers the bundled model: a checkout not pip-installed)
     from transcoders.train import load_any_model
 
-    model = load_any_model("default", args.device)
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "the CPU"
-    dev = args.device.split(":")[0]
-    out = Path(args.out or RESULTS / f"gpu_train_steps_{dev}{'_bf16' if args.autocast else ''}")
+    device = torch.device(args.device)
+    args.matmul_tflops = matmul_tflops(device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+    out = Path(args.out or RESULTS / f"gpu_train_steps_{device.type}{'_bf16' if args.autocast else ''}")
     meta = dict(
         device_name=device_name,
         autocast=args.autocast,
-        n_layers=model.cfg.n_layers,
-        d_model=model.cfg.d_model,
-        d_sae=args.d_sae,
         k=args.k,
         steps=args.steps,
+        matmul_tflops=args.matmul_tflops,
         torch=torch.__version__,
         date=time.strftime("%Y-%m-%d %H:%M"),
     )
+    models: dict = {}
     results = []
-    for activation, batch in runs:
+    for run in runs:
+        if run.model not in models:
+            if run.model == "bundled":
+                models[run.model] = (load_any_model("default", args.device), None)  # its corpus
+            else:
+                g = torch.Generator().manual_seed(0)
+                tokens = torch.randint(0, 1024, (4096, 128), generator=g)
+                models[run.model] = (wide_model(args.wide_d_model, args.device), tokens)
+        model, sequences = models[run.model]
         work = Path(tempfile.mkdtemp(prefix="gpu_train_steps_"))
         try:
-            r = measure(model, activation, batch, args, work)
+            r = measure(model, sequences, run, args, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         results.append(r)
         print(
-            f"{activation}, batch {batch}: setup {r['setup_s']:.2f} s, {r['step_ms']:.2f} ms per step "
+            f"{run.name}: setup {r['setup_s']:.2f} s, {r['step_ms']:.2f} ms per step "
             f"({r['tokens_per_s']:,} tokens/s), busy {r['busy_share']:.0%}, {r['launches']:g} launches and "
-            f"{r['host_waits']:g} host waits per step",
+            f"{r['host_waits']:g} host waits per step, encoder {r['encoder_share']:.0%} of the matmul rate",
             flush=True,
         )
         write(out, meta, results)  # a run cut short keeps the runs done

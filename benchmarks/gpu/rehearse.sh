@@ -28,7 +28,7 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     PY=$py GPU_DIR="$WORK/repo/.gpu" bash benchmarks/gpu/prepare.sh
     (
         cd "$WORK/repo"
-        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" FRONTIER_WORK="$WORK/frontier" STEPS="tests bench train frontier" TRAIN_ARGS="--runs topk:256 jumprelu:256 --steps 3 --block-tokens 4096" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
+        PATH="$VENV/bin:$PATH" DEVICE=cpu OUT="$WORK/out" FRONTIER_WORK="$WORK/frontier" STEPS="tests bench train frontier" TRAIN_ARGS="--runs bundled:topk:256:1024 wide:jumprelu:256:512 --wide-d-model 64 --steps 3 --block-tokens 4096" FRONTIER_METHODS=topk,sparsify_topk,sae_lens_jumprelu \
             FRONTIER_ARGS="--n-tokens 8192" bash benchmarks/gpu/run.sh
     )
     echo "--- rehearsal: what each step left in $WORK/out"
@@ -41,8 +41,8 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     grep -q -E "[0-9]+ (failed|error)" "$WORK/out/tests.txt" && { echo "FAILED: a device test"; ok=0; }
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"
     check "the benchmark's profile" gpu_vs_circuit_tracer_cpu_smoke.md "## Profile of smoke"
-    check "the trainer's steps (fp32)" gpu_train_steps_cpu.md "| topk, batch 256 |"
-    check "the trainer's steps (bf16 autocast)" gpu_train_steps_cpu_bf16.md "| jumprelu, batch 256 |"
+    check "the trainer's steps (fp32)" gpu_train_steps_cpu.md "| bundled, topk, batch 256, d_sae 1024 |"
+    check "the trainer's steps (bf16 autocast)" gpu_train_steps_cpu_bf16.md "| wide, jumprelu, batch 256, d_sae 512 |"
     check "the frontier (fp32): ours" frontier_cpu.json '"method": "topk"'
     check "the frontier (fp32): sparsify" frontier_cpu.json '"method": "sparsify_topk"'
     check "the frontier (fp32): sae_lens" frontier_cpu.json '"method": "sae_lens_jumprelu"'

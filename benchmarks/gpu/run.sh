@@ -7,7 +7,8 @@
 # 4. (STEPS has train) where our trainer's steps spend their time (benchmarks/gpu_train_steps.py), fp32 and bf16;
 # 5. (STEPS has frontier) training on the device, below.
 # STEPS defaults to "tests bench", about 8 minutes: one device call holds at most 10, so training is a second
-# call (STEPS="train frontier", about 6 minutes). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the
+# call (STEPS="train frontier" TRAIN_TIMEOUT=90 FRONTIER_TIMEOUT=140, under 8 minutes: the 15 minutes of a
+# session hold both calls). DEVICE=cpu (rehearse.sh) runs the same steps on the CPU: the
 # device tests' cpu cases, the benchmark's --smoke case, short training runs. At most 8 files come back from a
 # call: log.txt holds the small outputs, and the frontier returns its .json alone (frontier.py --rewrite makes
 # its table and plot here).
@@ -46,7 +47,7 @@ if [[ $STEPS == *" bench "* ]]; then
 fi
 if [[ $STEPS == *" train "* ]]; then
     for amp in "" --autocast; do
-        timeout "${TRAIN_TIMEOUT:-100}" "$PY" benchmarks/gpu_train_steps.py --device "$DEVICE" $amp ${TRAIN_ARGS:-} \
+        timeout "${TRAIN_TIMEOUT:-90}" "$PY" benchmarks/gpu_train_steps.py --device "$DEVICE" $amp ${TRAIN_ARGS:-} \
             --out "$OUT/gpu_train_steps_$DEVICE${amp:+_bf16}" 2>&1 | grep -v USDT | tail -8 | tee -a "$OUT/log.txt"
         stamp "train steps ${amp:-fp32} done"
     done
