@@ -245,12 +245,14 @@ class Trainer:
     def _check_finite(self, loss: Tensor | None = None) -> None:
         """Steps 4 and 6 in one host sync (over all ranks): this step's `loss` (None: none yet) and the
         weights of the step before, before anything changes them again."""
-        weights = self._weights_finite if self._weights_finite is not None else self._all_weights_finite()
+        after_adam = self._weights_finite is not None
+        weights = self._weights_finite if after_adam else self._all_weights_finite()  # else: as set up
         flags = torch.stack([weights, torch.isfinite(loss).all() if loss is not None else weights])
         ok_weights, ok_loss = tdist.all_true(flags, self.d)
         kept = f"training stopped and the last good checkpoint is kept in {self.ckpt}"
         if not ok_weights:
-            raise NonFiniteError(f"a weight became NaN or inf at step {self.t - 1}; {kept} (lower --lr).")
+            when = f"at step {self.t - 1}" if after_adam else f"before step {self.t}"
+            raise NonFiniteError(f"a weight became NaN or inf {when}; {kept} (lower --lr).")
         if not ok_loss:
             raise NonFiniteError(
                 f"the loss became {loss.item()} at step {self.t}; {kept} (lower --lr, or check the model's "
