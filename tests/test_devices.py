@@ -243,6 +243,27 @@ def test_a_training_step_runs_on_the_models_device(device, tmp_path):
     assert tc.device.type == device.type
 
 
+def test_a_models_blocks_stay_on_its_device_and_equal_the_cpus(device):
+    """activation_store step 3b: a GPU model's block stays on the GPU (a step then copies nothing from
+    the host), and holds the CPU model's activations in the same shuffled order."""
+    from tests.transcoders.tc_helpers import tiny_model
+    from transcoders.activation_store import ActivationStore
+    from transcoders.train import TrainConfig, transcoder_config
+
+    seqs = torch.randint(0, 50, (256, 32), generator=torch.Generator().manual_seed(0))
+    blocks = []
+    for dev in ("cpu", device):
+        model = tiny_model().to(dev)
+        store = ActivationStore(
+            model, transcoder_config(TrainConfig(), model), seqs, batch_size=64, block_tokens=1024
+        )
+        blocks.append(store.block(1))
+    (x_ref, y_ref), (x, y) = blocks
+    assert x.device.type == y.device.type == torch.device(device).type
+    torch.testing.assert_close(x.cpu(), x_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y.cpu(), y_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_transcoders_on_another_device_than_the_model_are_refused():
     from attrgraph.engine.attribute import attribute
     from transcoders import TranscoderMismatchError

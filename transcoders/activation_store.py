@@ -13,6 +13,8 @@ all layers in one pass, store activations to disk, stream them back).
 3. The block's tokens are fully shuffled with a generator seeded by (seed, b), then served in
    batches. Block b is a pure function of (source, seed, b): a resumed run rebuilds exactly the
    batches it would have seen (`batches(start=...)`).
+   3b. Without `cache_dir`, a model on a GPU keeps the block there when it fits (`BLOCK_SHARE`), so a
+   batch is a slice on the device and a step copies nothing from the host; else the host keeps it.
 4. With `cache_dir`, block b is written to `block_{b}.safetensors` the first time and read back
    after, so long or repeated runs stream activations from disk instead of re-running the model.
    `batches` then reads each batch's rows from the memory-mapped shard (safetensors `get_slice`),
@@ -59,6 +61,10 @@ def pack_sequences(
         if len(seq) >= n_ctx:
             yield seq[:n_ctx]
             seq = [bos_id]
+
+
+BLOCK_SHARE = 0.5
+"""Step 3b: the share of a GPU's free memory that three blocks may take and stay on it."""
 
 
 def sequence_width(
@@ -173,6 +179,17 @@ class ActivationStore:
         """True when `batches` yields this rank's rows only (step 5)."""
         return self.world > 1
 
+    def _block_device(self, x: Tensor) -> torch.device:
+        """Step 3b: a GPU model's block stays on its GPU (its batches are then slices there, with no copy
+        per step) while `BLOCK_SHARE` of the free memory holds three blocks (the one in use, the next,
+        and the next's parts while they are joined); otherwise, and on other devices, the host."""
+        if x.device.type != "cuda":
+            return torch.device("cpu")
+        free, _ = torch.cuda.mem_get_info(x.device)
+        free += torch.cuda.memory_reserved(x.device) - torch.cuda.memory_allocated(x.device)
+        block = 2 * self.block_tokens * x.shape[-2] * x.shape[-1] * 4  # x and y, float32
+        return x.device if 3 * block <= BLOCK_SHARE * free else torch.device("cpu")
+
     def _shard(self, b: int) -> Path:
         return self.cache_dir / f"block_{b:05d}.safetensors"
 
@@ -199,16 +216,20 @@ class ActivationStore:
         tokens = self._take(b * self.seqs_per_block, self.seqs_per_block)
         xs, ys = [], []
         start = int(self.skip_bos)
+        keep = None  # where the block is kept: step 3b
         for chunk in tokens.split(self.model_batch):
             x, y = collect(self.model, chunk.to(self.model.cfg.device), self.cfg)
-            xs.append(x[:, start:].reshape(-1, *x.shape[-2:]).float().cpu())
-            ys.append(y[:, start:].reshape(-1, *y.shape[-2:]).float().cpu())
+            if keep is None:
+                keep = torch.device("cpu") if shard is not None else self._block_device(x)
+            xs.append(x[:, start:].reshape(-1, *x.shape[-2:]).float().to(keep))
+            ys.append(y[:, start:].reshape(-1, *y.shape[-2:]).float().to(keep))
         x, y = torch.cat(xs)[: self.block_tokens], torch.cat(ys)[: self.block_tokens]
         if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
             raise NonFiniteError(
                 f"the model produced NaN or inf activations in block {b}; check the model and corpus."
             )
         perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(self.seed * 1_000_003 + b))
+        perm = perm.to(x.device)  # drawn on the host: the same order wherever the block is kept
         x, y = x[perm].contiguous(), y[perm].contiguous()
         if shard is not None:
             shard.parent.mkdir(parents=True, exist_ok=True)
