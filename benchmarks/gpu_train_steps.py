@@ -11,8 +11,12 @@ on random tokens, whose activations have the shapes of real training at that wid
 bundled:topk:512:1024 (the frontier's setting), bundled:topk:4096:1024, bundled:jumprelu:4096:1024,
 wide:topk:4096:16384 and wide:jumprelu:4096:16384, TopK's k `--k`:
 
-1. setup: `Trainer(...)` with its shards written beforehand (the model runs once, not timed);
-2. `--steps` steps after 5 warm-up steps, synchronized once at the end: ms per step, tokens/s;
+1. setup: `Trainer(...)`, which builds the first block (the model runs on its device); with `--store
+   shards` the activations go through disk shards (`--cache-dir`), all written beforehand, untimed;
+2. `--steps` steps after 5 warm-up steps, synchronized once at the end: ms per step, tokens/s. With
+   `--store memory` (train.py's default), the blocks after the first are built within the timed steps,
+   as in training: the model's forward is part of the cost (on a GPU the block then stays there, no
+   copy per step: activation_store.py step 3b); with shards, each batch is read from disk and copied;
 3. as many more under torch.profiler (gpu_vs_circuit_tracer.py `profile_run`): the device's busy
    time per step and its share of the wall time (on a GPU the rest is the host launching kernels or
    waiting for them), kernel launches, copies and host waits per step, the top kernels.
@@ -116,19 +120,17 @@ def measure(model, sequences, run: Run, args, work: Path) -> dict:
         batch_size=run.batch,
         n_tokens=run.batch * n_steps,
         block_tokens=max(args.block_tokens, run.batch),
-        cache_dir=str(work / "cache"),
+        cache_dir=str(work / "cache") if args.store == "shards" else "",
         out=str(work / "run"),
         checkpoint_every=10**9,
         device=args.device,
         autocast=args.autocast,
     )
-    built = Trainer(
-        cfg, model=model, sequences=sequences
-    )  # writes the shards the steps read (the model runs)
-    per_block = built.store.batches_per_block
-    for b in range(-(-n_steps // per_block)):
-        built.store.block(b)
-    del built
+    if args.store == "shards":  # written beforehand: the steps only read them
+        built = Trainer(cfg, model=model, sequences=sequences)
+        for b in range(-(-n_steps // built.store.batches_per_block)):
+            built.store.block(b)
+        del built
     device = torch.device(args.device)
     sync(device)
     t0 = time.perf_counter()
@@ -178,7 +180,14 @@ def write(out: Path, meta: dict, runs: list[dict]) -> None:
         "",
         f"Written by `python benchmarks/gpu_train_steps.py` (module docstring: method); {meta['date']}. "
         f"PLT on every layer; k {meta['k']} for TopK; {meta['steps']} timed steps after {WARMUP} warm-up "
-        "steps, then as many under torch.profiler. Busy: the device's kernel time per step (on a CPU, its "
+        "steps, then as many under torch.profiler; "
+        + (
+            f"blocks of {meta['block_tokens']:,} tokens in memory, built as the steps go (the model's forward "
+            "included). "
+            if meta["store"] == "memory"
+            else "batches read from disk shards written beforehand. "
+        )
+        + "Busy: the device's kernel time per step (on a CPU, its "
         "ops' time), and its share of the step's wall time. Encoder: the encoder's product alone per "
         f"second, and its share of the device's float32 matmul rate ({meta['matmul_tflops']:.1f} TFLOP/s, "
         "TF32 off).",
@@ -211,6 +220,12 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=30)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--block-tokens", type=int, default=65536)
+    ap.add_argument(
+        "--store",
+        choices=("memory", "shards"),
+        default="memory",
+        help="blocks in memory, built as the steps go (train.py's default), or disk shards written beforehand",
+    )
     ap.add_argument("--top", type=int, default=8, help="ops listed per run")
     ap.add_argument("--out", help="default benchmarks/results/gpu_train_steps_DEVICE[_bf16]")
     args = ap.parse_args(argv)
@@ -232,6 +247,8 @@ def main(argv=None) -> int:
         autocast=args.autocast,
         k=args.k,
         steps=args.steps,
+        store=args.store,
+        block_tokens=args.block_tokens,
         matmul_tflops=args.matmul_tflops,
         torch=torch.__version__,
         date=time.strftime("%Y-%m-%d %H:%M"),

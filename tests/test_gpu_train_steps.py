@@ -13,9 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, "benchmarks/gpu_train_steps.py"]
 
 
-def test_the_trainer_steps_are_measured_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("store", ["memory", "shards"])
+def test_the_trainer_steps_are_measured_on_the_cpu(tmp_path, store):
     cmd = [
         *SCRIPT,
+        "--store",
+        store,
         "--device",
         "cpu",
         "--runs",
@@ -29,6 +32,7 @@ def test_the_trainer_steps_are_measured_on_the_cpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["meta"]["device_name"] == "the CPU" and saved["meta"]["matmul_tflops"] > 0
+    assert saved["meta"]["store"] == store
     runs = saved["runs"]
     got = [(r["model"], r["activation"], r["batch"], r["d_sae"], r["n_layers"], r["d_model"]) for r in runs]
     assert got == [("bundled", "topk", 256, 512, 4, 128), ("wide", "jumprelu", 128, 256, 2, 64)]
