@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -101,7 +102,9 @@ def wide_model(d_model: int, device: str):
         seed=0,
         device=device,
     )
-    return HookedTransformer(cfg).eval()
+    with warnings.catch_warnings():  # "HookedTransformer is deprecated": it is the project's backend
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return HookedTransformer(cfg).eval()
 
 
 def measure(model, sequences, run: Run, args, work: Path) -> dict:

@@ -65,7 +65,7 @@ if [[ $STEPS == *" frontier "* ]]; then
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
             --methods "${FRONTIER_METHODS:-jumprelu_tanh,sae_lens_jumprelu,topk,sparsify_topk}" --work "${FRONTIER_WORK:-/tmp/frontier_gpu}" \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}" \
-            2>&1 | grep -v "^    " | tail -25 | tee -a "$OUT/log.txt"
+            2>&1 | grep -E "_seed[0-9]+: |Error|rror:" | tail -40 | tee -a "$OUT/log.txt"  # a line per run
         cp "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}.json" "$OUT/" || true
         stamp "frontier ${amp:-fp32} done"
     done
