@@ -222,18 +222,33 @@ def test_circuits_on_device(device, foreign_default_device):
         np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
 
 
-def test_a_training_step_runs_on_the_models_device(device, tmp_path):
+CODER_OUTPUTS = ("TranscoderOutput", "TopKOutput")  # a set's forward; the sparse TopK step's
+
+
+@pytest.mark.parametrize(
+    "kind, activation",
+    [("plt", "jumprelu"), ("plt", "topk"), ("clt", "jumprelu"), ("clt", "batchtopk"), ("sae", "topk")],
+)  # PLT TopK: the sparse step; SAE: on the attention output
+def test_a_training_step_runs_on_the_models_device(device, tmp_path, kind, activation):
     from tests.transcoders.tc_helpers import tiny_model
     from transcoders.train import TrainConfig, train
 
     model = tiny_model().to(device)
     seqs = torch.randint(0, 50, (256, 32), generator=torch.Generator().manual_seed(0))
     cfg = TrainConfig(
-        kind="plt", d_sae=32, n_tokens=256 * 4, batch_size=256, block_tokens=1024, out=str(tmp_path / "run")
+        kind=kind,
+        activation=activation,
+        k=4,
+        hook="blocks.{layer}.hook_attn_out" if kind == "sae" else "",
+        d_sae=32,
+        n_tokens=256 * 4,
+        batch_size=256,
+        block_tokens=1024,
+        out=str(tmp_path / "run"),
     )
     seen = []
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda m, i, o: seen.append(o.out.device) if type(o).__name__ == "TranscoderOutput" else None
+        lambda m, i, o: seen.append(o.out.device) if type(o).__name__ in CODER_OUTPUTS else None
     )
     try:
         tc, info = train(cfg, model=model, sequences=seqs, progress=False)
