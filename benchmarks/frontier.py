@@ -681,7 +681,9 @@ def prepare_seed(work: Path, args) -> dict:
     if dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens:
         shutil.rmtree(work / "cache", ignore_errors=True)
         t0 = time.perf_counter()
-        dumped = tvs.dump(work, args.n_tokens, args.batch_size, tvs.BLOCK_TOKENS, args.seed)
+        dumped = tvs.dump(
+            work, args.n_tokens, args.batch_size, tvs.BLOCK_TOKENS, args.seed, torch.get_num_threads()
+        )
         dumped.update(seed=args.seed, dumped_tokens=dumped["blocks"] * dumped["block_tokens"])
         print(
             f"seed {args.seed}: dumped {dumped['blocks']} blocks in {time.perf_counter() - t0:.0f} s",
@@ -751,7 +753,10 @@ def main(argv=None) -> int:
             "--sparsify-python must name the Python of a venv with eai-sparsify (or leave out sparsify_topk)"
         )
     seeds = [int(v) for v in args.seeds.split(",")]
-    torch.set_num_threads(1)
+    # one thread on the CPU (the trainers' times compare there); with --device cuda the CPU only dumps and
+    # scores, and a GPU machine's cores shorten a device call's untimed part
+    threads = 1 if args.device == "cpu" else min(16, os.cpu_count() or 1)
+    torch.set_num_threads(threads)
     import attrgraph.bundled  # noqa: F401  (registers the bundled model and corpus: a checkout not pip-installed)
     from transcoders.train import load_any_model
 
@@ -767,7 +772,7 @@ def main(argv=None) -> int:
         model="default (bundled, 4 layers, d_model 128)",
         **key,
         sae_lens_setup=SAE_LENS_SETUP,
-        threads=1,
+        threads=threads,
         device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         autocast=args.autocast,
     )

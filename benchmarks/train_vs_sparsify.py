@@ -136,7 +136,7 @@ def score_sparsify(work: Path, run: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- step 1 (our venv)
-def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: int) -> dict:
+def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: int, threads: int = 1) -> dict:
     import torch
     from safetensors.torch import save_file
 
@@ -151,7 +151,7 @@ def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: in
         transcoder_config,
     )
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     cfg = TrainConfig(
         kind="plt", activation="topk", batch_size=batch_size, block_tokens=block_tokens, seed=seed
     )
