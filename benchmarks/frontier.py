@@ -790,6 +790,13 @@ def main(argv=None) -> int:
         ).stdout.strip()
     meta["versions"] = versions
     failed = {}  # run name: why, for this invocation (a rerun on the same --work retries them)
+
+    def rewrite() -> None:  # after every run, so that a run cut short keeps the others, and at the end
+        meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
+        if failed:
+            meta["failed"] = failed
+        write_outputs(out, meta, saved_runs(root, key_name))
+
     for seed in seeds:  # seed-major: a run cut short still has whole seeds of every method
         args.seed = seed
         work = root / f"seed{seed}"
@@ -824,10 +831,7 @@ def main(argv=None) -> int:
                     why = str(e).strip().splitlines() or [type(e).__name__]
                     failed[name] = f"{type(e).__name__}: {why[-1]}"[:300]
                     print(f"{name}: failed\n{e}", flush=True)
-                    meta.update(
-                        failed=failed, date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg()
-                    )
-                    write_outputs(out, meta, saved_runs(root, key_name))
+                    rewrite()
                     continue
                 mine[name] = r
                 if state.exists():  # another process may be running other methods of this seed
@@ -840,10 +844,8 @@ def main(argv=None) -> int:
                     + (f" own FVU {r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""),
                     flush=True,
                 )
-                meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
-                write_outputs(out, meta, saved_runs(root, key_name))
-    meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
-    write_outputs(out, meta, saved_runs(root, key_name))
+                rewrite()
+    rewrite()
     return 1 if failed else 0
 
 

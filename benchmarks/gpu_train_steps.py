@@ -58,11 +58,6 @@ DEFAULT_RUNS = [
 ]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Run(NamedTuple):
     model: str
     activation: str
@@ -109,7 +104,7 @@ def wide_model(d_model: int, device: str):
 
 def measure(model, sequences, run: Run, args, work: Path) -> dict:
     """Steps 1-4 for one run."""
-    from gpu_vs_circuit_tracer import profile_run
+    from gpu_vs_circuit_tracer import profile_run, sync
 
     from transcoders.train import TrainConfig
     from transcoders.trainer import Trainer

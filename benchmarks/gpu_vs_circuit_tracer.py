@@ -87,15 +87,15 @@ def matmul_tflops(device, n: int = 8192, repeats: int = 3) -> float:
     torch.backends.cuda.matmul.allow_tf32 = False
     best = float("inf")
     for _ in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         a @ b
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n**3 / best / 1e12
 
 
-def _sync(device) -> None:
+def sync(device) -> None:
     import torch
 
     if device.type == "cuda":
@@ -123,12 +123,12 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2)}, {}
     for precision in PRECISIONS:
         for _ in range(2):  # the second run is timed
-            _sync(dev)
+            sync(dev)
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             t0 = time.perf_counter()
             g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", precision=precision)
-            _sync(dev)
+            sync(dev)
             seconds = time.perf_counter() - t0
         gflop = float(g.meta["backward_gflop"])
         peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
@@ -177,11 +177,11 @@ def profile_run(run, dev, top: int = 12) -> dict:
 
     cuda = dev.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     with torch_profile(activities=activities) as prof:
         run()
-        _sync(dev)
+        sync(dev)
     wall = time.perf_counter() - t0
     avg = list(prof.key_averages())
     if cuda:  # the kernels themselves (an aten op's own device time repeats its kernels')

@@ -218,10 +218,8 @@ class Trainer:
         if d.shards_batch and not self.store.sliced:  # this rank's rows of the global batch
             n = x.shape[0] // d.world
             x, y = x[d.rank * n : (d.rank + 1) * n], y[d.rank * n : (d.rank + 1) * n]
-        x, y = (
-            x.to(self.device),
-            y.to(self.device),
-        )  # the batch's one copy from a host block (none from a GPU's)
+        # the batch's one copy from a host block (none from a block kept on the GPU)
+        x, y = x.to(self.device), y.to(self.device)
         xn, yn = x / self.scales["in"][:, None], y / self.scales["out"][:, None]
         dead = dead_features(t, self.last_fired, self.dead_after)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
