@@ -6,7 +6,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set
 from transcoders.losses import mse_loss, topk_aux_loss
-from transcoders.sparse_topk import TopKStep, dead_topk, sparse_code, supports, topk_indices
+from transcoders.sparse_topk import TopKOutput, TopKStep, dead_topk, sparse_code, supports, topk_indices
 
 K, K_AUX = 8, 16  # random_set keeps k = 8
 
@@ -179,3 +179,20 @@ def test_the_trainers_two_steps_agree(dead_counts):
         have = grads(tc, got.loss)
         for n in want:
             torch.testing.assert_close(have[n], want[n], atol=1e-6, rtol=1e-5)
+
+
+def test_fired_marks_features_active_for_some_token():
+    """`TopKOutput.fired`, by brute force over a hand-built batch: a feature selected with activation 0
+    for every token (token 0's feature 3, layer 1's feature 2) has not fired; one selected twice, once
+    at 0 and once above (layer 0's feature 1), has."""
+    indices = torch.tensor([[[1, 3], [2, 0]], [[1, 4], [0, 2]]])  # [batch 2, layers 2, k 2]
+    acts = torch.tensor([[[0.0, 0.0], [0.0, 0.5]], [[0.7, 0.2], [0.3, 0.0]]])
+    out = TopKOutput(torch.zeros(2, 2, 8), indices, acts, torch.zeros(()))
+    expected = torch.zeros(2, 6, dtype=torch.bool)
+    for b in range(2):
+        for layer in range(2):
+            for j in range(2):
+                if acts[b, layer, j] > 0:
+                    expected[layer, indices[b, layer, j]] = True
+    assert expected.sum() == 3  # (0, 1), (0, 4), (1, 0) (twice), and nothing else
+    assert torch.equal(out.fired(6), expected)
