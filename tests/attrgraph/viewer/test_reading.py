@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -431,7 +432,8 @@ def test_a_label_edited_in_the_page_is_saved_in_the_dashboards_file(browser, ioi
         edit.clear()
         edit.send_keys("says <b>Mary</b> & co")
         browser.find_element(By.ID, "label-save").click()
-        WebDriverWait(browser, 20).until(
+        # the panel is drawn again when the save ends: a status element found just before may be gone
+        WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda b: (
                 b.find_elements(By.ID, "label-status")
                 and "saved" in b.find_element(By.ID, "label-status").text
