@@ -7,7 +7,8 @@
 2. Ours, in a fresh process (`--_worker`): `load_model(DIR, device)`, `load_transcoders(DIR/transcoders,
    device)`, `attribute(..., exclude_bos=True, embedding="token")` twice at each precision (fp32, tf32,
    bf16), the second run timed between `torch.cuda.synchronize()` calls with the peak device memory
-   (`torch.cuda.max_memory_allocated`) reset before it.
+   (`torch.cuda.max_memory_allocated`) reset before it; where the rows stay on the device, its
+   influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`).
 3. Agreement (peer_compare.compare): our fp32 feature rows and logit rows against circuit-tracer's,
    each as max |difference| over the largest |edge| of those rows (goal: feature rows 1e-5); for tf32 and
    bf16, the edge error against our own fp32 graph and the overlap (Jaccard) of the features kept by
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +129,8 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             t0 = time.perf_counter()
-            g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", precision=precision)
+            with phase_times(dev) as phases:
+                g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", precision=precision)
             sync(dev)
             seconds = time.perf_counter() - t0
         gflop = float(g.meta["backward_gflop"])
@@ -140,6 +143,7 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             nodes=g.n_nodes,
             edges=g.n_edges,
             features=g.n_features,
+            phases={k: round(v, 3) for k, v in phases.items()},
         )
         if precision == "fp32":
             row.update(compare(g, d))
@@ -158,6 +162,40 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token"), dev
         )
     return out
+
+
+PHASES = {"influence": "influence", "to_csr": "csr_assembly"}
+"""Step 2: the parts of a run whose rows stay on the device (device_rows.py) that are timed apart."""
+
+
+@contextmanager
+def phase_times(dev):
+    """Step 2: seconds in `DeviceRows.influence` and `.to_csr` (keys `PHASES`'s values; absent where
+    the rows went to the host batch by batch, as on a CPU), each between device syncs, so that
+    what is left of a run is its setup and row loop."""
+    from attrgraph.engine.device_rows import DeviceRows
+
+    seconds: dict[str, float] = {}
+    originals = {name: getattr(DeviceRows, name) for name in PHASES}
+
+    def timed(name):
+        def run(self, *args, **kwargs):
+            sync(dev)
+            t0 = time.perf_counter()
+            result = originals[name](self, *args, **kwargs)
+            sync(dev)
+            seconds[PHASES[name]] = time.perf_counter() - t0
+            return result
+
+        return run
+
+    try:
+        for name in PHASES:
+            setattr(DeviceRows, name, timed(name))
+        yield seconds
+    finally:
+        for name, original in originals.items():
+            setattr(DeviceRows, name, original)
 
 
 RUNTIME_CALLS = {  # step 6: what the host asked of the CUDA runtime, by kind
@@ -353,6 +391,23 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
             f"| {_logit_cell(f32)} | {variant('tf32')} | {variant('bf16')} |"
         )
+    timed = [r for r in rows if r.get("attrgraph", {}).get("fp32", {}).get("phases")]
+    if timed:
+        lines += [
+            "",
+            "## Where each fp32 run's time went (the rows kept on the device, each part between syncs)",
+            "",
+            "| case | run | setup and row loop | influence | CSR assembly |",
+            "|---|---|---|---|---|",
+        ]
+        for r in timed:
+            f32 = r["attrgraph"]["fp32"]
+            ph = f32["phases"]
+            rest = f32["seconds"] - sum(ph.values())
+            lines.append(
+                f"| {r['case']} | {f32['seconds']:.2f} s | {rest:.2f} s | {ph.get('influence', 0):.2f} s "
+                f"| {ph.get('csr_assembly', 0):.2f} s |"
+            )
     for r in rows:
         prof = r.get("attrgraph", {}).get("profile")
         if prof:

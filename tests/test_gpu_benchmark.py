@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,41 @@ def test_a_harness_without_ct_gpu_is_refused(tmp_path):
     cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--ct-path", str(tmp_path)]
     res = subprocess.run([*cmd, "--harness", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2 and "holds no ct_gpu.py" in res.stderr
+
+
+def test_phase_times_split_a_run_whose_rows_stay_on_the_device(monkeypatch, tmp_path):
+    """Step 2's split of a run, on the CPU with a GPU's plan: the influence solve and the CSR assembly
+    are timed inside the run, and the table gives the rest as setup and row loop; with the CPU's plan
+    (rows copied batch by batch) there is nothing to split; the library's methods are restored after."""
+    import torch
+
+    import attrgraph.engine.linear_backward as lb
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.engine.batch_plan import device_budget
+    from attrgraph.engine.device_rows import DeviceRows
+    from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_vs_circuit_tracer as bench
+
+    model = tiny_model("llama", torch.float32)
+    tc = tiny_transcoders(model, "plt", True)
+    cpu, originals = torch.device("cpu"), (DeviceRows.influence, DeviceRows.to_csr)
+    with bench.phase_times(cpu) as host:
+        attribute(model, tc, [1, 2, 3, 4, 5, 6, 7])
+    assert host == {}
+    monkeypatch.setattr(lb, "budget_for", lambda *a: device_budget(8 << 30, 1 << 20, 6))
+    t0 = time.perf_counter()
+    with bench.phase_times(cpu) as phases:
+        attribute(model, tc, [1, 2, 3, 4, 5, 6, 7])
+    seconds = time.perf_counter() - t0
+    assert set(phases) == {"influence", "csr_assembly"} and 0 < sum(phases.values()) < seconds
+    assert (DeviceRows.influence, DeviceRows.to_csr) == originals
+    variant = dict(seconds=1.0, edge_rel_err=0.0, feature_jaccard=1.0)
+    fp32 = dict(seconds=seconds, floor_share=0.5, peak_gib=float("nan"), phases=phases)
+    row = dict(
+        case="tiny", circuit_tracer=dict(seconds=2.0), attrgraph=dict(fp32=fp32, tf32=variant, bf16=variant)
+    )
+    table = bench.write_results([row], "cpu", "a CPU", tmp_path).read_text()
+    rest = seconds - sum(phases.values())
+    assert f"| tiny | {seconds:.2f} s | {rest:.2f} s | {phases['influence']:.2f} s |" in table

@@ -11,7 +11,8 @@ on growth (the old and the new buffer at once). Instead:
    as it is, its columns written once per row; otherwise the nonzeros are selected first.
 2. Column indices are int32 while they fit (the usual case), else int64.
 3. Rows may arrive in any order (a batch is a list of row numbers); when they arrive in order,
-   the buffers are already the CSR arrays, else one permuting copy is made at the end.
+   the buffers are already the CSR arrays, else one permuting copy is made at the end
+   (`assemble_csr`, which device_rows.py's rows, compacted on their device, share).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class CsrRowWriter:
     def __init__(self, n_rows: int, n_cols: int, dtype=np.float32, capacity: int = 1 << 16):
         self.n_rows, self.n_cols = n_rows, n_cols
         self.data = _MappedArray(dtype, capacity)
-        self.indices = _MappedArray(np.int32 if n_cols <= _INT32_MAX else np.int64, capacity)
+        self.indices = _MappedArray(index_dtype(n_cols, 0), capacity)
         self.nnz = 0
         self.row_order: list[np.ndarray] = []
         self.row_counts: list[np.ndarray] = []
@@ -126,7 +127,7 @@ class CsrRowWriter:
             mask = block != 0
             counts = mask.sum(1)
         end = self.nnz + int(counts.sum())
-        if self.indices.dtype == np.int32 and end > _INT32_MAX:
+        if self.indices.dtype != index_dtype(self.n_cols, end):
             self.indices = self.indices.astype(np.int64, self.nnz)
         columns = columns.astype(self.indices.dtype, copy=False)
         if dense:
@@ -143,20 +144,36 @@ class CsrRowWriter:
         """The matrix; rows that no batch wrote are empty. Hands the buffers over (call once)."""
         order = np.concatenate(self.row_order) if self.row_order else np.zeros(0, np.int64)
         counts = np.concatenate(self.row_counts) if self.row_counts else np.zeros(0, np.int64)
-        if len(order) and (
-            order.min() < 0 or order.max() >= self.n_rows or len(np.unique(order)) < len(order)
-        ):
-            raise ValueError(f"rows written more than once or outside 0..{self.n_rows - 1}.")
-        per_row = np.zeros(self.n_rows, np.int64)
-        per_row[order] = counts
-        index_dtype = self.indices.dtype
-        indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(index_dtype)
         data, indices = self.data.array(self.nnz), self.indices.array(self.nnz)
         self.data = self.indices = None
-        if np.any(order[1:] < order[:-1]):  # rows out of order: one permuting copy
-            by_row = np.argsort(order)
-            src_start = (np.cumsum(counts) - counts)[by_row]
-            dest_start = np.cumsum(counts[by_row]) - counts[by_row]
-            src = np.repeat(src_start - dest_start, counts[by_row]) + np.arange(len(data))
-            data, indices = data[src], indices[src]
-        return sp.csr_array((data, indices, indptr), shape=(self.n_rows, self.n_cols))
+        return assemble_csr(self.n_rows, self.n_cols, order, counts, data, indices)
+
+
+def index_dtype(n_cols: int, nnz: int):
+    """Step 2: int32 column indices (and row pointers, which scipy wants of the same type) while
+    both fit, else int64."""
+    return np.int32 if max(n_cols, nnz) <= _INT32_MAX else np.int64
+
+
+def assemble_csr(
+    n_rows: int,
+    n_cols: int,
+    order: Int[np.ndarray, " n_written"],
+    counts: Int[np.ndarray, " n_written"],
+    data: np.ndarray,
+    indices: np.ndarray,
+) -> sp.csr_array:
+    """Step 3: the CSR matrix of rows written one after another: the i-th written row is row
+    `order[i]`, its `counts[i]` entries next in `data` and `indices`; rows never written are empty."""
+    if len(order) and (order.min() < 0 or order.max() >= n_rows or len(np.unique(order)) < len(order)):
+        raise ValueError(f"rows written more than once or outside 0..{n_rows - 1}.")
+    per_row = np.zeros(n_rows, np.int64)
+    per_row[order] = counts
+    indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(indices.dtype)
+    if np.any(order[1:] < order[:-1]):  # rows out of order: one permuting copy
+        by_row = np.argsort(order)
+        src_start = (np.cumsum(counts) - counts)[by_row]
+        dest_start = np.cumsum(counts[by_row]) - counts[by_row]
+        src = np.repeat(src_start - dest_start, counts[by_row]) + np.arange(len(data))
+        data, indices = data[src], indices[src]
+    return sp.csr_array((data, indices, indptr), shape=(n_rows, n_cols))

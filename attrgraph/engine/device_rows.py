@@ -11,8 +11,11 @@ idle. Instead:
    Pruning"): blocks of nodes from the last, `z_B = w_B + acc_B`, and each batch of block B adds
    `(z_t / rowsum_t) |A[t, s]|` over its rows t to `acc_s` (one matrix-vector product, float64);
    a row's error share is `sum_{s error} |A[t, s]| / rowsum_t`.
-3. The buffer is copied to the host once (`to_csr`); the CSR arrays are written from the host copy
-   (csr_rows.py: NaN and inf refused, a block without zeros copied as it is).
+3. The CSR arrays are made on the device (`to_csr`): NaN and inf are counted there and refused
+   (finite.py), each block's nonzeros and their columns are selected there, and copied straight
+   into the host's arrays (csr_rows.py's `assemble_csr`). The host only copies: selecting the
+   nonzeros of a Llama-1B-shaped graph's 260 M edges on the host took 5 s of one core, most of it
+   writing them into its growing buffers.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import scipy.sparse as sp
 import torch
 from jaxtyping import Float
 
-from attrgraph.engine.csr_rows import CsrRowWriter
+from attrgraph.engine.csr_rows import assemble_csr, index_dtype
+from attrgraph.engine.finite import refuse_rows
+from attrgraph.engine.precision import numpy_dtype
 from attrgraph.errors import GraphError
 from attrgraph.graph.streamed_influence import StreamedInfluence
 
@@ -82,9 +87,32 @@ class DeviceRows:
         return StreamedInfluence(influence=(z - w).cpu().numpy(), error_share=share.cpu().numpy())
 
     def to_csr(self) -> sp.csr_array:
-        """Step 3: the rows as a host CSR matrix (one copy of the buffer)."""
-        host = self.buffer.cpu().numpy()  # NaN and inf are refused block by block (csr_rows.py)
-        written = CsrRowWriter(self.n_rows, self.n_cols, host.dtype)
-        for rows, columns, at in self.batches:
-            written.append(rows, host[at : at + len(rows) * len(columns)].reshape(len(rows), -1), columns)
-        return written.to_csr()
+        """Step 3: the rows as a host CSR matrix, its arrays selected on the device and copied once.
+        The host waits for the device once for the counts, then once per batch for its copies: by
+        then every batch has been computed."""
+        dev, blocks = self.buffer.device, [self.block(i) for i in range(len(self.batches))]
+        counts = [(block != 0).sum(1) for block in blocks]  # NaN and inf count as nonzero here
+        bad = [(~torch.isfinite(block)).sum().view(1) for block in blocks]
+        read = torch.cat([*counts, *bad]).cpu().numpy() if blocks else np.zeros(0, np.int64)
+        refuse_rows(int(read[self.n_written :].sum()), "in the rows of this graph")
+        counts = read[: self.n_written]
+        itype = index_dtype(self.n_cols, int(counts.sum()))
+        data = np.empty(int(counts.sum()), numpy_dtype(self.buffer.dtype))  # the CSR arrays, on the host
+        indices = np.empty(len(data), itype)
+        host_data, host_indices = torch.from_numpy(data), torch.from_numpy(indices)
+        at = 0
+        for block, (_, columns, _) in zip(blocks, self.batches):
+            keep = block != 0
+            values = torch.masked_select(block, keep)
+            host_data[at : at + len(values)] = values
+            host_indices[at : at + len(values)] = torch.masked_select(
+                torch.from_numpy(columns.astype(itype)).to(dev), keep
+            )
+            at += len(values)
+        order = np.concatenate([rows for rows, _, _ in self.batches]) if blocks else np.zeros(0, np.int64)
+        return assemble_csr(self.n_rows, self.n_cols, order, counts, data, indices)
+
+    @property
+    def n_written(self) -> int:
+        """Rows in all batches."""
+        return sum(len(rows) for rows, _, _ in self.batches)

@@ -7,7 +7,8 @@ reads a NaN pre-activation as inactive, so the graph looks valid: 0 features, Na
 scores that a comparison with NaN turns into 1. Two checks, each one `NonFiniteValueError` line:
 1. `check_state`: after the recorded forward (replacement.py step 1-2), the logits, feature
    activations and errors of every site must be finite.
-2. `check_rows`: every block of edge values a rows engine writes (csr_rows.py) must be finite.
+2. `check_rows`: every block of edge values a rows engine writes (csr_rows.py) must be finite;
+   `refuse_rows` for rows counted on their device (device_rows.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def check_state(named: dict[str, torch.Tensor | None]) -> None:
 def check_rows(block: np.ndarray) -> None:
     """Step 2: a block of edge values holds finite values only."""
     if not np.isfinite(block).all():
-        bad = int(block.size - np.isfinite(block).sum())
-        raise NonFiniteValueError(
-            f"attribution gave {bad} NaN or inf edge values in one batch of rows; {_FIX}"
-        )
+        refuse_rows(int(block.size - np.isfinite(block).sum()), "in one batch of rows")
+
+
+def refuse_rows(bad: int, where: str) -> None:
+    """Step 2 where the non-finite edge values were counted elsewhere (on the device: device_rows.py)."""
+    if bad:
+        raise NonFiniteValueError(f"attribution gave {bad} NaN or inf edge values {where}; {_FIX}")
