@@ -117,8 +117,9 @@ def build_sources(rm: ReplacementModel, state: ReplacementState) -> Sources:
                 torch.tensor([len(keys)], device=keys.device),
             ]
         )
-        for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            l, p = int(features[i0, 0]), int(features[i0, 1])
+        # each group's (layer, position) in one read: a read per group waits for a GPU each time
+        firsts, bounds = features[bounds[:-1], :2].tolist(), bounds.tolist()
+        for (l, p), i0, i1 in zip(firsts, bounds[:-1], bounds[1:]):
             f = features[i0:i1, 2]
             a = state.acts[l, p, f].to(dt)
             with torch.no_grad():
@@ -144,6 +145,7 @@ def _build_sources_with_attention(rm: ReplacementModel, state: ReplacementState)
     n_err = L * (P - state.n_excluded)
     offset = P + 2 * n_err
     decoders, groups, attn_decoders, attn_groups = [], [], [], []
+    dt = compute_dtype(state.errors.dtype)
     if len(both):
         keys = (both[:, 0] * 2 + both[:, 1]) * P + both[:, 2]
         bounds = torch.cat(
@@ -153,13 +155,13 @@ def _build_sources_with_attention(rm: ReplacementModel, state: ReplacementState)
                 torch.tensor([len(keys)], device=keys.device),
             ]
         )
-        for i0, i1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            l, attn, p = int(both[i0, 0]), bool(is_attn[i0]), int(both[i0, 2])
-            f = both[i0:i1, 3]
+        firsts, bounds = both[bounds[:-1], :3].tolist(), bounds.tolist()  # one read (as above)
+        for (l, site, p), i0, i1 in zip(firsts, bounds[:-1], bounds[1:]):
+            attn, f = site == 0, both[i0:i1, 3]
             tc, acts = (rm.attn, state.attn_acts) if attn else (rm.tc, state.acts)
             with torch.no_grad():
-                dec = tc.decoder_vectors(l, f.to(tc.device)).to(state.errors.dtype)
-            (attn_decoders if attn else decoders).append(dec * acts[l, p, f][:, None, None])
+                dec = tc.decoder_vectors(l, f.to(tc.device)).to(dt)  # as build_sources: at least float32
+            (attn_decoders if attn else decoders).append(dec * acts[l, p, f].to(dt)[:, None, None])
             (attn_groups if attn else groups).append((l, p, offset + i0, offset + i1))
     return Sources(
         state.embed,

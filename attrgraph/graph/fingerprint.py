@@ -11,12 +11,20 @@ if TYPE_CHECKING:
 
 
 def fingerprint(module: torch.nn.Module) -> str:
-    """A cheap identity hash: sha256 over parameter names, shapes and a strided sample of values."""
-    h = hashlib.sha256()
-    for name, p in sorted(module.state_dict().items()):
-        flat = p.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].double().cpu().numpy()
+    """A cheap identity hash: sha256 over parameter names, shapes and a strided sample of values
+    (the samples are read from the module's device in one copy: one per tensor waits for a GPU
+    each time)."""
+    import torch
+
+    params = sorted(module.state_dict().items())
+    flats = [p.detach().reshape(-1) for _, p in params]
+    samples = [flat[:: max(1, flat.numel() // 4096)].double() for flat in flats]
+    # (a model spread over several devices: the samples meet on the first one's)
+    host = torch.cat([x.to(samples[0].device) for x in samples]).cpu().numpy() if samples else None
+    h, at = hashlib.sha256(), 0
+    for (name, p), sample in zip(params, samples):
         h.update(name.encode())
         h.update(str(tuple(p.shape)).encode())
-        h.update(sample.tobytes())
+        h.update(host[at : at + len(sample)].tobytes())
+        at += len(sample)
     return h.hexdigest()[:16]

@@ -210,3 +210,19 @@ def test_rows_on_the_device_with_nan_or_inf_are_refused(bad):
     ) as e:
         rows.to_csr()
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("attn", [False, True])
+def test_the_sources_are_read_from_the_device_a_fixed_number_of_times(attn, monkeypatch):
+    """build_sources reads each feature group's layer and position in one read, not one per group:
+    a prompt with twice the groups makes no more reads (on a GPU each read waits for the device)."""
+    model = tiny_model("gpt2", torch.float32)
+    tc = tiny_transcoders(model, "plt", True)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    reads, groups = [], []
+    for tokens in (TOKENS[:5], TOKENS):
+        state = rm.run(tokens)
+        found = []
+        reads.append(_count_host_waits(monkeypatch, lambda s=state, f=found: f.append(build_sources(rm, s))))
+        groups.append(len(found[0].groups) + len(found[0].attn_groups))
+    assert groups[1] >= 2 * groups[0] > 0 and reads[0] == reads[1] <= 4

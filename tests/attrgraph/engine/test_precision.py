@@ -12,7 +12,7 @@ from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import Injection, build_sources, feature_injections
 from attrgraph.engine.targets import logit_target, select_logit_targets
-from tests.attrgraph.ag_helpers import tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -64,12 +64,14 @@ def test_each_dtype_stays_within_its_stated_tolerance_of_float64(name):
     assert edge_max_rel(g, ref) < TOLERANCE[name]
 
 
-def test_a_half_model_is_attributed_in_float32():
+@pytest.mark.parametrize("attn", [False, True])
+def test_a_half_model_is_attributed_in_float32(attn):
     """The linear backward of a bfloat16 model's recorded state equals the same backward in float64
-    to float32 precision: the half precision is the model's, never the engine's."""
+    to float32 precision: the half precision is the model's, never the engine's (with an attention
+    set too, whose scaled decoders are its sources' as well)."""
     model, tc = _pair()
     model, tc = model.to(torch.bfloat16), tc.to(torch.bfloat16)
-    rm = ReplacementModel(model, tc)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model).to(torch.bfloat16)] if attn else tc)
     state = rm.run(TOKENS, exclude_bos=True)
     assert state.errors.dtype == torch.bfloat16
     rows = {}
@@ -83,7 +85,7 @@ def test_a_half_model_is_attributed_in_float32():
             }
             s = state._replace(**floats, frozen={k: v.to(dt) for k, v in state.frozen.items()})
         sources = build_sources(rm, s)
-        inj = feature_injections(rm, sources.features) + [
+        inj = feature_injections(rm, sources.features, sources.attn) + [
             Injection(t.vector, len(TOKENS) - 1, logits=True) for t in select_logit_targets(s.logits[-1])
         ]
         rows[dt] = linear_rows(rm, s, sources, inj).toarray()
