@@ -14,7 +14,7 @@ idle. Instead:
 3. The CSR arrays are made on the device (`to_csr`): NaN and inf are counted there and refused
    (finite.py), each block's nonzeros and their columns are selected there, and copied straight
    into the host's arrays (csr_rows.py's `assemble_csr`). The host only copies: selecting the
-   nonzeros of a Llama-1B-shaped graph's 260 M edges on the host took 5 s of one core, most of it
+   nonzeros of a Llama-1B-shaped graph's 264 M edges on the host took 5 s of one core, most of it
    writing them into its growing buffers.
 """
 
