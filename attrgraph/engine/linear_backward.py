@@ -68,7 +68,8 @@ general autograd graph, apply it layer by layer with matrix products:
    contracted by one batched product per batch (`_LayerDecoders.stack`), the positions of all rows
    are copied to the device once, and nothing in the row loop reads a value back: the host never
    waits for the device until the graph is assembled (device_rows.py: influence on the device, one
-   copy). Rows that would not fit are copied to the host batch by batch, with a warning.
+   copy). Rows that would not fit are copied to the host batch by batch, with a warning; what they
+   take is counted from the plan's blocks (`_device_plan`).
 9. `precision` (precision.py): "fp32" (default, TF32 off), "tf32" or "bf16" products.
 
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
@@ -526,6 +527,15 @@ class _BatchRows:
         self.columns[(top, top_attn, P)] = got = (columns, offsets)
         return got
 
+    def width(self, inj: list) -> int:
+        """How many columns the block of the rows `inj` has (`block_columns`, counted, not built)."""
+        top, top_attn, P = self.reach(inj)
+        Pe = max(0, P - self.n_exc)
+        n = P + (top + 1) * Pe + int(self.cum[: top + 1, P].sum())
+        if top_attn >= 0:
+            n += (top_attn + 1) * Pe + int(self.attn_cum[: top_attn + 1, P].sum())
+        return n
+
     def reach(self, inj: list) -> tuple[int, int, int]:
         """(the highest MLP layer, the highest attention layer whose sources the rows `inj` reach,
         their positions P): what sizes the batch's block (`block_columns`)."""
@@ -638,16 +648,16 @@ def linear_rows(
     order = sorted(range(len(injections)), key=lambda i: key[i])
     row_bytes = rows.embed.shape[1] * rows.embed.element_size()  # one target, one position, [d_model]
     if budget is None:
-        need = _resident_bytes(rows, injections, lb)
-        budget = budget_for(lb.device, need, _live_tensors(rows))
+        budget, batches, need = _device_plan(lb, rows, injections, key, order, row_bytes, batch_size)
         if lb.device.type != "cpu" and not budget.resident:
             warnings.warn(
-                f"the rows of this graph (up to {need / 2**30:.1f} GiB) do not fit in half of the free "
+                f"the rows of this graph ({need / 2**30:.1f} GiB) do not fit in half of the free "
                 f"memory of {lb.device}: each batch is copied to the host as it is done (slower); free "
                 "device memory or use attribute(method='adaptive', max_feature_nodes=...) to bound the graph.",
                 stacklevel=2,
             )
-    batches = plan_batches(key, order, row_bytes, budget, batch_size)
+    else:
+        batches = plan_batches(key, order, row_bytes, budget, batch_size)
     if budget.resident:
         return _resident_rows(lb, rows, injections, batches, progress, stats, precision, keep_on_device)
     # step 6: one thread per batch unless its largest product pays for parallel waits; then the
@@ -710,10 +720,30 @@ def _live_tensors(rows: _BatchRows) -> int:
     return 4 + 2 * reads
 
 
-def _resident_bytes(rows: _BatchRows, injections: list, lb: LinearBackward) -> int:
-    """Bytes of every row's reachable columns (an upper bound on the resident rows, step 8)."""
-    n_cols = max(len(rows.block_columns(lb.L - 1, lb.L - 1 if rows.attn else -1, rows.n_pos)[0]), 1)
-    return len(injections) * n_cols * torch.finfo(lb.out_dtype).bits // 8
+def _device_plan(
+    lb: LinearBackward, rows: _BatchRows, injections: list, key: list, order: list, row_bytes: int, batch_size
+) -> tuple[BatchBudget, list[list[int]], int]:
+    """Step 8's budget and batches on `lb.device` (batch_plan.budget_for), and the bytes the rows
+    take there: they stay on the device when the plan's blocks fit. Asked first with each row alone
+    at its own position (the least any plan holds), then again with the plan's own blocks, which
+    merged positions make larger (rows carry the columns of their band's last position); where those
+    do not fit or leave less for the working tensors, the plan is made again from that answer.
+    Counting all columns for every row instead (twice to four times as much at 32 to 128 tokens)
+    sent graphs that fit to the host batch by batch."""
+    live, entry = _live_tensors(rows), torch.finfo(lb.out_dtype).bits // 8  # bytes of one stored edge
+    runs: dict = {}
+    for i in order:  # the rows of one (start, position) share their block width
+        runs.setdefault(key[i], [i, 0])[1] += 1
+    least = sum(n * rows.width([injections[i]]) for i, n in runs.values()) * entry
+    budget = budget_for(lb.device, least, live)
+    batches = plan_batches(key, order, row_bytes, budget, batch_size)
+    if not budget.resident:
+        return budget, batches, least
+    need = sum(len(b) * rows.width([injections[i] for i in b]) for b in batches) * entry
+    again = budget_for(lb.device, need, live)
+    if again.resident and again.work_bytes >= budget.work_bytes:
+        return budget, batches, need
+    return again, plan_batches(key, order, row_bytes, again, batch_size), need
 
 
 def _resident_rows(

@@ -226,3 +226,48 @@ def test_the_sources_are_read_from_the_device_a_fixed_number_of_times(attn, monk
         reads.append(_count_host_waits(monkeypatch, lambda s=state, f=found: f.append(build_sources(rm, s))))
         groups.append(len(found[0].groups) + len(found[0].attn_groups))
     assert groups[1] >= 2 * groups[0] > 0 and reads[0] == reads[1] <= 4
+
+
+def _with_free_memory(monkeypatch, free: int) -> None:
+    """The engine's device as one with `free` bytes free (batch_plan.device_budget on the CPU)."""
+    monkeypatch.setattr(lb, "budget_for", lambda device, need, live: device_budget(free, need, live))
+
+
+@pytest.mark.parametrize("attn", [False, True])
+def test_rows_stay_on_the_device_when_their_blocks_fit(attn, monkeypatch):
+    """The rows stay on the device when the blocks they take there fit in half of its free memory,
+    not only when every row's every column would; with less free than that they go to the host batch
+    by batch. Either way the rows are the autograd engine's."""
+    model = tiny_model("llama", torch.float32)
+    tc = tiny_transcoders(model, "plt", True)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    tokens = torch.randint(1, 40, (24,), generator=torch.Generator().manual_seed(0))
+    state = rm.run(tokens)
+    sources = build_sources(rm, state)
+    inj = feature_injections(rm, sources.features, sources.attn)
+    ref = backward_rows(rm, state, sources, inj, batch_size=16).toarray()
+    _with_free_memory(monkeypatch, 8 << 30)
+    held = linear_rows(rm, state, sources, inj, keep_on_device=True).buffer.numel() * 4
+    every_column = len(inj) * sources.n_columns * 4  # what the rule before counted
+    assert every_column > 1.5 * held
+    # 1.5x: half of it holds every row at its own position, not the plan's merged positions
+    for free, resident in ((2 * held + 64, True), (3 * held // 2, False)):
+        _with_free_memory(monkeypatch, free)
+        stats = {}
+        rows = linear_rows(rm, state, sources, inj, stats=stats)
+        assert stats["resident"] is resident
+        np.testing.assert_allclose(rows.toarray(), ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("attn", [False, True])
+def test_a_blocks_width_is_its_columns_count(attn):
+    model = tiny_model("gpt2", torch.float32)
+    tc = tiny_transcoders(model, "clt", False)
+    rm = ReplacementModel(model, [tc, tiny_attn_saes(model)] if attn else tc)
+    state = rm.run(TOKENS)
+    sources = build_sources(rm, state)
+    rows = lb._BatchRows(lb.LinearBackward(rm, state), sources, len(TOKENS))
+    inj = feature_injections(rm, sources.features, sources.attn) + injections_for(rm, state)[-2:]
+    for j in inj:
+        for batch in ([j], [j, inj[-1]]):
+            assert rows.width(batch) == len(rows.block_columns(*rows.reach(batch))[0])
