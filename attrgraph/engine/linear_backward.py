@@ -506,6 +506,17 @@ class _BatchRows:
         got = self.columns.get((top, top_attn, P))
         if got is not None:
             return got
+        parts = sorted((p for p in self._parts(top, top_attn, P) if p[2] > 0), key=lambda p: p[1])
+        columns = np.concatenate([np.arange(c, c + n) for _, c, n in parts])
+        offsets, at = {}, 0
+        for name, _, n in parts:
+            offsets[name] = (at, at + int(n))
+            at += int(n)
+        self.columns[(top, top_attn, P)] = got = (columns, offsets)
+        return got
+
+    def _parts(self, top: int, top_attn: int, P: int) -> list[tuple]:
+        """`block_columns`'s parts: (name, first global column, how many), in no order."""
         src, Pe = self.sources, max(0, P - self.n_exc)
         parts = [("embed", 0, P)]
         for l in range(top + 1):
@@ -518,23 +529,11 @@ class _BatchRows:
                 (("attn_err", l), src.error_column(l, "attn"), Pe),
                 (("attn_feat", l), self.attn_layers[l].first_col, self.attn_cum[l, P]),
             ]
-        parts = sorted((p for p in parts if p[2] > 0), key=lambda p: p[1])
-        columns = np.concatenate([np.arange(c, c + n) for _, c, n in parts])
-        offsets, at = {}, 0
-        for name, _, n in parts:
-            offsets[name] = (at, at + int(n))
-            at += int(n)
-        self.columns[(top, top_attn, P)] = got = (columns, offsets)
-        return got
+        return parts
 
     def width(self, inj: list) -> int:
         """How many columns the block of the rows `inj` has (`block_columns`, counted, not built)."""
-        top, top_attn, P = self.reach(inj)
-        Pe = max(0, P - self.n_exc)
-        n = P + (top + 1) * Pe + int(self.cum[: top + 1, P].sum())
-        if top_attn >= 0:
-            n += (top_attn + 1) * Pe + int(self.attn_cum[: top_attn + 1, P].sum())
-        return n
+        return sum(int(n) for _, _, n in self._parts(*self.reach(inj)))
 
     def reach(self, inj: list) -> tuple[int, int, int]:
         """(the highest MLP layer, the highest attention layer whose sources the rows `inj` reach,
