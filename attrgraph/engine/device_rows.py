@@ -94,10 +94,11 @@ class DeviceRows:
         counts = [(block != 0).sum(1) for block in blocks]  # NaN and inf count as nonzero here
         bad = [(~torch.isfinite(block)).sum().view(1) for block in blocks]
         read = torch.cat([*counts, *bad]).cpu().numpy() if blocks else np.zeros(0, np.int64)
-        refuse_rows(int(read[self.n_written :].sum()), "in the rows of this graph")
-        counts = read[: self.n_written]
-        itype = index_dtype(self.n_cols, int(counts.sum()))
-        data = np.empty(int(counts.sum()), numpy_dtype(self.buffer.dtype))  # the CSR arrays, on the host
+        counts, bad = read[: len(read) - len(blocks)], read[len(read) - len(blocks) :]
+        refuse_rows(int(bad.sum()), "in the rows of this graph")
+        nnz = int(counts.sum())
+        itype = index_dtype(self.n_cols, nnz)
+        data = np.empty(nnz, numpy_dtype(self.buffer.dtype))  # the CSR arrays, on the host
         indices = np.empty(len(data), itype)
         host_data, host_indices = torch.from_numpy(data), torch.from_numpy(indices)
         at = 0
@@ -111,8 +112,3 @@ class DeviceRows:
             at += len(values)
         order = np.concatenate([rows for rows, _, _ in self.batches]) if blocks else np.zeros(0, np.int64)
         return assemble_csr(self.n_rows, self.n_cols, order, counts, data, indices)
-
-    @property
-    def n_written(self) -> int:
-        """Rows in all batches."""
-        return sum(len(rows) for rows, _, _ in self.batches)
