@@ -12,10 +12,13 @@ idle. Instead:
    `(z_t / rowsum_t) |A[t, s]|` over its rows t to `acc_s` (one matrix-vector product, float64);
    a row's error share is `sum_{s error} |A[t, s]| / rowsum_t`.
 3. The CSR arrays are made on the device (`to_csr`): NaN and inf are counted there and refused
-   (finite.py), each block's nonzeros and their columns are selected there, and copied straight
-   into the host's arrays (csr_rows.py's `assemble_csr`). The host only copies: selecting the
-   nonzeros of a Llama-1B-shaped graph's 264 M edges on the host took 5 s of one core, most of it
-   writing them into its growing buffers.
+   (finite.py, `nnz`), each block's nonzeros and their columns are selected there, and copied
+   straight into the host's arrays (csr_rows.py's `assemble_csr`). The host only copies: selecting
+   the nonzeros of a Llama-1B-shaped graph's 264 M edges on the host took 5 s of one core, most of
+   it writing them into its growing buffers. `select` copies any chosen entries, rows and columns
+   renumbered: device_prune.py copies the pruned graph alone that way.
+Every batch's rows and columns go to the device in one copy, the first time they are needed
+(`nodes_and_columns`): a copy to the device makes the host wait for it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class DeviceRows:
     buffer: Float[torch.Tensor, " n_entries"]
     batches: list[tuple[np.ndarray, np.ndarray, int]] = field(default_factory=list)
     """Per batch: its rows, its columns (ascending), its first entry in `buffer`."""
+    _indices: list = field(default_factory=list, repr=False)
+    """Per batch, its rows and columns on the device (`nodes_and_columns`)."""
 
     def block(self, i: int) -> torch.Tensor:
         """Batch i's block `[B, n]`, a view of the buffer."""
@@ -55,12 +60,16 @@ class DeviceRows:
         blocks: list[tuple[int, int]],
         is_error: np.ndarray,
         first_node: int,
+        keep: np.ndarray | None = None,
     ) -> StreamedInfluence:
-        """Step 2, on the device; row r is node `first_node + r`, a column is a node index."""
+        """Step 2, on the device; row r is node `first_node + r`, a column is a node index. With
+        `keep` (a mask over nodes) on the graph of the kept nodes only: the rows and columns of the
+        others count as empty (device_prune.py)."""
         dev = self.buffer.device
         w = torch.as_tensor(np.asarray(logit_weights, np.float64), device=dev)
         err = torch.as_tensor(np.asarray(is_error, np.float64), device=dev)
         z, acc, share = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
+        mask = None if keep is None else torch.as_tensor(np.asarray(keep, np.float64), device=dev)
         starts = np.array([b0 for b0, _ in blocks])
         by_block: dict[int, list[int]] = {}
         for i, (rows, columns, _) in enumerate(self.batches):
@@ -76,39 +85,81 @@ class DeviceRows:
             b0, b1 = blocks[b]
             z[b0:b1] = w[b0:b1] + acc[b0:b1]
             for i in by_block.get(b, []):
-                rows, columns, _ = self.batches[i]
-                nodes = torch.as_tensor(first_node + rows, device=dev)
-                cols = torch.as_tensor(columns, device=dev)
-                a = self.block(i).abs().double()  # [B, n]
+                nodes, cols = self.nodes_and_columns(i, first_node)
+                a = self.abs(i, mask, first_node)  # [B, n]
                 rowsum = a.sum(1)
                 inv = torch.where(rowsum > 0, 1.0 / rowsum, torch.zeros_like(rowsum))
                 acc.index_add_(0, cols, (z[nodes] * inv) @ a)
                 share[nodes] = (a @ err[cols]) * inv
         return StreamedInfluence(influence=(z - w).cpu().numpy(), error_share=share.cpu().numpy())
 
+    def nodes_and_columns(self, i: int, first_node: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch i's rows as node indices and its columns, on the device: every batch's are copied
+        there in one go, the first time (a copy to the device makes the host wait for it)."""
+        if not self._indices:
+            dev, parts = self.buffer.device, [(rows, columns) for rows, columns, _ in self.batches]
+            sizes = np.array([[len(r), len(c)] for r, c in parts], np.int64).reshape(-1, 2)
+            flat = np.concatenate([np.concatenate([r, c]) for r, c in parts] or [np.zeros(0, np.int64)])
+            on_device = torch.from_numpy(flat.astype(np.int64)).to(dev).split(sizes.sum(1).tolist())
+            self._indices = [x.split(size.tolist()) for x, size in zip(on_device, sizes)]
+        rows, columns = self._indices[i]
+        return rows + first_node, columns
+
+    def abs(self, i: int, keep: torch.Tensor | None = None, first_node: int = 0) -> torch.Tensor:
+        """|batch i's block| `[B, n]` in float64; with `keep` (a float mask over nodes, on the
+        device) zero in the rows and columns of the nodes not kept."""
+        a = self.block(i).abs().double()
+        if keep is not None:
+            nodes, cols = self.nodes_and_columns(i, first_node)
+            a *= keep[nodes][:, None] * keep[cols][None, :]
+        return a
+
+    def nnz(self) -> int:
+        """The nonzero entries of all rows, NaN and inf refused (finite.py): one read."""
+        blocks = [self.block(i) for i in range(len(self.batches))]
+        counts = [torch.stack([(b != 0).sum(), (~torch.isfinite(b)).sum()]) for b in blocks]
+        nonzero, bad = torch.stack(counts).sum(0).tolist() if blocks else (0, 0)
+        refuse_rows(bad, "in the rows of this graph")
+        return nonzero
+
     def to_csr(self) -> sp.csr_array:
-        """Step 3: the rows as a host CSR matrix, its arrays selected on the device and copied once.
-        The host waits for the device once for the counts, then once per batch for its copies: by
-        then every batch has been computed."""
-        dev, blocks = self.buffer.device, [self.block(i) for i in range(len(self.batches))]
-        counts = [(block != 0).sum(1) for block in blocks]  # NaN and inf count as nonzero here
-        bad = [(~torch.isfinite(block)).sum().view(1) for block in blocks]
-        read = torch.cat([*counts, *bad]).cpu().numpy() if blocks else np.zeros(0, np.int64)
-        counts, bad = read[: len(read) - len(blocks)], read[len(read) - len(blocks) :]
-        refuse_rows(int(bad.sum()), "in the rows of this graph")
-        nnz = int(counts.sum())
-        itype = index_dtype(self.n_cols, nnz)
+        """Step 3: the rows as a host CSR matrix, NaN and inf refused (`nnz`)."""
+        self.nnz()
+        return self.select(lambda i, block: block != 0)
+
+    def select(
+        self,
+        where,
+        rows: np.ndarray | None = None,
+        columns: np.ndarray | None = None,
+        shape: tuple[int, int] | None = None,
+    ) -> sp.csr_array:
+        """The entries of each batch's block where `where(i, block)` (a bool tensor `[B, n]`) holds,
+        as a host CSR matrix of `shape` (default `[n_rows, n_cols]`): row r goes to row `rows[r]`
+        and column c to `columns[c]` (default: where they are; -1 for a row or column no entry of
+        which is selected). Selected on the device and copied straight into the host's arrays: the
+        host waits once for the counts, then once per batch for its copy."""
+        n_rows, n_cols = shape or (self.n_rows, self.n_cols)
+        dev, batches = self.buffer.device, range(len(self.batches))
+        read = [where(i, self.block(i)).sum(1) for i in batches]  # `where` again below: one mask at a time
+        read = torch.cat(read).cpu().numpy() if read else np.zeros(0, np.int64)
+        nnz = int(read.sum())
+        itype = index_dtype(n_cols, nnz)
         data = np.empty(nnz, numpy_dtype(self.buffer.dtype))  # the CSR arrays, on the host
         indices = np.empty(len(data), itype)
         host_data, host_indices = torch.from_numpy(data), torch.from_numpy(indices)
+        to_column = None if columns is None else torch.as_tensor(np.asarray(columns, np.int64), device=dev)
         at = 0
-        for block, (_, columns, _) in zip(blocks, self.batches):
-            keep = block != 0
-            values = torch.masked_select(block, keep)
+        for i in batches:
+            keep = where(i, self.block(i))
+            values = torch.masked_select(self.block(i), keep)
             host_data[at : at + len(values)] = values
-            host_indices[at : at + len(values)] = torch.masked_select(
-                torch.from_numpy(columns.astype(itype)).to(dev), keep
-            )
+            cols = self.nodes_and_columns(i, 0)[1]
+            cols = cols if to_column is None else to_column[cols]
+            host_indices[at : at + len(values)] = torch.masked_select(cols.to(host_indices.dtype), keep)
             at += len(values)
-        order = np.concatenate([rows for rows, _, _ in self.batches]) if blocks else np.zeros(0, np.int64)
-        return assemble_csr(self.n_rows, self.n_cols, order, counts, data, indices)
+        order = np.concatenate([r for r, _, _ in self.batches]) if self.batches else np.zeros(0, np.int64)
+        if rows is not None:
+            order = rows[order]
+        written = order >= 0  # rows mapped to -1 had no entry selected
+        return assemble_csr(n_rows, n_cols, order[written], read[written], data, indices)
