@@ -302,10 +302,15 @@ def _pruned(
     rule in meta."""
     out = graph.subgraph(keep, adjacency=adjacency)
     out.nodes.influence = influence
-    out.meta.update(
+    out.meta.update(pruned_meta(node_threshold, edge_threshold, rule))
+    return out
+
+
+def pruned_meta(node_threshold: float, edge_threshold: float, rule: str) -> dict:
+    """What a pruned graph's meta records of its pruning (module docstring)."""
+    return dict(
         pruned=True,
         node_threshold=float(node_threshold),
         edge_threshold=float(edge_threshold),
         prune_rule=rule,
     )
-    return out
