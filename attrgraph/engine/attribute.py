@@ -128,6 +128,23 @@ class StandardSetup:
             self.rm, self.state, self.sources, injections, batch_size=batch_size, progress=progress, **extra
         )
 
+    def resident_rows(self, batch_size: int | None, progress: bool, stats: dict) -> DeviceRows | None:
+        """Step 3 for every injection when the linear engine keeps the rows on the device
+        (linear_backward.py step 8: on a GPU, where they fit), else None, with nothing computed."""
+        if self.engine is not linear_rows:
+            return None
+        return linear_rows(
+            self.rm,
+            self.state,
+            self.sources,
+            self.injections,
+            batch_size=batch_size,
+            progress=progress,
+            stats=stats,
+            precision=self.precision,
+            only_resident=True,
+        )
+
     def graph(self, nodes: Nodes, adjacency: sp.csr_array, stats: dict) -> Graph:
         """The graph on `nodes` (all of them, or a selection) with `adjacency`, and its metadata."""
         targets = self.targets

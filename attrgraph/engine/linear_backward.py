@@ -68,8 +68,9 @@ general autograd graph, apply it layer by layer with matrix products:
    contracted by one batched product per batch (`_LayerDecoders.stack`), the positions of all rows
    are copied to the device once, and nothing in the row loop reads a value back: the host never
    waits for the device until the graph is assembled (device_rows.py: influence on the device, one
-   copy). Rows that would not fit are copied to the host batch by batch, with a warning; what they
-   take is counted from the plan's blocks (`_device_plan`).
+   copy; pruned_build.py prunes them there too, device_prune.py). Rows that would not fit are
+   copied to the host batch by batch, with a warning (`only_resident`: not computed at all); what
+   they take is counted from the plan's blocks (`_device_plan`).
 9. `precision` (precision.py): "fp32" (default, TF32 off), "tf32" or "bf16" products.
 
 Only models and targets whose frozen backward is covered by steps 1-3 take this path
@@ -621,13 +622,15 @@ def linear_rows(
     budget: BatchBudget | None = None,
     precision: str = "fp32",
     keep_on_device: bool = False,
-) -> sp.csr_array | DeviceRows:
+    only_resident: bool = False,
+) -> sp.csr_array | DeviceRows | None:
     """Rows of the attribution graph for `injections` (same contract as `autograd_rows.backward_rows`).
 
     `batch_size` caps the rows of a batch (default: the budget's). `budget` (batch_plan.py; default:
     the device's, `budget_for`) sizes the batches and says whether the rows stay on the device
     (step 8); with `keep_on_device` such rows come back as `DeviceRows` (device_rows.py), else
-    always as a host CSR matrix. `precision`: "fp32", "tf32" or "bf16" (precision.py).
+    always as a host CSR matrix; with `only_resident` as well, rows that would not stay on the
+    device are not computed (None). `precision`: "fp32", "tf32" or "bf16" (precision.py).
     `stats`, when given, receives `flops` (multiply-adds x 2 of the products each row needs: the
     backward and the contraction; `LinearBackward.flops`), `threads` (torch threads per batch),
     `workers` (batches at once), `batches` and `resident` (whether the rows stayed on the device)."""
@@ -648,7 +651,7 @@ def linear_rows(
     row_bytes = rows.embed.shape[1] * rows.embed.element_size()  # one target, one position, [d_model]
     if budget is None:
         budget, batches, need = _device_plan(lb, rows, injections, key, order, row_bytes, batch_size)
-        if lb.device.type != "cpu" and not budget.resident:
+        if lb.device.type != "cpu" and not budget.resident and not only_resident:
             warnings.warn(
                 f"the rows of this graph ({need / 2**30:.1f} GiB) do not fit in half of the free "
                 f"memory of {lb.device}: each batch is copied to the host as it is done (slower); free "
@@ -658,7 +661,10 @@ def linear_rows(
     else:
         batches = plan_batches(key, order, row_bytes, budget, batch_size)
     if budget.resident:
-        return _resident_rows(lb, rows, injections, batches, progress, stats, precision, keep_on_device)
+        keep = keep_on_device or only_resident
+        return _resident_rows(lb, rows, injections, batches, progress, stats, precision, keep)
+    if only_resident:
+        return None
     # step 6: one thread per batch unless its largest product pays for parallel waits; then the
     # caller's threads run that many batches at once (on the CPU)
     caller, on_cpu = torch.get_num_threads(), lb.device.type == "cpu"

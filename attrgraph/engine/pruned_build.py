@@ -18,10 +18,14 @@ logit influence, which one pass over the rows from the last block of nodes to th
    `unpruned_share`), as `prune_graph` records them.
 4. Edge pruning and the rule's last step (prune.prune_graph_edges), as `prune_graph` does.
 
+On a GPU, where the linear engine keeps every row on the device (linear_backward.py step 8:
+where they fit), step 2 is `DeviceRows.influence` on the rows held there, and steps 3-4 prune them
+there (device_prune.py): no row is computed twice and only the pruned graph comes to the host.
+
 The result is `prune_graph(attribute(...))`: the same steps on the same rows (a row computed in
 another batch agrees to float32 rounding). Cost: the rows of every target once, as `attribute`,
-plus the kept targets' again. Peak memory: the setup, one group's rows and the node-pruned
-graph, whatever the number of edges of the full graph, which the result's meta records as
+plus the kept targets' again (not on a GPU that holds the rows). Peak memory: the setup, one
+group's rows and the node-pruned graph, whatever the number of edges of the full graph, which the result's meta records as
 `unpruned_n_nodes`, `unpruned_n_edges`, `unpruned_n_features`, and its scores as
 `unpruned_replacement_score` and `unpruned_completeness_score` (as `attribute` does); its
 `attribution_seconds` are steps 1-2, `pruning_seconds` steps 3-4.
@@ -38,9 +42,17 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attrgraph.engine.attribute import StandardSetup, standard_setup
+from attrgraph.engine.device_prune import prune_device_edges
 from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target
-from attrgraph.graph.graph import Graph
-from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph_edges, select_nodes
+from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.prune import (
+    DEFAULT_RULE,
+    check_rule,
+    influence_shares,
+    prune_graph_edges,
+    pruned_meta,
+    select_nodes,
+)
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import InfluenceSolve, StreamedInfluence, layer_blocks
 
@@ -65,7 +77,7 @@ def attribute_pruned(
     max_n_logits: int = MAX_N_LOGITS,
     desired_logit_prob: float = DESIRED_LOGIT_PROB,
     targets: list[Target] | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
     progress: bool = False,
@@ -92,28 +104,18 @@ def attribute_pruned(
         precision=precision,
     )
     stats: dict = {}
-    full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
-    kind = setup.nodes.kind
-    w = setup.logit_weights()
+    kind, w, n_src = setup.nodes.kind, setup.logit_weights(), setup.n_src
+    on_device = setup.resident_rows(batch_size, progress, stats)  # step 2 on a GPU, where they fit
+    if on_device is None:
+        full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
+    else:
+        n_edges = on_device.nnz()
+        full = on_device.influence(w, layer_blocks(setup.nodes), kind == "error", n_src)
     scores = scores_from_shares(kind, full.influence, full.error_share, w)
 
     t1 = time.perf_counter()
     keep = select_nodes(kind, full.influence, node_threshold, rule)  # step 3
-    kept = np.flatnonzero(keep)
-    n_src, n_cols = setup.n_src, setup.sources.n_columns
-    with_rows = kept[kept >= n_src] - n_src  # injections of the kept features and of every target
-    rows = setup.rows([setup.injections[i] for i in with_rows], batch_size, stats=stats)
-    rows = sp.csr_array((rows.data, rows.indices, rows.indptr), shape=(len(with_rows), n_cols))
-    rows = rows[:, kept[kept < n_cols]]  # the kept sources (embeddings, errors, features) come first
-    indptr = np.concatenate([np.zeros(int((kept < n_src).sum()), rows.indptr.dtype), rows.indptr])
-    nodes = setup.nodes.select(kept)
-    nodes.influence = full.influence[kept]
-    nodes.unpruned_influence = full.influence[kept]
-    nodes.unpruned_share = influence_shares(full.influence)[kept]
-    pruned = setup.graph(
-        nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats
-    )
-    pruned.meta.update(
+    summary = dict(
         unpruned_replacement_score=scores.replacement,
         unpruned_completeness_score=scores.completeness,
         unpruned_n_nodes=int(len(kind)),
@@ -121,9 +123,42 @@ def attribute_pruned(
         unpruned_n_features=int((kind == "feature").sum()),
         attribution_seconds=round(t1 - setup.run.t0, 4),
     )
+    if on_device is not None:  # steps 3-4 on the rows held there (device_prune.py)
+        pruned = prune_device_edges(
+            on_device, kind, w, keep, layer_blocks(setup.nodes), n_src, edge_threshold, rule
+        )
+        kept = np.flatnonzero(pruned.keep)
+        nodes = _kept_nodes(setup, kept, full.influence)
+        nodes.influence = pruned.influence
+        out = setup.graph(nodes, pruned.adjacency, stats)
+        out.meta.update(summary | pruned_meta(node_threshold, edge_threshold, rule))
+        out.meta["pruning_seconds"] = round(time.perf_counter() - t1, 4)
+        return out
+    kept = np.flatnonzero(keep)
+    n_cols = setup.sources.n_columns
+    with_rows = kept[kept >= n_src] - n_src  # injections of the kept features and of every target
+    rows = setup.rows([setup.injections[i] for i in with_rows], batch_size, stats=stats)
+    rows = sp.csr_array((rows.data, rows.indices, rows.indptr), shape=(len(with_rows), n_cols))
+    rows = rows[:, kept[kept < n_cols]]  # the kept sources (embeddings, errors, features) come first
+    indptr = np.concatenate([np.zeros(int((kept < n_src).sum()), rows.indptr.dtype), rows.indptr])
+    nodes = _kept_nodes(setup, kept, full.influence)
+    nodes.influence = full.influence[kept]
+    pruned = setup.graph(
+        nodes, sp.csr_array((rows.data, rows.indices, indptr), shape=(len(kept),) * 2), stats
+    )
+    pruned.meta.update(summary)
     out = prune_graph_edges(pruned, edge_threshold, progress, node_threshold, rule)  # step 4
     out.meta["pruning_seconds"] = round(time.perf_counter() - t1, 4)
     return out
+
+
+def _kept_nodes(setup: StandardSetup, kept: np.ndarray, influence: np.ndarray) -> Nodes:
+    """The node table of the nodes `kept` (indices), with their influence in the full graph and its
+    cumulative share (prune_graph's `unpruned_influence`, `unpruned_share`)."""
+    nodes = setup.nodes.select(kept)
+    nodes.unpruned_influence = influence[kept]
+    nodes.unpruned_share = influence_shares(influence)[kept]
+    return nodes
 
 
 def _influence(
