@@ -89,7 +89,13 @@ def add_build_options(
     p.add_argument(
         "--logit-prob", type=float, default=None, help="logit targets cover this probability (default 0.95)"
     )
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="most targets per backward (default: the engine's plan, cache-sized on the CPU and "
+        "from free memory on a GPU)",
+    )
     p.add_argument(
         "--precision",
         choices=("fp32", "tf32", "bf16"),
