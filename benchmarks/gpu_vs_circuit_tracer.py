@@ -8,7 +8,9 @@
    device)`, `attribute(..., exclude_bos=True, embedding="token")` twice at each precision (fp32, tf32,
    bf16), the second run timed between `torch.cuda.synchronize()` calls with the peak device memory
    (`torch.cuda.max_memory_allocated`) reset before it; where the rows stay on the device, its
-   influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`).
+   influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`). Then the
+   pruned graph as `attrgraph build` makes it (`pruned_build`): `attribute_pruned`, which on a GPU
+   prunes the rows where they are, against `attribute` and `prune_graph` on the host.
 3. Agreement (peer_compare.compare): our fp32 feature rows and logit rows against circuit-tracer's,
    each as max |difference| over the largest |edge| of those rows (goal: feature rows 1e-5); for tf32 and
    bf16, the edge error against our own fp32 graph and the overlap (Jaccard) of the features kept by
@@ -157,11 +159,46 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             row["feature_jaccard"] = round(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])), 4)
         graphs[precision] = g
         out[precision] = row
+    out["pruned_build"] = pruned_build(model, tc, tokens, graphs["fp32"], dev)
     if profile:
         out["profile"] = profile_run(
             lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token"), dev
         )
     return out
+
+
+def pruned_build(model, tc, tokens, full, dev) -> dict:
+    """Step 2b: `attribute_pruned` at 0.8 / 0.98 (what `attrgraph build` runs; where the rows stay on
+    the device they are pruned there, device_prune.py), the second of two runs timed, against
+    `prune_graph` on the host of the fp32 graph `full` just built: the times, and whether the two
+    keep the same nodes and edges."""
+    import numpy as np
+
+    from attrgraph.engine.pruned_build import attribute_pruned
+    from attrgraph.graph.prune import prune_graph
+
+    for _ in range(2):
+        sync(dev)
+        t0 = time.perf_counter()
+        pruned = attribute_pruned(model, tc, tokens, 0.8, 0.98, exclude_bos=True, embedding="token")
+        sync(dev)
+        seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    host = prune_graph(full, 0.8, 0.98, influence=full.nodes.influence)
+    host_seconds = time.perf_counter() - t0
+    same = host.n_nodes == pruned.n_nodes and all(
+        np.array_equal(getattr(host.nodes, f), getattr(pruned.nodes, f))
+        for f in ("kind", "layer", "position", "feature")
+    )
+    same = same and np.array_equal(host.adjacency.toarray() != 0, pruned.adjacency.toarray() != 0)
+    return dict(
+        seconds=round(seconds, 3),
+        pruning_seconds=pruned.meta["pruning_seconds"],
+        host_prune_seconds=round(host_seconds, 3),
+        nodes=pruned.n_nodes,
+        edges=pruned.n_edges,
+        same_as_host=bool(same),
+    )
 
 
 PHASES = {"influence": "influence", "to_csr": "csr_assembly"}
@@ -407,6 +444,25 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             lines.append(
                 f"| {r['case']} | {f32['seconds']:.2f} s | {rest:.2f} s | {ph.get('influence', 0):.2f} s "
                 f"| {ph.get('csr_assembly', 0):.2f} s |"
+            )
+    built = [r for r in rows if r.get("attrgraph", {}).get("pruned_build")]
+    if built:
+        lines += [
+            "",
+            "## The pruned graph (node / edge thresholds 0.8 / 0.98), as `attrgraph build` makes it",
+            "",
+            "`attribute_pruned` (where the rows stay on the device they are pruned there, and only the",
+            "pruned graph is copied to the host) against `attribute` then `prune_graph` on the host.",
+            "",
+            "| case | attribute_pruned | of which pruning | attribute + prune_graph | nodes, edges | same as the host's |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in built:
+            b, f32 = r["attrgraph"]["pruned_build"], r["attrgraph"]["fp32"]
+            lines.append(
+                f"| {r['case']} | {b['seconds']:.2f} s | {b['pruning_seconds']:.2f} s "
+                f"| {f32['seconds']:.2f} + {b['host_prune_seconds']:.2f} s | {b['nodes']:,}, {b['edges']:,} "
+                f"| {'yes' if b['same_as_host'] else 'no'} |"
             )
     for r in rows:
         prof = r.get("attrgraph", {}).get("profile")

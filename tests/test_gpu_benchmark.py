@@ -44,6 +44,10 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert by["checked"] == 8 and by["ours_rel_err"] <= 1e-5 and by["ct_rel_err"] > 0.1
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert "| smoke |" in table and "(by intervention: ours " in table
+    # the pruned graph as `attrgraph build` makes it: the same as prune_graph's on the host
+    built = ours["pruned_build"]
+    assert built["same_as_host"] and 0 < built["pruning_seconds"] < built["seconds"] and built["edges"] > 0
+    assert f"| {built['nodes']:,}, {built['edges']:,} | yes |" in table
     # --profile smoke: that case alone ran once more under torch.profiler: the engine's matrix
     # products were seen, no kernel launches (a CPU), and the ops listed largest first, with shares of
     # the time all of them took (which ops lead depends on the machine's timing: not asserted)
