@@ -139,19 +139,29 @@ def test_attribution_on_device_equals_the_cpu_graph(device, foreign_default_devi
 
 def test_rows_kept_on_the_device_equal_the_cpu_graph(device, foreign_default_device, monkeypatch):
     """The GPU's plan (rows resident on the device, influence solved there; linear_backward.py step 8)
-    on `device`, whatever the default device: the same graph as the CPU's plan on the CPU."""
+    on `device`, whatever the default device: the same graph as the CPU's plan on the CPU; and the
+    pruned graph `attrgraph build` makes there (pruned on the device, device_prune.py) the same as
+    `prune_graph` of the CPU's graph."""
     import attrgraph.engine.linear_backward as lb
     from attrgraph.engine.attribute import attribute
     from attrgraph.engine.batch_plan import device_budget
+    from attrgraph.engine.pruned_build import attribute_pruned
+    from attrgraph.graph.prune import prune_graph
 
     ref = attribute(*_model("cpu", "llama"), PROMPT, backend="linear")
     model, tc = _model(device, "llama")
     monkeypatch.setattr(lb, "budget_for", lambda *a: device_budget(1 << 30, 1 << 20, 8))
     with foreign_default_device():
         got = attribute(model, tc, PROMPT, backend="linear")
+        pruned = attribute_pruned(model, tc, PROMPT, 0.5, 0.9, backend="linear")
     scale = np.abs(ref.dense()).max()
     np.testing.assert_allclose(got.dense(), ref.dense(), rtol=0, atol=1e-5 * scale)
     np.testing.assert_allclose(got.nodes.influence, ref.nodes.influence, rtol=1e-4, atol=1e-7)
+    want = prune_graph(ref, 0.5, 0.9)
+    np.testing.assert_array_equal(pruned.nodes.feature, want.nodes.feature)
+    np.testing.assert_array_equal(pruned.dense() != 0, want.dense() != 0)
+    np.testing.assert_allclose(pruned.dense(), want.dense(), rtol=0, atol=1e-5 * scale)
+    np.testing.assert_allclose(pruned.nodes.influence, want.nodes.influence, rtol=1e-4, atol=1e-7)
 
 
 def _analyses(model, tc, graph):

@@ -7,7 +7,8 @@
    Tokenize and check the prompt (attribute.to_tokens): text that is not UTF-8 and a prompt
    longer than the context are errors (`--truncate` keeps the first n_ctx tokens instead and says
    what it dropped); words the vocabulary lacks are a warning, an error under `--strict`.
-2. `attribute` (logit targets by `--max-logits` / `--logit-prob`, `--batch-size` targets per backward).
+2. `attribute` (logit targets by `--max-logits` / `--logit-prob`; `--batch-size` caps the targets
+   per backward, by default sized by the engine: for the cache on the CPU, from free memory on a GPU).
 3. `prune_graph` with `--node-threshold` / `--edge-threshold` and `--prune-rule` (default
    circuit-tracer's: error nodes pruned by influence like features, features left without inputs
    dropped, what the Neuronpedia export draws; `appendix`: the circuit-tracing appendix's, error
@@ -16,7 +17,7 @@
    `attrgraph export` of it needs no options. Steps 2-3 of the standard method without `--full`
    (and with a node threshold below 1) are one step, `attribute_pruned` (engine/pruned_build.py):
    the same pruned graph without ever holding the full one, whose edges are most of a long
-   prompt's memory; `--json` then gives the full graph's sizes and scores only, under "full".
+   prompt's memory (on a GPU that holds every row, pruned there: engine/device_prune.py); `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full, in
    the same atomic write: both or neither) to `-o` (missing folders are created; an output that
