@@ -25,9 +25,10 @@ there (device_prune.py): no row is computed twice and only the pruned graph come
 The result is `prune_graph(attribute(...))`: the same steps on the same rows (a row computed in
 another batch agrees to float32 rounding). Cost: the rows of every target once, as `attribute`,
 plus the kept targets' again (not on a GPU that holds the rows). Peak memory: the setup, one
-group's rows and the node-pruned graph, whatever the number of edges of the full graph, which the result's meta records as
-`unpruned_n_nodes`, `unpruned_n_edges`, `unpruned_n_features`, and its scores as
-`unpruned_replacement_score` and `unpruned_completeness_score` (as `attribute` does); its
+group's rows and the node-pruned graph, whatever the number of edges of the full graph, which
+the result's meta records as `unpruned_n_nodes`, `unpruned_n_edges`, `unpruned_n_features`, and
+its scores as `unpruned_replacement_score` and `unpruned_completeness_score` (as `attribute`
+does); its
 `attribution_seconds` are steps 1-2, `pruning_seconds` steps 3-4.
 """
 
