@@ -114,6 +114,27 @@ def test_random_graphs_prune_on_the_device_as_on_the_host(
     np.testing.assert_allclose(got.influence, want_influence, rtol=1e-12, atol=1e-15)
 
 
+def test_a_feature_whose_targets_were_all_pruned_keeps_by_the_appendixs_rule():
+    """Hand-built: e -> f1 -> f2, f3 -> logit, and e -> logit, every edge 1. Influence: e 1, f1 2/3,
+    f2 and f3 1/3 each; at a node threshold of 0.7 the cumulative shares are 3/7, 5/7, ... so e and
+    f1 stay and f2, f3 go. In the node-pruned graph f1 never had an output, so the appendix's rule
+    keeps it; circuit-tracer's drops it (a feature needs an output)."""
+    kinds = np.array(["embedding", "feature", "feature", "feature", "logit"])
+    A = np.zeros((5, 5))
+    A[1, 0] = A[2, 1] = A[3, 1] = A[4, 0] = A[4, 2] = A[4, 3] = 1.0
+    w = np.array([0, 0, 0, 0, 1.0])
+    influence = compute_influence(normalize_matrix(A), w)
+    np.testing.assert_allclose(influence[:4], [1, 2 / 3, 1 / 3, 1 / 3])
+    for rule, kept in (("appendix", [1, 1, 0, 0, 1]), ("circuit-tracer", [1, 0, 0, 0, 1])):
+        keep = select_nodes(kinds, influence, 0.7, rule)
+        np.testing.assert_array_equal(keep, [1, 1, 0, 0, 1])
+        rows, blocks = _as_device_rows(A, 1, 4, 2, np.random.default_rng(0))
+        got = dp.prune_device_edges(rows, kinds, w, keep, blocks, 1, 1.0, rule)
+        np.testing.assert_array_equal(got.keep, kept)
+        # an edge threshold of 1 keeps every edge among the kept nodes: e -> logit, and e -> f1
+        np.testing.assert_array_equal(got.adjacency.toarray(), A[np.ix_(got.keep, got.keep)])
+
+
 def _gpu(monkeypatch) -> None:
     monkeypatch.setattr(lb, "budget_for", lambda *a: device_budget(8 << 30, 1 << 20, 6))
 
