@@ -170,20 +170,24 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
 def pruned_build(model, tc, tokens, full, dev) -> dict:
     """Step 2b: `attribute_pruned` at 0.8 / 0.98 (what `attrgraph build` runs; where the rows stay on
     the device they are pruned there, device_prune.py), the second of two runs timed, against
-    `prune_graph` on the host of the fp32 graph `full` just built: the times, and whether the two
-    keep the same nodes and edges."""
+    `prune_graph` on the host of the fp32 graph `full` just built: the times, the peak device
+    memory, and whether the two keep the same nodes and edges."""
     import numpy as np
     import scipy.sparse as sp
+    import torch
 
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.graph.prune import prune_graph
 
     for _ in range(2):
         sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         pruned = attribute_pruned(model, tc, tokens, 0.8, 0.98, exclude_bos=True, embedding="token")
         sync(dev)
         seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
     t0 = time.perf_counter()
     host = prune_graph(full, 0.8, 0.98, influence=full.nodes.influence)
     host_seconds = time.perf_counter() - t0
@@ -199,6 +203,7 @@ def pruned_build(model, tc, tokens, full, dev) -> dict:
     return dict(
         seconds=round(seconds, 3),
         pruning_seconds=pruned.meta["pruning_seconds"],
+        peak_gib=round(peak, 2),
         host_prune_seconds=round(host_seconds, 3),
         nodes=pruned.n_nodes,
         edges=pruned.n_edges,
@@ -459,13 +464,14 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             "`attribute_pruned` (where the rows stay on the device they are pruned there, and only the",
             "pruned graph is copied to the host) against `attribute` then `prune_graph` on the host.",
             "",
-            "| case | attribute_pruned | of which pruning | attribute + prune_graph | nodes, edges | same as the host's |",
-            "|---|---|---|---|---|---|",
+            "| case | attribute_pruned | of which pruning | peak GiB | attribute + prune_graph | nodes, edges "
+            "| same as the host's |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in built:
             b, f32 = r["attrgraph"]["pruned_build"], r["attrgraph"]["fp32"]
             lines.append(
-                f"| {r['case']} | {b['seconds']:.2f} s | {b['pruning_seconds']:.2f} s "
+                f"| {r['case']} | {b['seconds']:.2f} s | {b['pruning_seconds']:.2f} s | {_gib(b.get('peak_gib'))} "
                 f"| {f32['seconds']:.2f} + {b['host_prune_seconds']:.2f} s | {b['nodes']:,}, {b['edges']:,} "
                 f"| {'yes' if b['same_as_host'] else 'no'} |"
             )
