@@ -150,12 +150,18 @@ def prune_device_edges(
     else:  # a feature that had outputs needs one still
         needs_out, needs_in = is_feature & had_out, torch.zeros_like(is_feature)
     kept = torch.as_tensor(np.asarray(keep, bool), device=dev)
+
+    def kept_edges(i: int, block: torch.Tensor | None = None) -> torch.Tensor:
+        """Batch i's kept edges between nodes still kept (`block`: DeviceRows.select's argument)."""
+        nodes, cols = rows.nodes_and_columns(i, first_node)
+        return edges[i] & kept[nodes][:, None] & kept[cols][None, :]
+
     while True:
         out_edges = torch.zeros(n, dtype=torch.int64, device=dev)
         has_in = torch.zeros(n, dtype=torch.bool, device=dev)
         for i in batches:
             nodes, cols = rows.nodes_and_columns(i, first_node)
-            e = edges[i] & kept[nodes][:, None] & kept[cols][None, :]
+            e = kept_edges(i)
             out_edges.index_add_(0, cols, e.sum(0))
             has_in[nodes] = e.any(1)
         drop = kept & (needs_out & (out_edges == 0) | needs_in & ~has_in)
@@ -166,10 +172,5 @@ def prune_device_edges(
     keep = kept.cpu().numpy()
     rank = np.where(keep, np.cumsum(keep) - 1, -1)  # a node's index among the kept ones
     n_kept = int(keep.sum())
-
-    def kept_edges(i: int, block: torch.Tensor) -> torch.Tensor:
-        nodes, cols = rows.nodes_and_columns(i, first_node)
-        return edges[i] & kept[nodes][:, None] & kept[cols][None, :]
-
     adjacency = rows.select(kept_edges, rank[first_node:], rank[: rows.n_cols], (n_kept, n_kept))
     return DevicePruned(keep, adjacency, influence[keep])

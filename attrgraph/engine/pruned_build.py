@@ -110,8 +110,9 @@ def attribute_pruned(
     if on_device is None:
         full, n_edges = _influence(setup, batch_size, chunk_edges, progress, stats)
     else:
+        blocks = layer_blocks(setup.nodes)
         n_edges = on_device.nnz()
-        full = on_device.influence(w, layer_blocks(setup.nodes), kind == "error", n_src)
+        full = on_device.influence(w, blocks, kind == "error", n_src)
     scores = scores_from_shares(kind, full.influence, full.error_share, w)
 
     t1 = time.perf_counter()
@@ -125,9 +126,7 @@ def attribute_pruned(
         attribution_seconds=round(t1 - setup.run.t0, 4),
     )
     if on_device is not None:  # steps 3-4 on the rows held there (device_prune.py)
-        pruned = prune_device_edges(
-            on_device, kind, w, keep, layer_blocks(setup.nodes), n_src, edge_threshold, rule
-        )
+        pruned = prune_device_edges(on_device, kind, w, keep, blocks, n_src, edge_threshold, rule)
         kept = np.flatnonzero(pruned.keep)
         nodes = _kept_nodes(setup, kept, full.influence)
         nodes.influence = pruned.influence
