@@ -126,17 +126,14 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     tokens = np.load(d / "input_tokens.npy")
     out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2)}, {}
     for precision in PRECISIONS:
-        for _ in range(2):  # the second run is timed
-            sync(dev)
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            t0 = time.perf_counter()
-            with phase_times(dev) as phases:
-                g = attribute(model, tc, tokens, exclude_bos=True, embedding="token", precision=precision)
-            sync(dev)
-            seconds = time.perf_counter() - t0
+        with phase_times(dev) as phases:  # each part's time in the last run: the timed one
+            g, seconds, peak = second_of_two(
+                lambda p=precision: attribute(
+                    model, tc, tokens, exclude_bos=True, embedding="token", precision=p
+                ),
+                dev,
+            )
         gflop = float(g.meta["backward_gflop"])
-        peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
         row = dict(
             seconds=round(seconds, 3),
             peak_gib=round(peak, 2),
@@ -167,6 +164,23 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     return out
 
 
+def second_of_two(run, dev):
+    """Step 2's timing: `run()` twice, the second between device syncs with the peak device memory
+    reset before it; its result, seconds and peak GiB (NaN off CUDA)."""
+    import torch
+
+    for _ in range(2):
+        sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        result = run()
+        sync(dev)
+        seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+    return result, seconds, peak
+
+
 def pruned_build(model, tc, tokens, full, dev) -> dict:
     """Step 2b: `attribute_pruned` at 0.8 / 0.98 (what `attrgraph build` runs; where the rows stay on
     the device they are pruned there, device_prune.py), the second of two runs timed, against
@@ -174,20 +188,13 @@ def pruned_build(model, tc, tokens, full, dev) -> dict:
     memory, and whether the two keep the same nodes and edges."""
     import numpy as np
     import scipy.sparse as sp
-    import torch
 
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.graph.prune import prune_graph
 
-    for _ in range(2):
-        sync(dev)
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        t0 = time.perf_counter()
-        pruned = attribute_pruned(model, tc, tokens, 0.8, 0.98, exclude_bos=True, embedding="token")
-        sync(dev)
-        seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+    pruned, seconds, peak = second_of_two(
+        lambda: attribute_pruned(model, tc, tokens, 0.8, 0.98, exclude_bos=True, embedding="token"), dev
+    )
     t0 = time.perf_counter()
     host = prune_graph(full, 0.8, 0.98, influence=full.nodes.influence)
     host_seconds = time.perf_counter() - t0
