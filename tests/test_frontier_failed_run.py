@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # ~29 s: trains and scores a frontier run
+
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN_SPARSIFY = """#!/bin/sh
 [ "$1" = "-c" ] && { echo 1.3.3; exit 0; }

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # ~13 s: two processes import sae_lens
+
 ROOT = Path(__file__).resolve().parents[1]
 
 STEP = """

@@ -328,6 +328,7 @@ def test_torchrun_cli_matches_one_process(tmp_path, one_process_cli):
     assert_same(saved_weights(tmp_path / "two"), one_process_cli)
 
 
+@pytest.mark.slow  # ~11 s; test_torchrun_cli_matches_one_process runs torchrun by default
 def test_torchrun_two_nodes_match_one_process(tmp_path, one_process_cli):
     """The README's multi-node command, with two "nodes" on this machine: `--nnodes 2 --node-rank 0|1
     --nproc-per-node 1 --master-addr 127.0.0.1 --master-port PORT` (torchrun's static rendezvous)."""

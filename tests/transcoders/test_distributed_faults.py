@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch.multiprocessing as mp
 
 from tests.transcoders.tc_helpers import CLI_ARGS, free_port
@@ -78,6 +79,7 @@ def start(tmp_path, sig: int):
     return (tmp_path / "code.txt").read_text(), errors[0], elapsed
 
 
+@pytest.mark.slow  # ~12 s: waits out the collective's timeout
 def test_a_stalled_rank_stops_the_run_naming_it(tmp_path):
     """SIGSTOP: rank 0's collective times out; it says so in one line (it was a `[rank0]:` traceback)."""
     code, message, elapsed = start(tmp_path, signal.SIGSTOP)

@@ -168,6 +168,7 @@ def assert_same(got: dict, want: dict, where: str) -> None:
             assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), f"{where}.{k}"
 
 
+@pytest.mark.slow  # the two_ranks fixture takes ~27 s
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_metrics_are_the_whole_sets(two_ranks, case):
     _, ranks = two_ranks
@@ -177,6 +178,7 @@ def test_sharded_metrics_are_the_whole_sets(two_ranks, case):
         assert_same(report[case]["metrics"], want, f"rank {rank}")
 
 
+@pytest.mark.slow  # the two_ranks fixture takes ~27 s
 @pytest.mark.parametrize("case", list(CASES))
 def test_no_rank_holds_the_whole_set_while_evaluating(two_ranks, case):
     _, ranks = two_ranks
@@ -184,6 +186,7 @@ def test_no_rank_holds_the_whole_set_while_evaluating(two_ranks, case):
         assert report[case]["wide"] == []
 
 
+@pytest.mark.slow  # the two_ranks fixture takes ~27 s
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_saved_set_is_the_whole_set_and_its_metrics_are_its_own(two_ranks, case):
     root, ranks = two_ranks

@@ -147,6 +147,7 @@ def test_listing_and_saving_into_bad_files_raise_one_sentence(tmp_path):
         list_circuits(tmp_path / "nothing.h5")
 
 
+@pytest.mark.slow  # ~15 s: one load per byte the save wrote
 def test_a_flipped_byte_in_a_saved_circuit_raises_never_reads_as_none(tmp_path):
     """A circuit saved into a file holding another; each byte the save wrote, flipped in turn:
     listing and reading give the circuit or raise GraphFileError, never "none saved"."""

@@ -174,6 +174,7 @@ def test_build_many_targets_failures_and_same_graphs_as_build(cluster, deadline,
     assert np.allclose(a.adjacency.toarray(), b.adjacency.toarray(), atol=1e-6)
 
 
+@pytest.mark.slow  # ~12 s
 def test_build_many_resumes(cluster, deadline, model_dir, tmp_path):
     """Graphs already in the file (here: written in-process, as an interrupted run leaves them) are skipped."""
     from attrgraph.bundled.loading import load_model
@@ -201,6 +202,7 @@ def test_build_many_resumes(cluster, deadline, model_dir, tmp_path):
     assert build_many.build_many(f, out, o, workers=2, progress=False)["built"] == 0
 
 
+@pytest.mark.slow  # ~11 s
 def test_build_many_survives_a_killed_worker(cluster, deadline, model_dir, tmp_path):
     """SIGKILL the worker that returned the first result while it builds its next prompt: Ray restarts
     it, the prompt is retried, and every graph is in the file once, under its own name."""
@@ -309,6 +311,7 @@ def test_read_prompts_refuses_bool_targets_and_full_name_collisions(tmp_path):
     assert "unpruned graph of 'y' would overwrite y_full (line 3)" in by_line[4]
 
 
+@pytest.mark.slow  # ~35 s: six runs, each starting a worker
 def test_build_many_resume_keys_on_what_was_built(cluster, deadline, model_dir, tmp_path):
     """A graph under a known name is skipped only when built the same way; another option, another
     prompt under that name or another transcoder set is refused in one line, or rebuilt with
@@ -359,6 +362,7 @@ def test_build_many_resume_keys_on_what_was_built(cluster, deadline, model_dir, 
     )
 
 
+@pytest.mark.slow  # ~11 s
 def test_build_many_one_run_per_output_and_no_empty_sidecar(cluster, deadline, model_dir, tmp_path):
     """While a run writes an output, a second run on it is refused (naming the first's pid) and the
     first ends normally; the last run's sidecar is gone when it starts, and while nothing has failed
@@ -390,6 +394,7 @@ def test_build_many_one_run_per_output_and_no_empty_sidecar(cluster, deadline, m
     assert "unk" not in list_graphs(out)
 
 
+@pytest.mark.slow  # ~21 s
 def test_build_many_resume_keys_on_the_target_and_reads_defaults_as_their_values(
     cluster, deadline, model_dir, tmp_path
 ):

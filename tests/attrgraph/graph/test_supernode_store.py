@@ -162,6 +162,7 @@ def flipped_copies(before: bytes, after: bytes, tmp_path):
         yield i, path
 
 
+@pytest.mark.slow  # ~9 s: one load per byte the save wrote
 def test_a_flipped_byte_in_saved_supernodes_raises_never_reads_as_none(tmp_path):
     """Nine supernodes saved beside a graph; each byte the save wrote, flipped in turn: reading
     gives the nine groups or raises GraphFileError, never an empty list ("none saved") or other

@@ -266,7 +266,8 @@ def test_a_symlink_out_of_the_static_folder_is_refused(small_file, tmp_path):
 
 
 def test_a_client_that_sends_headers_and_no_body_is_cut_off(small_file):
-    with served(small_file, socket_timeout=1) as server:
+    """The body is waited for `head_timeout` seconds (connection.py step 3), then the connection closes."""
+    with served(small_file, socket_timeout=1, head_timeout=1) as server:
         headers = {"Host": host_of(server), "Content-Type": "application/json", "Content-Length": "100"}
         lines = "POST /api/supernodes HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         reply = raw(server, (lines + "\r\n").encode(), timeout=60)
