@@ -45,8 +45,12 @@ WORK_SHARE = 0.5
 """GPU: share of the free memory (after the resident rows) that one batch's working tensors take."""
 RESIDENT_SHARE = 0.5
 """GPU: the rows stay on the device when they take at most this share of the free memory."""
-MAX_WORK_BYTES = 1 << 31
-"""GPU: largest working tensor: beyond 2 GiB a product is long enough that launches are free."""
+MAX_WORK_BYTES = 1 << 29
+"""GPU: largest working tensor (512 MiB). One product over it is some 10 ms at an H100's float32
+rate, so its launch is already free; a larger one only merges more positions into a band, which
+costs flops and memory. Planned for the Llama-1B shape at 128 tokens (on this CPU, not yet timed on a
+GPU): 2 GiB gave 129 batches, 17.9% padded flops and 12 GiB of working tensors; 512 MiB gives 209
+batches, 8.2% and 3 GiB. At 32 tokens no tensor reaches 0.2 GiB, so both give the same 81 batches."""
 
 
 @dataclass(frozen=True)
