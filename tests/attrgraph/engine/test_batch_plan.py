@@ -91,14 +91,15 @@ def test_device_bands_keep_their_promises(seed):
 def test_llama_1b_shape_plans_a_tenth_of_the_batches_on_a_gpu():
     """The issue's Llama-3.2-1B-like case: 16 layers, d_model 2048, 32 tokens, 64 features per layer
     and position: the CPU plan makes over a thousand batches; a 60 GiB GPU's, under a tenth of them,
-    at most 25% more flops than the rows need."""
+    about 10% more flops than the rows need (the slack, 1.1, but for each layer's first band, which
+    must reach 256 rows); at a slack of 1.25, 81 batches cost 23% more."""
     key = [(l, p) for l in range(16) for p in range(1, 32) for _ in range(64)] + [(16, 31)] * 10
     order, row_bytes = _sorted(key), 2048 * 4
     cpu = plan_batches(key, order, row_bytes, cpu_budget())
     gpu = plan_batches(key, order, row_bytes, device_budget(60 << 30, 4 << 30, 6))
     assert len(cpu) > 1000 and len(gpu) * 10 < len(cpu)
     own = sum(key[i][1] + 1 for i in order)
-    assert sum(len(b) * (max(key[i][1] for i in b) + 1) for b in gpu) <= 1.25 * own
+    assert sum(len(b) * (max(key[i][1] for i in b) + 1) for b in gpu) <= 1.105 * own
 
 
 class _CountOps(TorchDispatchMode):
