@@ -31,7 +31,7 @@ general autograd graph, apply it layer by layer with matrix products:
    attention features of one layer) cut to the positions they reach, planned from the device
    (batch_plan.py): on the CPU one position per batch, split where its working tensor would pass a
    cache-sized budget, short runs merged with the next positions (their rows carry zeros beyond
-   their position); on a GPU bands of positions as large as free memory allows, at most 25% more
+   their position); on a GPU bands of positions as large as free memory allows, about 10% more
    flops than their rows need. Gradients are position-major, `[P, B, d_model]`: each position's rows
    are one contiguous `[B, d_model]` matrix for step 5. A feature target's first attention sees
    one query position: `u_h = W_V[h] W_O[h] g` once, spread over the keys by the pattern row
