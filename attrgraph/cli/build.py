@@ -17,7 +17,8 @@
    `attrgraph export` of it needs no options. Steps 2-3 of the standard method without `--full`
    (and with a node threshold below 1) are one step, `attribute_pruned` (engine/pruned_build.py):
    the same pruned graph without ever holding the full one, whose edges are most of a long
-   prompt's memory (on a GPU that holds every row, pruned there: engine/device_prune.py); `--json` then gives the full graph's sizes and scores only, under "full".
+   prompt's memory (on a GPU that holds every row, pruned there: engine/device_prune.py);
+   `--json` then gives the full graph's sizes and scores only, under "full".
 4. Print nodes and edges before and after pruning, the top logits, the top features by influence
    and the wall time; write the pruned graph (and with `--full` the unpruned one as NAME_full, in
    the same atomic write: both or neither) to `-o` (missing folders are created; an output that

@@ -28,8 +28,7 @@ plus the kept targets' again (not on a GPU that holds the rows). Peak memory: th
 group's rows and the node-pruned graph, whatever the number of edges of the full graph, which
 the result's meta records as `unpruned_n_nodes`, `unpruned_n_edges`, `unpruned_n_features`, and
 its scores as `unpruned_replacement_score` and `unpruned_completeness_score` (as `attribute`
-does); its
-`attribution_seconds` are steps 1-2, `pruning_seconds` steps 3-4.
+does); its `attribution_seconds` are steps 1-2, `pruning_seconds` steps 3-4.
 """
 
 from __future__ import annotations
