@@ -12,6 +12,8 @@ and attribute back from these. We terminate when a target number of nodes have b
    by streamed_influence.py without copies of the adjacency) ranks the unexplored features.
 3. Explore the top `k` unexplored features by `I` (one batched backward), add their rows, and
    repeat until `max_feature_nodes` features are explored or no unexplored feature has influence.
+   The default `k` is circuit-tracer's schedule (`EXPLORE_STEP`), so that with its
+   `max_feature_nodes` the two explore the same features (benchmarks/peer_compare.py `--max-feature-nodes`).
 4. The returned graph holds the embeddings, the error nodes, the explored features and the
    logits. The edges of every unexplored feature are added to the error node of its (layer,
    position, site): that node stands for "error + unexplored features" (`meta["unexplored_as_error"]`;
@@ -32,12 +34,17 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from attrgraph.engine.linear_backward import rows_engine
+from attrgraph.engine.batch_plan import CPU_ROWS
+from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
 from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target, select_logit_targets
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
+
+EXPLORE_STEP = 2048
+"""Step 3's default `k`: circuit-tracer's `attribute(max_feature_nodes=...)` ranks the unexplored
+features again after every `update_interval * batch_size` features (4 x 512, its defaults)."""
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -52,25 +59,27 @@ def attribute_adaptive(
     prompt,
     *,
     max_feature_nodes: int = 1024,
-    k: int | None = None,
+    k: int = EXPLORE_STEP,
     max_n_logits: int = MAX_N_LOGITS,
     desired_logit_prob: float = DESIRED_LOGIT_PROB,
     exclude_bos: bool | None = None,
     embedding: str = "token+position",
-    batch_size: int = 256,
+    batch_size: int | None = None,
     backend: str = "auto",
     trace: list | None = None,
 ) -> Graph:
     """A partial attribution graph that explores at most `max_feature_nodes` features (steps 1-4).
 
-    `k` features are explored per step (default `batch_size`). `trace`, when given, receives one
-    dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the result."""
+    `k` features are explored per step (default `EXPLORE_STEP`, circuit-tracer's). `batch_size` caps
+    the targets of a backward (default: the rows engine's plan, batch_plan.py). `trace`, when given,
+    receives one dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the
+    result; `meta["backward_gflop"]` counts the linear engine's products, as `attribute`'s does."""
     if max_feature_nodes < 0:
         raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
     run = run_prompt(model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding)  # step 1
     targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     explorer = _Explorer(run, targets, backend, batch_size)
-    explored = explorer.explore(max_feature_nodes, batch_size if k is None else k, trace)  # steps 2-3
+    explored = explorer.explore(max_feature_nodes, k, trace)  # steps 2-3
     adjacency, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
     pos = [run.n_pos - 1] * len(targets)
     full = node_table(
@@ -83,6 +92,7 @@ def attribute_adaptive(
         n_explored=int(len(explored)),
         n_active_features=int(len(run.feats)),
         unexplored_as_error=True,
+        backward_gflop=round(explorer.stats.get("flops", 0) / 1e9, 3),
         max_n_logits=int(max_n_logits),
         desired_logit_prob=float(desired_logit_prob),
     )
@@ -98,12 +108,17 @@ class _Explorer:
     """Steps 1-3: the rows of the logit targets, then of the most influential unexplored features,
     kept per exploration step as `(nodes ascending, rows over all N nodes)` in `row_sets`."""
 
-    def __init__(self, run: PromptRun, targets: list[Target], backend: str, batch_size: int):
-        self.run, self.batch_size = run, batch_size
+    def __init__(self, run: PromptRun, targets: list[Target], backend: str, batch_size: int | None):
+        self.run, self.stats = run, {}
         n_cols, n_t = run.sources.n_columns, len(targets)
         self.N = n_cols + n_t
         logit_inj = [Injection(t.vector, run.n_pos - 1, logits=True) for t in targets]
         self.engine = rows_engine(backend, run.rm, logit_inj)
+        # the linear engine plans its batches (and counts its flops); the autograd one takes a size
+        linear = self.engine is linear_rows
+        self.options = dict(stats=self.stats) if linear else dict(batch_size=CPU_ROWS)
+        if batch_size is not None:
+            self.options["batch_size"] = batch_size
         self.w = np.zeros(self.N)
         self.w[n_cols:] = [t.weight for t in targets]
         self.row_sets = [(n_cols + np.arange(n_t), self.rows_for(logit_inj))]
@@ -111,7 +126,7 @@ class _Explorer:
     def rows_for(self, inj: list[Injection]) -> sp.csr_array:
         """Rows of `inj` over all N nodes (the arrays of the engine's [n, n_cols] result, not a copy)."""
         run = self.run
-        r = self.engine(run.rm, run.state, run.sources, inj, batch_size=self.batch_size)
+        r = self.engine(run.rm, run.state, run.sources, inj, **self.options)
         return sp.csr_array(
             (r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(len(inj), self.N)
         )
@@ -172,8 +187,15 @@ def _fold_unexplored(
     keep_cols = np.concatenate([np.arange(n_src), n_src + explored_sorted])
     new_index = np.full(n_cols, -1)
     new_index[keep_cols] = np.arange(len(keep_cols))
+    # one entry per row, at the column it folds into, with int32 indices like the raw rows': int64
+    # ones made scipy convert the raw rows' indices (1.4 s of 2.3 for 6.9 10^7 nonzeros at 128 tokens)
     M = sp.csr_array(
-        (np.ones(n_cols, np.float32), (np.arange(n_cols), new_index[fold])), shape=(n_cols, len(keep_cols))
+        (
+            np.ones(n_cols, np.float32),
+            new_index[fold].astype(np.int32),
+            np.arange(n_cols + 1, dtype=np.int32),
+        ),
+        shape=(n_cols, len(keep_cols)),
     )
     folded = []  # (row nodes, rows over the kept columns)
     while row_sets:

@@ -272,8 +272,7 @@ def attribute(
             f"method={method!r} does not take {', '.join(wrong)} "
             f"({'; '.join(f'{k} is for method={m}' for k, m in takers.items())}); leave it out or change method."
         )
-    common = dict(exclude_bos=exclude_bos, embedding=embedding, backend=backend)
-    common["batch_size"] = CPU_ROWS if batch_size is None else batch_size
+    common = dict(exclude_bos=exclude_bos, embedding=embedding, backend=backend, batch_size=batch_size)
     logits = dict(
         max_n_logits=MAX_N_LOGITS if max_n_logits is None else max_n_logits,
         desired_logit_prob=DESIRED_LOGIT_PROB if desired_logit_prob is None else desired_logit_prob,
@@ -284,6 +283,7 @@ def attribute(
                 f"hierarchical attribution has one root; got {len(targets)} targets, pass targets=[root]."
             )
         root = targets[0] if targets else None
+        common["batch_size"] = CPU_ROWS if batch_size is None else batch_size
         return attribute_hierarchical(model, transcoders, prompt, tau=tau or 0.0, root=root, **common)
     if method == "adaptive":
         if max_feature_nodes is None:

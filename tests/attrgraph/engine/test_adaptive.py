@@ -1,15 +1,22 @@
 """Adaptive graphs: the exactness contract for every explored target, the budget, the exploration
 order, and the full budget reproducing the full graph."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from attrgraph.bundled.loading import load_model
 from attrgraph.engine.adaptive import attribute_adaptive
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.graph.scores import compute_graph_scores
 from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
+from tests.attrgraph.peer_frontend import require_peer
+from transcoders.formats import load_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2, 7, 7])
 
@@ -147,3 +154,67 @@ def test_adaptive_with_attention_features():
     np.testing.assert_allclose(
         list(compute_graph_scores(everything)), list(compute_graph_scores(full)), rtol=1e-4
     )
+
+
+PEER_HARNESS = Path(__file__).resolve().parents[3].parent / "shared" / "peer" / "ct_graph.py"
+
+
+@pytest.mark.parametrize(
+    "case,budget,batch_size",
+    [
+        # circuit-tracer's default schedule (batch_size 512: it ranks again after 2,048 features), ours
+        # by default; with a step of 256 ours explores 5 other features of the 3,000
+        ("--arch llama --n-layers 6 --prompt-len 40 --l0 16", 3000, None),
+        # a short schedule (batch_size 16: 64 features a step, 4 steps) and a cross-layer transcoder
+        pytest.param(
+            "--arch gemma2 --transcoder clt --n-layers 3 --prompt-len 16 --l0 8",
+            200,
+            16,
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_explores_circuit_tracers_features_with_its_rows(tmp_path, case, budget, batch_size):
+    """circuit-tracer's `attribute(max_feature_nodes=...)` on the same weights (the peer harness) is the
+    oracle: the same explored features, and their rows and the logits' rows equal on every column but
+    the errors' (circuit-tracer drops an unexplored feature's edges; ours adds them to its error)."""
+    python = require_peer()
+    if not PEER_HARNESS.is_file():
+        pytest.skip(f"{PEER_HARNESS} is not beside the project")
+    args = [*case.split(), "--n-heads", "4", "--d-model", "64", "--d-transcoder", "256", "--d-vocab", "128"]
+    args += ["--max-feature-nodes", str(budget), "--out", str(tmp_path)]
+    args += ["--batch-size", str(batch_size)] if batch_size else []
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    res = subprocess.run([python, str(PEER_HARNESS), *args], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    model, tc = load_model(tmp_path), load_transcoders(tmp_path / "transcoders")
+    tokens = np.load(tmp_path / "input_tokens.npy")
+    k = {} if batch_size is None else dict(k=4 * batch_size)  # its update_interval is 4
+    g = attribute_adaptive(
+        model, tc, tokens, max_feature_nodes=budget, exclude_bos=True, embedding="token", **k
+    )
+    active = np.load(tmp_path / "active_features.npy")
+    selected = active[np.load(tmp_path / "selected_features.npy")]
+    assert len(selected) == budget < len(active)
+    n = g.nodes
+    f = n.kind == "feature"
+    assert sorted(node_keys(g, f)) == sorted(map(tuple, selected.tolist()))
+    # circuit-tracer's node order: its features in index order, errors (layer, position), tokens, logits
+    n_pos, L = len(tokens), g.meta["n_layers"]
+    ct_logits = np.load(tmp_path / "logit_token_ids.npy").tolist()
+    index = {key: i for i, key in enumerate(map(tuple, selected.tolist()))}
+    ours_logits = np.asarray(g.logit_tokens)
+    ct_of = {
+        "feature": lambda i: index[(n.layer[i], n.position[i], n.feature[i])],
+        "embedding": lambda i: budget + L * n_pos + n.position[i],
+        "logit": lambda i: (
+            budget + (L + 1) * n_pos + ct_logits.index(ours_logits[i - (g.n_nodes - len(ours_logits))])
+        ),
+    }
+    rows = np.flatnonzero(f | (n.kind == "logit"))
+    cols = np.flatnonzero(n.kind != "error")
+    ct_rows, ct_cols = ([ct_of[n.kind[i]](i) for i in x] for x in (rows, cols))
+    theirs = np.load(tmp_path / "adjacency.npy")[np.ix_(ct_rows, ct_cols)]
+    ours = g.adjacency[rows][:, cols].toarray()
+    assert np.abs(theirs).max() > 0 and (np.abs(ours) > 0).sum() > 10 * len(rows)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())
