@@ -10,7 +10,9 @@
    (`torch.cuda.max_memory_allocated`) reset before it; where the rows stay on the device, its
    influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`). Then the
    pruned graph as `attrgraph build` makes it (`pruned_build`): `attribute_pruned`, which on a GPU
-   prunes the rows where they are, against `attribute` and `prune_graph` on the host.
+   prunes the rows where they are, against `attribute` and `prune_graph` on the host. Where
+   circuit-tracer explored fewer features than are active (`max_feature_nodes`, the 128-token cases:
+   `LONG_PROMPT_FEATURES`), ours runs `method="adaptive"` with as many, in fp32 only.
 3. Agreement (peer_compare.compare): our fp32 feature rows and logit rows against circuit-tracer's,
    each as max |difference| over the largest |edge| of those rows (goal: feature rows 1e-5); for tf32 and
    bf16, the edge error against our own fp32 graph and the overlap (Jaccard) of the features kept by
@@ -31,10 +33,11 @@
 Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
 each at 32 and 128 tokens, in that order of priority (the issue's Llama-1B case first, Gemma-2-2B at 128
-tokens last); vocabularies of 8,192 (a vocabulary equal to d_model confuses
-circuit-tracer's logit rows, ../shared/GPU.md). `--smoke` runs two tiny cases on the CPU (circuit-tracer
-from the peer venv, `--peer-python`) as this script's own test, the second with the vocabulary equal to
-d_model, where the logit rows disagree and step 3's interventions decide.
+tokens last), the 128-token ones with 8,192 features explored (`LONG_PROMPT_FEATURES` says why); vocabularies
+of 8,192 (a vocabulary equal to d_model confuses circuit-tracer's logit rows, ../shared/GPU.md). `--smoke`
+runs three tiny cases on the CPU (circuit-tracer from the peer venv, `--peer-python`) as this script's own
+test: the second with the vocabulary equal to d_model, where the logit rows disagree and step 3's
+interventions decide, the third with 64 features explored.
 
 Usage (GPU machine): python benchmarks/gpu_vs_circuit_tracer.py --ct-path CT_PKGS [--cases NAME ...]
         (CPU):         python benchmarks/gpu_vs_circuit_tracer.py --smoke --peer-python /tmp/peer/venv/bin/python
@@ -70,14 +73,29 @@ ORDER = (  # most wanted first (a run cut short keeps these): the issue's table,
     ("llama-1b", 32),
     ("gpt2-small", 32),
     ("gemma2-2b", 32),
-    ("gpt2-small", 128),  # circuit-tracer's dense adjacency, saved by ct_gpu.py: 40 GB
-    ("llama-1b", 128),  # 69 GB
-    ("gemma2-2b", 128),  # 181 GB: past the machine's disk
+    ("gpt2-small", 128),
+    ("llama-1b", 128),
+    ("gemma2-2b", 128),
 )
-CASES = {f"{shape}-{n}": f"{SHAPES[shape]} --prompt-len {n} --l0 64 --d-vocab 8192" for shape, n in ORDER}
+LONG_PROMPT_FEATURES = 8192
+"""At 128 tokens both sides explore this many features (circuit-tracer's `max_feature_nodes`, ours
+`method="adaptive"`), as circuit-tracer is run on long prompts: it holds its edge matrix on the host,
+dense float32, [explored features + logits, all nodes], and copies it twice to package the graph, so
+a full graph needs 2 x 39 GB (GPT-2-small), 2 x 70 GB (Llama-1B) or 2 x 185 GB (Gemma-2-2B) of host
+memory at 128 tokens, and ct_gpu.py saves it again to disk: past the machine's 128 GiB and 64 GiB. With
+8,192 features the matrix is 3-7 GB."""
+CASES = {
+    f"{shape}-{n}": f"{SHAPES[shape]} --prompt-len {n} --l0 64 --d-vocab 8192"
+    + (f" --max-feature-nodes {LONG_PROMPT_FEATURES}" if n > 32 else "")
+    for shape, n in ORDER
+}
 PEAK = re.compile(r"peak GPU ([0-9.]+) GiB")
 _TINY = "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8"
-SMOKE = {"smoke": f"{_TINY} --d-vocab 128", "smoke-vocab-64": f"{_TINY} --d-vocab 64"}
+SMOKE = {
+    "smoke": f"{_TINY} --d-vocab 128",
+    "smoke-vocab-64": f"{_TINY} --d-vocab 64",
+    "smoke-adaptive": f"{_TINY} --d-vocab 128 --max-feature-nodes 64",
+}
 N_CHECKS = 8
 """Step 3: feature -> logit edges checked by intervention where the logit rows disagree."""
 
@@ -125,11 +143,18 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     tc = load_transcoders(d / "transcoders", device=dev)
     tokens = np.load(d / "input_tokens.npy")
     out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2)}, {}
-    for precision in PRECISIONS:
+    budget = explored_features(d)
+    if budget is None:
+        options, precisions = {}, PRECISIONS
+    else:  # circuit-tracer explored `budget` features: ours explores as many (fp32 only)
+        options, precisions = dict(method="adaptive", max_feature_nodes=budget), ("fp32",)
+        out["max_feature_nodes"] = budget
+    for precision in precisions:
+        precision_option = {} if precision == "fp32" else dict(precision=precision)
         with phase_times(dev) as phases:  # each part's time in the last run: the timed one
             g, seconds, peak = second_of_two(
-                lambda p=precision: attribute(
-                    model, tc, tokens, exclude_bos=True, embedding="token", precision=p
+                lambda o=precision_option: attribute(
+                    model, tc, tokens, exclude_bos=True, embedding="token", **options, **o
                 ),
                 dev,
             )
@@ -156,12 +181,24 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             row["feature_jaccard"] = round(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])), 4)
         graphs[precision] = g
         out[precision] = row
-    out["pruned_build"] = pruned_build(model, tc, tokens, graphs["fp32"], dev)
+    if budget is None:  # `attrgraph build`'s pruned graph is the standard method's
+        out["pruned_build"] = pruned_build(model, tc, tokens, graphs["fp32"], dev)
     if profile:
         out["profile"] = profile_run(
-            lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token"), dev
+            lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token", **options), dev
         )
     return out
+
+
+def explored_features(d: Path) -> int | None:
+    """The features circuit-tracer explored in the case folder `d` where it was given
+    `max_feature_nodes` (fewer than the active ones), else None (the full graph). Its schedule (it
+    ranks again after 4 x 512 features) is `attribute_adaptive`'s default, so the two explore the
+    same features."""
+    import numpy as np
+
+    selected = len(np.load(d / "selected_features.npy", mmap_mode="r"))
+    return selected if selected < len(np.load(d / "active_features.npy", mmap_mode="r")) else None
 
 
 def second_of_two(run, dev):
@@ -422,7 +459,10 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
         "",
         "Written by `python benchmarks/gpu_vs_circuit_tracer.py` (module docstring: method). Times are the",
         "second of two runs; memory is peak device memory; the floor share is our backward's FLOPs per",
-        "second over the device's float32 matmul rate with TF32 off.",
+        "second over the device's float32 matmul rate with TF32 off. Where a case explored fewer features than",
+        'are active (`max_feature_nodes`, ours `method="adaptive"`), the rows of the explored features and',
+        "of the logits are compared on every column but the errors' (circuit-tracer drops the unexplored",
+        "features' edges, ours adds them to their error nodes).",
         "",
         "| case | circuit-tracer | attrgraph fp32 | ratio | floor share | peak GiB, CT / ours | feature rows "
         "| logit rows | tf32 (ratio, edge err, Jaccard) | bf16 (ratio, edge err, Jaccard) |",
@@ -436,11 +476,16 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
         f32 = ours["fp32"]
 
         def variant(p, ct=ct, ours=ours):
+            if p not in ours:  # a partial graph: fp32 only
+                return "-"
             v = ours[p]
             return f"{ct['seconds'] / v['seconds']:.2f}x, {v['edge_rel_err']:.1e}, {v['feature_jaccard']:.3f}"
 
+        case = r["case"]
+        if "max_feature_nodes" in ours:
+            case += f" ({ours['max_feature_nodes']:,} features explored)"
         lines.append(
-            f"| {r['case']} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
+            f"| {case} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
             f"| {f32['floor_share']:.0%} | {_gib(ct.get('peak_gib'))} / {_gib(f32['peak_gib'])} "
             f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
             f"| {_logit_cell(f32)} | {variant('tf32')} | {variant('bf16')} |"

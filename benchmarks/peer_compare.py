@@ -335,19 +335,22 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
 
 
 def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
-    """Our node i is circuit-tracer's node `idx[i]` (its graph in `d`), or None and why not."""
+    """Our node i is circuit-tracer's node `idx[i]` (its graph in `d`), or None and why not. A graph of
+    circuit-tracer's with `max_feature_nodes` holds only its explored (selected) features."""
     af = np.load(d / "active_features.npy")
+    selected = np.load(d / "selected_features.npy") if (d / "selected_features.npy").exists() else None
+    selected = np.arange(len(af)) if selected is None else selected
     ct_logits = np.load(d / "logit_token_ids.npy").tolist()
-    n_pos, n_feat = len(g.prompt_ids), len(af)
+    n_pos, n_feat = len(g.prompt_ids), len(selected)
     L = int(g.meta["n_layers"])
-    feat_index = {tuple(r): i for i, r in enumerate(af.tolist())}
+    feat_index = {tuple(af[s].tolist()): i for i, s in enumerate(selected.tolist())}
     n = g.nodes
     idx = np.empty(g.n_nodes, np.int64)
     for i, (kind, layer, pos, feat) in enumerate(zip(n.kind, n.layer, n.position, n.feature)):
         if kind == "feature":
             key = (int(layer), int(pos), int(feat))
             if key not in feat_index:
-                return None, f"feature {key} is not active in circuit-tracer's graph"
+                return None, f"feature {key} is not among circuit-tracer's {n_feat} features"
             idx[i] = feat_index[key]
         elif kind == "error":
             idx[i] = n_feat + layer * n_pos + pos
@@ -364,12 +367,17 @@ def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
 
 
 def compare(g, d: Path) -> dict:
-    """Step 3: map circuit-tracer's node order onto ours and compare node for node."""
+    """Step 3: map circuit-tracer's node order onto ours and compare node for node. Partial graphs
+    (`max_feature_nodes`; ours `method="adaptive"`) explore the same features, and are compared on
+    all columns but the errors': circuit-tracer drops an unexplored feature's edges, ours adds them
+    to its error node (adaptive.py step 4)."""
     ref = np.load(d / "adjacency.npy", mmap_mode="r")
     idx, reason = ct_index(g, d)
     if idx is None:
         return dict(match=False, reason=reason)
     n = g.nodes
+    partial = g.meta.get("method") == "adaptive"
+    cols = np.flatnonzero(n.kind != "error") if partial else np.arange(g.n_nodes)
     unmapped = np.setdiff1d(np.arange(ref.shape[0]), idx)
     scale = float(np.abs(ref).max())
     unmapped_max = (
@@ -379,8 +387,9 @@ def compare(g, d: Path) -> dict:
     row_scale = np.zeros(g.n_nodes)  # per row, max |A_ct|
     for lo in range(0, g.n_nodes, 2048):  # row blocks: two dense [N, N] copies would not fit at gpt2-small
         rows = slice(lo, lo + 2048)
-        theirs = ref[np.ix_(idx[rows], idx)]
-        row_diff[rows] = np.abs(g.adjacency[rows].toarray() - theirs).max(1, initial=0.0)
+        theirs = ref[np.ix_(idx[rows], idx[cols])]
+        ours = g.adjacency[rows][:, cols] if partial else g.adjacency[rows]
+        row_diff[rows] = np.abs(ours.toarray() - theirs).max(1, initial=0.0)
         row_scale[rows] = np.abs(theirs).max(1, initial=0.0)
     rel = float(row_diff.max()) / scale
     by_kind = {}
@@ -397,6 +406,11 @@ def compare(g, d: Path) -> dict:
         unmapped_abs=unmapped_max,
         ct_nodes=int(ref.shape[0]),
         **by_kind,
+        **(
+            dict(partial=True, error_columns="not compared (ours hold the unexplored features)")
+            if partial
+            else {}
+        ),
     )
 
 

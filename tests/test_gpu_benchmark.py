@@ -32,7 +32,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     cmd += ["--harness", str(harness), "--profile", "smoke"]
     res = subprocess.run([*cmd, "--results", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
-    case, tied = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
+    case, tied, partial = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
     ours = case["attrgraph"]
     assert ours["fp32"]["match"] and ours["fp32"]["feature_rows_rel_diff"] <= 1e-5
     assert ours["bf16"]["edge_rel_err"] < 0.05 and ours["fp32"]["backward_gflop"] > 0
@@ -42,8 +42,19 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert f32["feature_rows_rel_diff"] <= 1e-5 and f32["logit_rows_rel_diff"] > 0.1
     by = f32["logit_rows_by_intervention"]
     assert by["checked"] == 8 and by["ours_rel_err"] <= 1e-5 and by["ct_rel_err"] > 0.1
+    # circuit-tracer explored 64 features (max_feature_nodes): ours as many, the same, with its rows
+    adaptive = partial["attrgraph"]
+    assert adaptive["max_feature_nodes"] == 64 and adaptive["fp32"]["features"] == 64
+    assert (
+        adaptive["fp32"]["match"] and adaptive["fp32"]["partial"] and adaptive["fp32"]["backward_gflop"] > 0
+    )
+    assert (
+        adaptive["fp32"]["feature_rows_rel_diff"] <= 1e-5 and adaptive["fp32"]["logit_rows_rel_diff"] <= 1e-5
+    )
+    assert "tf32" not in adaptive and "pruned_build" not in adaptive
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert "| smoke |" in table and "(by intervention: ours " in table
+    assert "| smoke-adaptive (64 features explored) |" in table and "| - | - |" in table
     # the pruned graph as `attrgraph build` makes it: the same as prune_graph's on the host
     built = ours["pruned_build"]
     assert built["same_as_host"] and 0 < built["pruning_seconds"] < built["seconds"] and built["edges"] > 0
@@ -71,7 +82,8 @@ def test_a_failing_case_is_a_row_with_its_error(tmp_path):
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 1, res.stderr[-3000:]
     cases = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
-    assert [c["case"] for c in cases] == ["smoke", "smoke-vocab-64"]  # the second ran after the first failed
+    # the others ran after the first failed
+    assert [c["case"] for c in cases] == ["smoke", "smoke-vocab-64", "smoke-adaptive"]
     assert all("CUDA out of memory" in c["error"] for c in cases)
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert (
