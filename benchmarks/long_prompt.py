@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BUDGETS = "0,32,128,256,512,1024,2048"
 
+from attrgraph.engine.adaptive import EXPLORE_STEP  # noqa: E402 (after the path)
+
 
 def prompt_ids(model) -> list[int]:
     from attrgraph.bundled.tasks import stream
@@ -73,7 +75,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budgets", default=BUDGETS)
     ap.add_argument("--transcoders", default="default-plt")
-    ap.add_argument("--k", type=int, default=256, help="features explored per step")
+    ap.add_argument(
+        "--k", type=int, default=EXPLORE_STEP, help="features explored per step (default: the library's)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_prompt"))
     ap.add_argument("--_budget", type=int, help=argparse.SUPPRESS)
