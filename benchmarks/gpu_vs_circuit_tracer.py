@@ -423,7 +423,8 @@ def logit_rows_by_intervention(model, tc, tokens, g, d: Path, n_checks: int = N_
     idx, _ = ct_index(g, d)
     ref = np.load(d / "adjacency.npy", mmap_mode="r")
     n = g.nodes
-    rows, cols = np.flatnonzero(n.kind == "logit"), np.flatnonzero(n.kind == "feature")
+    rows = np.flatnonzero(n.kind == "logit")
+    cols = np.flatnonzero((n.kind == "feature") & (idx >= 0))  # of a partial graph: those both explored
     ours = g.adjacency[rows][:, cols].toarray()
     theirs = np.asarray(ref[np.ix_(idx[rows], idx[cols])])
     r, c = np.unravel_index(np.argsort(np.abs(ours - theirs), axis=None)[::-1][:n_checks], ours.shape)
@@ -442,6 +443,13 @@ def logit_rows_by_intervention(model, tc, tokens, g, d: Path, n_checks: int = N_
         ours_rel_err=float(np.abs(ours[r, c] - edge).max() / scale),
         ct_rel_err=float(np.abs(theirs[r, c] - edge).max() / scale),
     )
+
+
+def _feature_cell(f32: dict) -> str:
+    cell = f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}"
+    if f32.get("explored_by_one_side"):  # a partial graph: the rows of the features both explored
+        cell += f" ({f32['explored_by_one_side']} features explored by one side only)"
+    return cell
 
 
 def _logit_cell(f32: dict) -> str:
@@ -487,7 +495,7 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
         lines.append(
             f"| {case} | {ct['seconds']:.2f} s | {f32['seconds']:.2f} s | {ct['seconds'] / f32['seconds']:.2f}x "
             f"| {f32['floor_share']:.0%} | {_gib(ct.get('peak_gib'))} / {_gib(f32['peak_gib'])} "
-            f"| {f32.get('feature_rows_rel_diff', float('nan')):.1e} "
+            f"| {_feature_cell(f32)} "
             f"| {_logit_cell(f32)} | {variant('tf32')} | {variant('bf16')} |"
         )
     timed = [r for r in rows if r.get("attrgraph", {}).get("fp32", {}).get("phases")]

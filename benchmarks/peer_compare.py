@@ -336,10 +336,13 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
 
 def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
     """Our node i is circuit-tracer's node `idx[i]` (its graph in `d`), or None and why not. A graph of
-    circuit-tracer's with `max_feature_nodes` holds only its explored (selected) features."""
+    circuit-tracer's with `max_feature_nodes` holds only its explored (selected) features; against
+    ours (`method="adaptive"`) a feature only one side explored is -1 (the ranking can differ where
+    two features' influence ties to float32 rounding)."""
     af = np.load(d / "active_features.npy")
     selected = np.load(d / "selected_features.npy") if (d / "selected_features.npy").exists() else None
     selected = np.arange(len(af)) if selected is None else selected
+    partial = g.meta.get("method") == "adaptive"
     ct_logits = np.load(d / "logit_token_ids.npy").tolist()
     n_pos, n_feat = len(g.prompt_ids), len(selected)
     L = int(g.meta["n_layers"])
@@ -349,9 +352,9 @@ def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
     for i, (kind, layer, pos, feat) in enumerate(zip(n.kind, n.layer, n.position, n.feature)):
         if kind == "feature":
             key = (int(layer), int(pos), int(feat))
-            if key not in feat_index:
+            if key not in feat_index and not partial:
                 return None, f"feature {key} is not among circuit-tracer's {n_feat} features"
-            idx[i] = feat_index[key]
+            idx[i] = feat_index.get(key, -1)
         elif kind == "error":
             idx[i] = n_feat + layer * n_pos + pos
         elif kind == "embedding":
@@ -361,24 +364,31 @@ def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
             if tok not in ct_logits:
                 return None, f"logit token {tok} is not among circuit-tracer's {ct_logits}"
             idx[i] = n_feat + L * n_pos + n_pos + ct_logits.index(tok)
-    if g.n_features != n_feat or len(g.logit_tokens) != len(ct_logits):
+    if (g.n_features != n_feat and not partial) or len(g.logit_tokens) != len(ct_logits):
         return None, f"{g.n_features} features / {len(g.logit_tokens)} logits vs {n_feat} / {len(ct_logits)}"
     return idx, None
 
 
 def compare(g, d: Path) -> dict:
     """Step 3: map circuit-tracer's node order onto ours and compare node for node. Partial graphs
-    (`max_feature_nodes`; ours `method="adaptive"`) explore the same features, and are compared on
-    all columns but the errors': circuit-tracer drops an unexplored feature's edges, ours adds them
-    to its error node (adaptive.py step 4)."""
+    (`max_feature_nodes`; ours `method="adaptive"`, which explores the same features) are compared on
+    the features both explored (`explored_by_one_side` counts the others; the graphs match only where
+    it is 0) and on all columns but the errors': circuit-tracer drops an unexplored feature's edges,
+    ours adds them to its error node (adaptive.py step 4)."""
     ref = np.load(d / "adjacency.npy", mmap_mode="r")
     idx, reason = ct_index(g, d)
     if idx is None:
         return dict(match=False, reason=reason)
     n = g.nodes
     partial = g.meta.get("method") == "adaptive"
-    cols = np.flatnonzero(n.kind != "error") if partial else np.arange(g.n_nodes)
-    unmapped = np.setdiff1d(np.arange(ref.shape[0]), idx)
+    both = idx >= 0
+    cols = np.flatnonzero(both & (n.kind != "error")) if partial else np.arange(g.n_nodes)
+    unmapped = np.setdiff1d(np.arange(ref.shape[0]), idx[both])
+    one_side = int((~both).sum())
+    if partial:  # circuit-tracer's features that ours did not explore: compared by count only
+        ct_features = len(np.load(d / "selected_features.npy", mmap_mode="r"))
+        one_side += int((unmapped < ct_features).sum())
+        unmapped = unmapped[unmapped >= ct_features]
     scale = float(np.abs(ref).max())
     unmapped_max = (
         float(np.abs(ref[:, unmapped]).max() + np.abs(ref[unmapped]).max()) if len(unmapped) else 0.0
@@ -386,7 +396,8 @@ def compare(g, d: Path) -> dict:
     row_diff = np.zeros(g.n_nodes)  # per row of ours, max |A_ours - A_ct|
     row_scale = np.zeros(g.n_nodes)  # per row, max |A_ct|
     for lo in range(0, g.n_nodes, 2048):  # row blocks: two dense [N, N] copies would not fit at gpt2-small
-        rows = slice(lo, lo + 2048)
+        rows = np.arange(lo, min(lo + 2048, g.n_nodes))
+        rows = rows[both[rows]]
         theirs = ref[np.ix_(idx[rows], idx[cols])]
         ours = g.adjacency[rows][:, cols] if partial else g.adjacency[rows]
         row_diff[rows] = np.abs(ours.toarray() - theirs).max(1, initial=0.0)
@@ -400,17 +411,18 @@ def compare(g, d: Path) -> dict:
             if mask.any() and row_scale[mask].max()
             else 0.0
         )
+    partial_keys = dict(
+        partial=True,
+        explored_by_one_side=one_side,
+        error_columns="not compared (ours hold the unexplored features)",
+    )
     return dict(
-        match=bool(rel <= TOL and unmapped_max == 0.0),
+        match=bool(rel <= TOL and unmapped_max == 0.0 and one_side == 0),
         max_rel_diff=rel,
         unmapped_abs=unmapped_max,
         ct_nodes=int(ref.shape[0]),
         **by_kind,
-        **(
-            dict(partial=True, error_columns="not compared (ours hold the unexplored features)")
-            if partial
-            else {}
-        ),
+        **(partial_keys if partial else {}),
     )
 
 

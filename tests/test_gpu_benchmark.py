@@ -181,3 +181,46 @@ def test_phase_times_split_a_run_whose_rows_stay_on_the_device(monkeypatch, tmp_
     table = bench.write_results([row], "cpu", "a CPU", tmp_path).read_text()
     rest = seconds - sum(phases.values())
     assert f"| tiny | {seconds:.2f} s | {rest:.2f} s | {phases['influence']:.2f} s |" in table
+
+
+def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_path, monkeypatch):
+    """The 128-token cases' comparison (peer_compare.compare on a `max_feature_nodes` graph of
+    circuit-tracer's, the peer harness's): ours on its schedule explores the same features and matches;
+    exploring 4 at a time instead of 64, ours picks a few others, which the comparison counts (the
+    expected count is the two sets' symmetric difference), while the rows of the features both explored
+    still equal circuit-tracer's."""
+    import numpy as np
+
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.adaptive import attribute_adaptive
+    from transcoders.formats import load_transcoders
+
+    peer = require_peer()
+    harness = ROOT.parent / "shared" / "peer" / "ct_graph.py"
+    if not harness.is_file():
+        pytest.skip(f"{harness} is not beside the project")
+    args = "--arch gemma2 --n-layers 4 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 20 --l0 8"
+    args += " --d-vocab 128 --max-feature-nodes 300 --batch-size 16"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    res = subprocess.run(
+        [peer, str(harness), *args.split(), "--out", str(tmp_path)], capture_output=True, env=env
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from peer_compare import compare
+
+    model, tc = load_model(tmp_path), load_transcoders(tmp_path / "transcoders")
+    tokens = np.load(tmp_path / "input_tokens.npy")
+    active = np.load(tmp_path / "active_features.npy")
+    theirs = set(map(tuple, active[np.load(tmp_path / "selected_features.npy")].tolist()))
+    for k in (64, 4):  # circuit-tracer's step (4 x its batch size), and a shorter one
+        g = attribute_adaptive(
+            model, tc, tokens, max_feature_nodes=300, k=k, exclude_bos=True, embedding="token"
+        )
+        f = g.nodes.kind == "feature"
+        ours = set(zip(g.nodes.layer[f].tolist(), g.nodes.position[f].tolist(), g.nodes.feature[f].tolist()))
+        result = compare(g, tmp_path)
+        assert result["partial"] and result["explored_by_one_side"] == len(ours ^ theirs)
+        assert result["match"] == (ours == theirs) and result["unmapped_abs"] == 0.0
+        assert result["feature_rows_rel_diff"] <= 1e-5 and result["logit_rows_rel_diff"] <= 1e-5
+    assert ours != theirs  # the shorter step explored others: the comparison above saw them
