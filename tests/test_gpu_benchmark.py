@@ -183,6 +183,7 @@ def test_phase_times_split_a_run_whose_rows_stay_on_the_device(monkeypatch, tmp_
     assert f"| tiny | {seconds:.2f} s | {rest:.2f} s | {phases['influence']:.2f} s |" in table
 
 
+@pytest.mark.slow  # 13 s: circuit-tracer's graph, and ours twice
 def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_path, monkeypatch):
     """The 128-token cases' comparison (peer_compare.compare on a `max_feature_nodes` graph of
     circuit-tracer's, the peer harness's): ours on its schedule explores the same features and matches;
