@@ -13,7 +13,9 @@ and attribute back from these. We terminate when a target number of nodes have b
 3. Explore the top `k` unexplored features by `I` (one batched backward), add their rows, and
    repeat until `max_feature_nodes` features are explored or no unexplored feature has influence.
    The default `k` is circuit-tracer's schedule (`EXPLORE_STEP`), so that with its
-   `max_feature_nodes` the two explore the same features (benchmarks/peer_compare.py `--max-feature-nodes`).
+   `max_feature_nodes` the two explore the same features (tests/attrgraph/engine/test_adaptive.py
+   checks it against circuit-tracer; it differs only past the features with influence, where
+   circuit-tracer fills its budget with features that have none).
 4. The returned graph holds the embeddings, the error nodes, the explored features and the
    logits. The edges of every unexplored feature are added to the error node of its (layer,
    position, site): that node stands for "error + unexplored features" (`meta["unexplored_as_error"]`;
@@ -76,6 +78,8 @@ def attribute_adaptive(
     result; `meta["backward_gflop"]` counts the linear engine's products, as `attribute`'s does."""
     if max_feature_nodes < 0:
         raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
+    if k < 1:
+        raise ValueError(f"k is {k}; pass the features to explore per step, 1 or more.")
     run = run_prompt(model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding)  # step 1
     targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     explorer = _Explorer(run, targets, backend, batch_size)

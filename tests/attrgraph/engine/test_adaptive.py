@@ -102,6 +102,16 @@ def test_replacement_score_grows_with_budget(setup):
     assert scores[-1] == pytest.approx(compute_graph_scores(full).replacement, rel=1e-4)
 
 
+@pytest.mark.parametrize(
+    "options,message",
+    [(dict(max_feature_nodes=-1), "max_feature_nodes is -1; pass 0 or more"), (dict(k=0), "k is 0; pass")],
+)
+def test_a_budget_or_step_that_explores_nothing_is_refused(setup, options, message):
+    model, rm, _ = setup
+    with pytest.raises(ValueError, match=message):
+        attribute_adaptive(model, rm, TOKENS, **{"max_feature_nodes": 8, **options})
+
+
 def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
     import h5py
 
