@@ -80,9 +80,10 @@ ORDER = (  # most wanted first (a run cut short keeps these): the issue's table,
 LONG_PROMPT_FEATURES = 8192
 """At 128 tokens both sides explore this many features (circuit-tracer's `max_feature_nodes`, ours
 `method="adaptive"`), as circuit-tracer is run on long prompts: it holds its edge matrix on the host,
-dense float32, [explored features + logits, all nodes], and copies it twice to package the graph, so
-a full graph needs 2 x 39 GB (GPT-2-small), 2 x 70 GB (Llama-1B) or 2 x 185 GB (Gemma-2-2B) of host
-memory at 128 tokens, and ct_gpu.py saves it again to disk: past the machine's 128 GiB and 64 GiB. With
+dense float32, [explored features + logits, all nodes], and holds two of them at once to package the
+graph, so a full graph at 128 tokens needs 2 x 70 GB (Llama-1B) or 2 x 185 GB (Gemma-2-2B) of host
+memory, past the machine's 128 GiB. GPT-2-small's (2 x 39 GB, and 39 GB that ct_gpu.py saves to disk)
+would fit, at minutes of a device call; it explores 8,192 too, so that the three compare alike. With
 8,192 features the matrix is 3-7 GB."""
 CASES = {
     f"{shape}-{n}": f"{SHAPES[shape]} --prompt-len {n} --l0 64 --d-vocab 8192"
