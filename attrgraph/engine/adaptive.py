@@ -96,6 +96,7 @@ def attribute_adaptive(
         n_explored=int(len(explored)),
         n_active_features=int(len(run.feats)),
         unexplored_as_error=True,
+        backend=explorer.backend,
         backward_gflop=round(explorer.stats.get("flops", 0) / 1e9, 3),
         max_n_logits=int(max_n_logits),
         desired_logit_prob=float(desired_logit_prob),
@@ -120,6 +121,7 @@ class _Explorer:
         self.engine = rows_engine(backend, run.rm, logit_inj)
         # the linear engine plans its batches (and counts its flops); the autograd one takes a size
         linear = self.engine is linear_rows
+        self.backend = "linear" if linear else "autograd"  # as attribute's meta names it
         self.options = dict(stats=self.stats) if linear else dict(batch_size=CPU_ROWS)
         if batch_size is not None:
             self.options["batch_size"] = batch_size

@@ -121,6 +121,10 @@ def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
     model, rm, full = setup
     g = attribute(model, rm, TOKENS, method="adaptive", max_feature_nodes=10, exclude_bos=True)
     assert g.meta["method"] == "adaptive" and g.n_features == 10
+    # the rows engine and its products, as attribute's meta gives them (the autograd one counts none)
+    assert g.meta["backend"] == "linear" and g.meta["backward_gflop"] > 0
+    by_autograd = attribute(model, rm, TOKENS, method="adaptive", max_feature_nodes=10, backend="autograd")
+    assert by_autograd.meta["backend"] == "autograd" and by_autograd.meta["backward_gflop"] == 0
     s = compute_graph_scores(full)
     assert full.meta["unpruned_replacement_score"] == pytest.approx(s.replacement, rel=1e-9)
     assert full.meta["unpruned_completeness_score"] == pytest.approx(s.completeness, rel=1e-9)
