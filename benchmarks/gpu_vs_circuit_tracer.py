@@ -131,7 +131,7 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from peer_compare import compare
+    from peer_compare import compare, explored_features
 
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
@@ -189,17 +189,6 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token", **options), dev
         )
     return out
-
-
-def explored_features(d: Path) -> int | None:
-    """The features circuit-tracer explored in the case folder `d` where it was given
-    `max_feature_nodes` (fewer than the active ones), else None (the full graph). Its schedule (it
-    ranks again after 4 x 512 features) is `attribute_adaptive`'s default, so the two explore the
-    same features."""
-    import numpy as np
-
-    selected = len(np.load(d / "selected_features.npy", mmap_mode="r"))
-    return selected if selected < len(np.load(d / "active_features.npy", mmap_mode="r")) else None
 
 
 def second_of_two(run, dev):

@@ -31,7 +31,10 @@ Usage: python benchmarks/peer_compare.py --peer-python VENV/bin/python [--peer-h
 (correctness: gpt2-, gemma2- and llama-like models with PLT, PLT+skip and CLT; timing: gpt2-like
 PLT at 2/64/512, 4/128/2048, 6/256/4096 layers/d_model/features on prompts of 16, 24 and 32
 tokens, BOS not counted; `--only gpt2-small` runs GPT-2 small's shape instead: 12 layers, d_model 768,
-12 heads, a 50,257-token vocabulary, 8,192 features per layer with ~64 active per token, 24 tokens).
+12 heads, a 50,257-token vocabulary, 8,192 features per layer with ~64 active per token, 24 tokens;
+`--only 6/256/4096-128t-adaptive` runs the 6/256/4096 shape on 128 tokens with 2,048 of its ~49,000
+active features explored on both sides: circuit-tracer's `max_feature_nodes`, ours `method="adaptive"`,
+compared on the features both explored, every column but the errors').
 """
 
 from __future__ import annotations
@@ -85,6 +88,14 @@ GPT2_SMALL = (
     ["--n-layers", "12", "--d-model", "768", "--n-heads", "12", "--d-vocab", "50257"]
     + ["--d-transcoder", "8192", "--l0", "64", "--prompt-len", "24"],
 )
+# A long prompt (issue 29): the 6/256/4096 shape at 128 tokens, where both sides explore 2,048 of
+# the ~49,000 active features (circuit-tracer's `max_feature_nodes`, ours `method="adaptive"` on its
+# schedule, explored_features); circuit-tracer needs minutes a run here, so it runs only when named.
+LONG_ADAPTIVE = (
+    "6/256/4096-128t-adaptive",
+    ["--n-layers", "6", "--d-model", "256", "--d-transcoder", "4096", "--prompt-len", "128"]
+    + ["--max-feature-nodes", "2048"],
+)
 BUNDLED_PROMPT = "When Mary and John went to the store , John gave a drink to"
 
 
@@ -109,6 +120,7 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
 
     torch.set_num_threads(threads)
     from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.adaptive import attribute_adaptive
     from attrgraph.engine.attribute import attribute
     from transcoders.formats import load_transcoders
 
@@ -116,11 +128,17 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     model = load_model(d)
     tc = load_transcoders(d / "transcoders")
     tokens = np.load(d / "input_tokens.npy")
+    budget = explored_features(d)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0, c0 = time.perf_counter(), time.process_time()
-    g = attribute(
-        model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size, backend=backend
-    )
+    if budget is None:
+        g = attribute(
+            model, tc, tokens, exclude_bos=True, embedding="token", batch_size=batch_size, backend=backend
+        )
+    else:  # circuit-tracer's schedule: it ranks again after update_interval (4) x batch_size features
+        g = attribute_adaptive(
+            model, tc, tokens, max_feature_nodes=budget, k=4 * batch_size, exclude_bos=True, embedding="token"
+        )
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak_gflops = matmul_gflops()  # after the peak is read: its 48 MB of matrices are not ours to count
@@ -332,6 +350,13 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
         ],
     )
     return out
+
+
+def explored_features(d: Path) -> int | None:
+    """The features circuit-tracer explored in the harness folder `d` where it was given
+    `max_feature_nodes` (fewer than the active ones), else None (the full graph)."""
+    selected = len(np.load(d / "selected_features.npy", mmap_mode="r"))
+    return selected if selected < len(np.load(d / "active_features.npy", mmap_mode="r")) else None
 
 
 def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
@@ -631,8 +656,9 @@ def main(argv=None) -> int:
         cases += [
             (label, a, "timing") for label, a in TIMING if not (args.no_large and label == "6/256/4096")
         ]
-        if args.only and GPT2_SMALL[0] in args.only.split(","):
-            cases.append((*GPT2_SMALL, "timing"))
+        for named in (GPT2_SMALL, LONG_ADAPTIVE):
+            if args.only and named[0] in args.only.split(","):
+                cases.append((*named, "timing"))
     reuse = {}  # label -> harness folders (several: circuit-tracer's median over them)
     for x in args.peer_dir:
         label, d = x.split("=", 1)

@@ -186,7 +186,8 @@ def test_phase_times_split_a_run_whose_rows_stay_on_the_device(monkeypatch, tmp_
 @pytest.mark.slow  # 13 s: circuit-tracer's graph, and ours twice
 def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_path, monkeypatch):
     """The 128-token cases' comparison (peer_compare.compare on a `max_feature_nodes` graph of
-    circuit-tracer's, the peer harness's): ours on its schedule explores the same features and matches;
+    circuit-tracer's, the peer harness's): ours on its schedule (peer_compare's worker: 4 x its batch
+    size a step) explores the same features and matches;
     exploring 4 at a time instead of 64, ours picks a few others, which the comparison counts (the
     expected count is the two sets' symmetric difference), while the rows of the features both explored
     still equal circuit-tracer's."""
@@ -208,7 +209,11 @@ def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_pat
     )
     assert res.returncode == 0, res.stderr[-3000:]
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from peer_compare import compare
+    from peer_compare import compare, ours
+
+    # peer_compare's own worker (`--only 6/256/4096-128t-adaptive`) explores on circuit-tracer's schedule
+    worker = ours(str(tmp_path), batch_size=16, threads=1)
+    assert worker["match"] and worker["features"] == 300 and worker["explored_by_one_side"] == 0
 
     model, tc = load_model(tmp_path), load_transcoders(tmp_path / "transcoders")
     tokens = np.load(tmp_path / "input_tokens.npy")

@@ -138,6 +138,22 @@ def test_peer_tables(readme):
     quoted(readme, ", ".join(f"{r['ct']['seconds'] / r['ours']['seconds']:.1f}x" for r in timing[:2]))
 
 
+def test_peer_long_adaptive(readme):
+    r = load(RESULTS / "peer_compare_long_adaptive.json")["rows"][0]
+    ct, us = r["ct"], r["ours"]
+    assert us["match"] and us["explored_by_one_side"] == 0
+    quoted(
+        readme,
+        f"where both explore {us['features']:,} of its {ct['active_features']:,} active features",
+    )
+    quoted(
+        readme,
+        f"the same rows ({sci(us['max_rel_diff'], 0)}), and ours is {ct['seconds'] / us['seconds']:.1f}x "
+        f"faster ({seconds(ct['seconds'])} s against {seconds(us['seconds'])} s) at "
+        f"{us['peak_rss_mb'] / ct['peak_rss_mb']:.2f} of its peak RSS",
+    )
+
+
 def test_peer_flop_rates(readme):
     """The engine's rate against a matmul in the same process, at the largest size, on one thread."""
     for name, threads in (
