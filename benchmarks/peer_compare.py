@@ -137,7 +137,14 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
         )
     else:  # circuit-tracer's schedule: it ranks again after update_interval (4) x batch_size features
         g = attribute_adaptive(
-            model, tc, tokens, max_feature_nodes=budget, k=4 * batch_size, exclude_bos=True, embedding="token"
+            model,
+            tc,
+            tokens,
+            max_feature_nodes=budget,
+            k=4 * batch_size,
+            exclude_bos=True,
+            embedding="token",
+            backend=backend,
         )
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -355,6 +362,8 @@ def profile_worker(dir_: str, batch_size: int, threads: int) -> dict:
 def explored_features(d: Path) -> int | None:
     """The features circuit-tracer explored in the harness folder `d` where it was given
     `max_feature_nodes` (fewer than the active ones), else None (the full graph)."""
+    if not (d / "selected_features.npy").exists():  # an older harness folder: full graphs only
+        return None
     selected = len(np.load(d / "selected_features.npy", mmap_mode="r"))
     return selected if selected < len(np.load(d / "active_features.npy", mmap_mode="r")) else None
 
