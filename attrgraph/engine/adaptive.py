@@ -36,7 +36,6 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from attrgraph.engine.batch_plan import CPU_ROWS
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
@@ -119,12 +118,10 @@ class _Explorer:
         self.N = n_cols + n_t
         logit_inj = [Injection(t.vector, run.n_pos - 1, logits=True) for t in targets]
         self.engine = rows_engine(backend, run.rm, logit_inj)
-        # the linear engine plans its batches (and counts its flops); the autograd one takes a size
+        # the linear engine counts its flops; either plans its batches when `batch_size` is None
         linear = self.engine is linear_rows
         self.backend = "linear" if linear else "autograd"  # as attribute's meta names it
-        self.options = dict(stats=self.stats) if linear else dict(batch_size=CPU_ROWS)
-        if batch_size is not None:
-            self.options["batch_size"] = batch_size
+        self.options = dict(batch_size=batch_size) | (dict(stats=self.stats) if linear else {})
         self.w = np.zeros(self.N)
         self.w[n_cols:] = [t.weight for t in targets]
         self.row_sets = [(n_cols + np.arange(n_t), self.rows_for(logit_inj))]

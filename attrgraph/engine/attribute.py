@@ -119,11 +119,10 @@ class StandardSetup:
         """Step 3: the rows of `injections`, `[len(injections), n_columns]` (sources only); `stats`
         (a dict) adds up the linear engine's flops. With `keep_on_device`, rows the linear engine
         kept on a GPU come back as `DeviceRows` (linear_backward.py step 8)."""
+        extra = {}
         if self.engine is linear_rows:
             extra = dict(precision=self.precision, keep_on_device=keep_on_device)
             extra |= dict(stats=stats) if stats is not None else {}
-        else:
-            extra, batch_size = {}, batch_size or CPU_ROWS
         return self.engine(
             self.rm, self.state, self.sources, injections, batch_size=batch_size, progress=progress, **extra
         )

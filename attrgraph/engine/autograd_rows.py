@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import torch
 from tqdm import tqdm
 
+from attrgraph.engine.batch_plan import CPU_ROWS
 from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
@@ -37,12 +38,13 @@ def backward_rows(
     state: ReplacementState,
     sources: Sources,
     injections: list[Injection],
-    batch_size: int = 256,
+    batch_size: int | None = None,
     progress: bool = False,
 ) -> sp.csr_array:
-    """Steps 3-5: one row per injection, over the `sources.n_columns` source columns (CSR)."""
+    """Steps 3-5: one row per injection, over the `sources.n_columns` source columns (CSR);
+    `batch_size` targets a backward (default `CPU_ROWS`, as the linear engine's CPU plan)."""
     n_pos, n_layers = state.tokens.shape[0], state.acts.shape[0]
-    B = max(1, min(batch_size, len(injections)))
+    B = max(1, min(CPU_ROWS if batch_size is None else batch_size, len(injections)))
     # gradients have the model's dtype; rows and the decoder contraction are float32 at least
     dtype, device = compute_dtype(state.errors.dtype), state.errors.device
     constant = rm.constant(state)
