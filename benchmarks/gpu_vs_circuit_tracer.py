@@ -151,13 +151,12 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
         options, precisions = dict(method="adaptive", max_feature_nodes=budget), ("fp32",)
         out["max_feature_nodes"] = budget
     for precision in precisions:
-        precision_option = {} if precision == "fp32" else dict(precision=precision)
         # each part's time in the last run, the timed one (the standard method's: the adaptive one
         # copies each step's rows to the host and ranks the features there)
         with phase_times(dev) if budget is None else nullcontext({}) as phases:
             g, seconds, peak = second_of_two(
-                lambda o=precision_option: attribute(
-                    model, tc, tokens, exclude_bos=True, embedding="token", **options, **o
+                lambda p=precision: attribute(  # "fp32" is every method's (attribute reads it as not given)
+                    model, tc, tokens, exclude_bos=True, embedding="token", precision=p, **options
                 ),
                 dev,
             )
