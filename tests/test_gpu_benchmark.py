@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.attrgraph.peer_frontend import require_peer
+from tests.attrgraph.peer_frontend import peer_case, require_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,22 +197,13 @@ def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_pat
     from attrgraph.engine.adaptive import attribute_adaptive
     from transcoders.formats import load_transcoders
 
-    peer = require_peer()
-    harness = ROOT.parent / "shared" / "peer" / "ct_graph.py"
-    if not harness.is_file():
-        pytest.skip(f"{harness} is not beside the project")
     args = "--arch gemma2 --n-layers 4 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 20 --l0 8"
-    args += " --d-vocab 128 --max-feature-nodes 300 --batch-size 16"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    res = subprocess.run(
-        [peer, str(harness), *args.split(), "--out", str(tmp_path)], capture_output=True, env=env
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    peer_case(tmp_path, args + " --d-vocab 128 --max-feature-nodes 300 --batch-size 16")
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from peer_compare import compare, ours
+    import peer_compare
 
     # peer_compare's own worker (`--only 6/256/4096-128t-adaptive`) explores on circuit-tracer's schedule
-    worker = ours(str(tmp_path), batch_size=16, threads=1)
+    worker = peer_compare.ours(str(tmp_path), batch_size=16, threads=1)
     assert worker["match"] and worker["features"] == 300 and worker["explored_by_one_side"] == 0
 
     model, tc = load_model(tmp_path), load_transcoders(tmp_path / "transcoders")
@@ -225,7 +216,7 @@ def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_pat
         )
         f = g.nodes.kind == "feature"
         ours = set(zip(g.nodes.layer[f].tolist(), g.nodes.position[f].tolist(), g.nodes.feature[f].tolist()))
-        result = compare(g, tmp_path)
+        result = peer_compare.compare(g, tmp_path)
         assert result["partial"] and result["explored_by_one_side"] == len(ours ^ theirs)
         assert result["match"] == (ours == theirs) and result["unmapped_abs"] == 0.0
         assert result["feature_rows_rel_diff"] <= 1e-5 and result["logit_rows_rel_diff"] <= 1e-5

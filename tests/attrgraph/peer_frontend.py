@@ -2,17 +2,20 @@
 `../shared/peer/`, made by `bash install_env.sh /tmp/peer/venv`); our venv never imports it.
 
 `PEER_PYTHON` (default /tmp/peer/venv/bin/python) names its interpreter; `require_peer()` skips a
-test with the reason when it is absent.
+test with the reason when it is absent. `peer_case` runs the harness (`ct_graph.py --out`): a seeded
+case and circuit-tracer's graph of it, as the oracle of our own.
 """
 
 import functools
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 PEER_PYTHON = os.environ.get("PEER_PYTHON", "/tmp/peer/venv/bin/python")
+PEER_HARNESS = Path(__file__).resolve().parents[2].parent / "shared" / "peer" / "ct_graph.py"
 
 # Validate every graph of DIR/graph-metadata.json and every feature file its nodes point to with
 # circuit-tracer's own pydantic models, fetching each through its own local server by the URLs its
@@ -104,6 +107,19 @@ def require_peer() -> str:
             "create it with `bash ../shared/peer/install_env.sh /tmp/peer/venv` or set PEER_PYTHON"
         )
     return python
+
+
+def peer_case(out: Path, args: str) -> Path:
+    """`ct_graph.py ARGS --out OUT` with the peer interpreter: the weights, the prompt and
+    circuit-tracer's graph in `out` (skips where the venv or the harness is absent)."""
+    python = require_peer()
+    if not PEER_HARNESS.is_file():
+        pytest.skip(f"{PEER_HARNESS} is not beside the project")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [python, str(PEER_HARNESS), *args.split(), "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
 
 
 def run_peer(script: str, *args) -> dict:

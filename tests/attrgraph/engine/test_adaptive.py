@@ -1,10 +1,6 @@
 """Adaptive graphs: the exactness contract for every explored target, the budget, the exploration
 order, and the full budget reproducing the full graph."""
 
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +11,7 @@ from attrgraph.engine.attribute import attribute
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.graph.scores import compute_graph_scores
 from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
-from tests.attrgraph.peer_frontend import require_peer
+from tests.attrgraph.peer_frontend import peer_case
 from transcoders.formats import load_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2, 7, 7])
@@ -170,9 +166,6 @@ def test_adaptive_with_attention_features():
     )
 
 
-PEER_HARNESS = Path(__file__).resolve().parents[3].parent / "shared" / "peer" / "ct_graph.py"
-
-
 @pytest.mark.parametrize(
     "case,budget,batch_size",
     [
@@ -192,15 +185,8 @@ def test_explores_circuit_tracers_features_with_its_rows(tmp_path, case, budget,
     """circuit-tracer's `attribute(max_feature_nodes=...)` on the same weights (the peer harness) is the
     oracle: the same explored features, and their rows and the logits' rows equal on every column but
     the errors' (circuit-tracer drops an unexplored feature's edges; ours adds them to its error)."""
-    python = require_peer()
-    if not PEER_HARNESS.is_file():
-        pytest.skip(f"{PEER_HARNESS} is not beside the project")
-    args = [*case.split(), "--n-heads", "4", "--d-model", "64", "--d-transcoder", "256", "--d-vocab", "128"]
-    args += ["--max-feature-nodes", str(budget), "--out", str(tmp_path)]
-    args += ["--batch-size", str(batch_size)] if batch_size else []
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    res = subprocess.run([python, str(PEER_HARNESS), *args], capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
+    args = f"{case} --n-heads 4 --d-model 64 --d-transcoder 256 --d-vocab 128 --max-feature-nodes {budget}"
+    peer_case(tmp_path, args + (f" --batch-size {batch_size}" if batch_size else ""))
     model, tc = load_model(tmp_path), load_transcoders(tmp_path / "transcoders")
     tokens = np.load(tmp_path / "input_tokens.npy")
     k = {} if batch_size is None else dict(k=4 * batch_size)  # its update_interval is 4
