@@ -35,7 +35,12 @@ the dead child, stops the others; and that SIGTERM, when it comes first, raises 
 naming the dead rank (`naming_dead_ranks`). A run ends together (`finish_together`): the other
 ranks wait in the store, without a collective timeout, until rank 0 has saved and evaluated, then
 all ranks pass one barrier and only then destroy the process group, so no rank tears down its gloo
-connections while another still holds them.
+connections while another still holds them. Destroying it must end it: `torch.distributed.nn`
+binds the default group as its functions' default `group` when first imported, so imported after
+`init_process_group` (transformer_lens imports it, and the CLI loads the model after joining) it
+keeps the group alive past `destroy_process_group`; gloo's threads then run until interpreter
+exit, where a rank can abort ("terminate called without an active exception", SIGABRT) after a
+run that succeeded. This module imports it first, while no group exists.
 3. Each rank creates, holds, checkpoints, saves and evaluates only its slice:
    `SparseCoder.init_weights(shard=...)` draws its slice of the one-process initialization without
    the rest, a checkpoint is one file per rank (checkpoint.py step 1; no rank gathers another's
@@ -64,6 +69,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before any process group exists (docstring, step 2)
 from torch import Tensor
 
 from transcoders.errors import ConfigError, StalledRankError, UndeclaredFeatureAxisError
