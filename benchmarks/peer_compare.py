@@ -374,8 +374,8 @@ def ct_index(g, d: Path) -> tuple[np.ndarray | None, str | None]:
     ours (`method="adaptive"`) a feature only one side explored is -1 (the ranking can differ where
     two features' influence ties to float32 rounding)."""
     af = np.load(d / "active_features.npy")
-    selected = np.load(d / "selected_features.npy") if (d / "selected_features.npy").exists() else None
-    selected = np.arange(len(af)) if selected is None else selected
+    selected_path = d / "selected_features.npy"  # absent in an older harness folder: every feature
+    selected = np.load(selected_path) if selected_path.exists() else np.arange(len(af))
     partial = g.meta.get("method") == "adaptive"
     ct_logits = np.load(d / "logit_token_ids.npy").tolist()
     n_pos, n_feat = len(g.prompt_ids), len(selected)
