@@ -4,6 +4,7 @@ GPU's budget: the rows equal the autograd engine's, influence equals the dense f
 bf16 / tf32 precisions cost what they should."""
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attrgraph.engine.linear_backward as lb
+from attrgraph.engine import host_copy
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.batch_plan import device_budget
@@ -175,12 +177,14 @@ def _device_rows(
     n_cols=st.integers(1, 30),
     batch=st.integers(1, 6),
     shuffle=st.booleans(),
+    stage=st.sampled_from([1, 5, host_copy.STAGE_ENTRIES]),
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=60, deadline=None)
-def test_rows_assembled_on_the_device_give_the_dense_matrix(n_rows, n_cols, batch, shuffle, seed):
+def test_rows_assembled_on_the_device_give_the_dense_matrix(n_rows, n_cols, batch, shuffle, stage, seed):
     """`to_csr` against a matrix written by hand: batches of rows in any order, each with its own
-    ascending columns, zeros inside the blocks (merged positions) dropped, rows of no batch empty."""
+    ascending columns, zeros inside the blocks (merged positions) dropped, rows of no batch empty;
+    copied to the host through staging buffers of `stage` entries (host_copy.py)."""
     rng = np.random.default_rng(seed)
     want = np.zeros((n_rows, n_cols), np.float32)
     order = rng.permutation(n_rows) if shuffle else np.arange(n_rows)
@@ -193,7 +197,8 @@ def test_rows_assembled_on_the_device_give_the_dense_matrix(n_rows, n_cols, batc
         block[rng.random(block.shape) < 0.4] = 0
         want[np.ix_(rows, columns)] = block
         blocks.append((rows, columns, block))
-    got = _device_rows(blocks, n_rows, n_cols).to_csr()
+    with mock.patch.object(host_copy, "STAGE_ENTRIES", stage):
+        got = _device_rows(blocks, n_rows, n_cols).to_csr()
     np.testing.assert_array_equal(got.toarray(), want)
     assert got.nnz == np.count_nonzero(want) and got.has_sorted_indices
     assert got.indices.dtype == got.indptr.dtype == np.int32
