@@ -28,7 +28,8 @@
    `..._cpu_smoke.{md,json}`), again after each case, so that a run cut short by its time limit keeps the
    cases it finished; a case that fails is a row with its error, and the next case runs.
 6. `--profile CASE`: one more fp32 run of that case under torch.profiler; the ops (kernels) that took
-   the most device time and the host's kernel launches, copies and waits, a section of the results.
+   the most device time and the host's kernel launches, copies and waits, and the matrix products by
+   input shapes with their kernels' time and rate, a section of the results.
 
 Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -287,10 +289,22 @@ RUNTIME_CALLS = {  # step 6: what the host asked of the CUDA runtime, by kind
 }
 
 
+PRODUCTS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+"""Step 6: the matrix products, and which of their inputs are the two factors."""
+
+
+def product_gflop(op: str, shapes: list) -> float:
+    """One call's 2 M K N (times its batch) from its input shapes: `[.., M, K] @ [.., K, N]`."""
+    a, b = (shapes[i] for i in PRODUCTS[op])
+    return 2.0 * math.prod(a[:-2] or [1]) * a[-2] * a[-1] * b[-1] / 1e9
+
+
 def profile_run(run, dev, top: int = 12) -> dict:
     """Step 6: one more fp32 run under torch.profiler. The ops (on a GPU: the kernels) that took the
     most device time (the CPU's on a CPU), and the runtime calls the host made (launches, copies,
-    waits): what to look at where the run falls short of the FLOP floor."""
+    waits): what to look at where the run falls short of the FLOP floor. Then the matrix products
+    grouped by their input shapes, with the time their kernels took and the rate that gives: which
+    products run far below the device's (a kernel's name does not say which product launched it)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -299,7 +313,7 @@ def profile_run(run, dev, top: int = 12) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync(dev)
     t0 = time.perf_counter()
-    with torch_profile(activities=activities) as prof:
+    with torch_profile(activities=activities, record_shapes=True) as prof:
         run()
         sync(dev)
     wall = time.perf_counter() - t0
@@ -310,15 +324,26 @@ def profile_run(run, dev, top: int = 12) -> dict:
         timed = [(a, a.self_cpu_time_total) for a in avg if a.key.startswith("aten::")]
     total = sum(t for _, t in timed) or 1.0
     counts = {a.key: a.count for a in avg}
+    products = []  # an aten product's device time is its kernels'; on a CPU its own time
+    for a in prof.key_averages(group_by_input_shape=True):
+        if a.key in PRODUCTS:
+            us = a.device_time_total if cuda else a.cpu_time_total
+            gflop = product_gflop(a.key, a.input_shapes) * a.count
+            shapes = " @ ".join(str(list(a.input_shapes[i])) for i in PRODUCTS[a.key])
+            products.append(
+                dict(op=a.key[6:], shapes=shapes, calls=a.count, ms=round(us / 1e3, 3), gflop=gflop)
+            )
+    products.sort(key=lambda x: -x["ms"])
     return dict(
         wall_seconds=round(wall, 3),
         busy_seconds=round(total / 1e6, 3),  # device (or CPU op) time in all the timed ops
-        products=sum(counts.get(f"aten::{k}", 0) for k in ("mm", "bmm", "addmm", "baddbmm")),
+        products=sum(counts.get(k, 0) for k in PRODUCTS),
         **{kind: sum(counts.get(k, 0) for k in keys) for kind, keys in RUNTIME_CALLS.items()},
         top=[
             dict(op=a.key[:80], calls=a.count, ms=round(t / 1e3, 2), share=round(t / total, 3))
             for a, t in sorted(timed, key=lambda x: -x[1])[:top]
         ],
+        top_products=products[:top],
     )
 
 
@@ -545,6 +570,20 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
                     for t in prof["top"]
                 ),
             ]
+            if prof.get("top_products"):  # results written before the products were grouped have none
+                lines += [
+                    "",
+                    "The matrix products by input shapes (on a GPU their kernels' time, on a CPU their own; "
+                    "the rate is their flops over it):",
+                    "",
+                    "| product | shapes | calls | ms | TFLOP/s |",
+                    "|---|---|---|---|---|",
+                    *(
+                        f"| {t['op']} | {t['shapes']} | {t['calls']:,} | {t['ms']:.1f} "
+                        f"| {t['gflop'] / max(t['ms'], 1e-3):.2f} |"
+                        for t in prof["top_products"]
+                    ),
+                ]
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (results / f"{stem}.json").write_text(json.dumps(dict(device=device_name, cases=rows), indent=1) + "\n")

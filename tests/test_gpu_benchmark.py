@@ -221,3 +221,31 @@ def test_partial_graphs_are_compared_on_the_features_both_sides_explored(tmp_pat
         assert result["match"] == (ours == theirs) and result["unmapped_abs"] == 0.0
         assert result["feature_rows_rel_diff"] <= 1e-5 and result["logit_rows_rel_diff"] <= 1e-5
     assert ours != theirs  # the shorter step explored others: the comparison above saw them
+
+
+def test_the_profile_groups_the_products_by_shape():
+    """Step 6's products table on products of known shapes: each group's calls, and its flops
+    counted by hand (2 M K N, times the batch), largest time first."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_vs_circuit_tracer import profile_run
+
+    a, b = torch.ones(30, 40), torch.ones(40, 50)
+    x, y = torch.ones(2, 30, 40), torch.ones(2, 40, 60)
+
+    def run():
+        for _ in range(3):
+            torch.mm(a, b)
+        torch.bmm(x, y)
+        torch.addmm(torch.ones(30), b.T, a.T)
+
+    prof = profile_run(run, torch.device("cpu"))
+    got = {(t["op"], t["shapes"]): (t["calls"], t["gflop"]) for t in prof["top_products"]}
+    assert got == {
+        ("mm", "[30, 40] @ [40, 50]"): (3, pytest.approx(3 * 2 * 30 * 40 * 50 / 1e9)),
+        ("bmm", "[2, 30, 40] @ [2, 40, 60]"): (1, pytest.approx(2 * 2 * 30 * 40 * 60 / 1e9)),
+        ("addmm", "[50, 40] @ [40, 30]"): (1, pytest.approx(2 * 50 * 40 * 30 / 1e9)),
+    }
+    ms = [t["ms"] for t in prof["top_products"]]
+    assert ms == sorted(ms, reverse=True)
