@@ -166,6 +166,9 @@ def measure(model, sequences, run: Run, args, work: Path) -> dict:
         encoder_tflops=round(encoder_tflops, 4),
         encoder_share=round(encoder_tflops / args.matmul_tflops, 4),
         top=[dict(t, calls=t["calls"] / n, ms=t["ms"] / n) for t in prof["top"]],  # per step
+        top_products=[
+            dict(t, calls=t["calls"] / n, ms=t["ms"] / n, gflop=t["gflop"] / n) for t in prof["top_products"]
+        ],
     )
 
 
@@ -186,8 +189,8 @@ def write(out: Path, meta: dict, runs: list[dict]) -> None:
             else "batches read from disk shards written beforehand. "
         )
         + "Busy: the device's kernel time per step (on a CPU, its "
-        "ops' time), and its share of the step's wall time. Encoder: the encoder's product alone per "
-        f"second, and its share of the device's float32 matmul rate ({meta['matmul_tflops']:.1f} TFLOP/s, "
+        "ops' time), and its share of the step's wall time. Encoder: the encoder product's flops per "
+        f"second of a step, and that rate's share of the device's float32 matmul rate ({meta['matmul_tflops']:.1f} TFLOP/s, "
         "TF32 off).",
         "",
         "| run | layers / d_model | setup s | ms per step | tokens/s | busy ms per step | busy share "
@@ -206,6 +209,12 @@ def write(out: Path, meta: dict, runs: list[dict]) -> None:
         lines += ["", f"## {name}: top ops by device time", ""]
         lines += ["| op | calls per step | ms per step | share |", "|---|---|---|---|"]
         lines += [f"| `{t['op']}` | {t['calls']:g} | {t['ms']:.3f} | {t['share']:.0%} |" for t in r["top"]]
+        lines += ["", f"## {name}: matrix products by input shapes (their kernels' time, and rate)", ""]
+        lines += ["| product | shapes | calls per step | ms per step | TFLOP/s |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {t['op']} | {t['shapes']} | {t['calls']:g} | {t['ms']:.3f} | {t['gflop'] / max(t['ms'], 1e-6):.2f} |"
+            for t in r.get("top_products", [])
+        ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

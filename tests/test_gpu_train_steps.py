@@ -49,10 +49,17 @@ def test_the_trainer_steps_are_measured_on_the_cpu(tmp_path, store):
         assert 0 < r["busy_share"] <= 1.05 and r["launches"] == 0 and r["products"] > 0
         ms = [t["ms"] for t in r["top"]]
         assert ms == sorted(ms, reverse=True) and sum(ms) <= r["busy_ms_per_step"] * 1.001
+        # the products by shape hold the encoder's, [layers, batch, d_model] @ [layers, d_model, d_sae], at
+        # its flops a call (a JumpReLU step's decoder backward has its shape too: at least one call a step)
+        L, B, d, S = r["n_layers"], r["batch"], r["d_model"], r["d_sae"]
+        encoder = [t for t in r["top_products"] if t["shapes"] == f"[{L}, {B}, {d}] @ [{L}, {d}, {S}]"]
+        assert len(encoder) == 1 and encoder[0]["calls"] >= 1
+        assert encoder[0]["gflop"] == pytest.approx(encoder[0]["calls"] * flops / 1e9)
     md = (tmp_path / "t.md").read_text()
     assert (
         "# Our trainer's steps on the CPU, float32" in md
         and "| bundled, topk, batch 256, d_sae 512 | 4 / 128 |" in md
+        and "| baddbmm | [4, 256, 128] @ [4, 128, 512] | 1 |" in md
     )
 
 
