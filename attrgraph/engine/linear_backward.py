@@ -114,6 +114,23 @@ TRIANGLE_ROWS = 32
 each with the queries at or after its first key only (the pattern is causal): 15-30% faster at
 64-128 positions (float32, one thread), slower below."""
 _READS = (sites.MLP_INPUT, RESID_MID)
+ROW_ALIGN_BYTES = 16
+"""The stored patterns' rows start every this many bytes (`aligned_rows`)."""
+
+
+def aligned_rows(t: Float[Tensor, "H k q"]) -> Float[Tensor, "H k q"]:
+    """`t` as a view of a zero-padded copy whose rows start every `ROW_ALIGN_BYTES` bytes. cuBLAS
+    takes its vectorized kernels only where a matrix's leading dimension is a multiple of 16 bytes,
+    and a prompt of 33 tokens (BOS and 32) stores pattern rows of 33 float32. On an H100 a Llama-1B-
+    shaped graph of such a prompt spent 9% of its device time in a SIMT `sgemm ... align1` kernel,
+    0.85 ms a call (benchmarks/results/gpu/2026-11-27_h100), most likely these memory-bound
+    `[P, P] @ [P, B d_head]` products: their only leading dimension that is not a multiple of 16
+    bytes is the pattern's (not yet timed on a GPU)."""
+    n = t.shape[-1]
+    per_row = max(1, ROW_ALIGN_BYTES // t.element_size())
+    padded = t.new_zeros(*t.shape[:-1], -(-n // per_row) * per_row)
+    padded[..., :n] = t
+    return padded[..., :n]
 
 
 class _Norm:
@@ -223,7 +240,7 @@ class LinearBackward:
             pattern = fr[layout.hook("pattern", l)][0].to(dt).transpose(-1, -2)
             if not self.ln1[l].identity:
                 pattern = pattern * self.ln1[l].inv.view(1, -1, 1)
-            self.pattern.append(pattern.contiguous())
+            self.pattern.append(aligned_rows(pattern))
             ws = rm.tc.W_skip
             fold = self.ln2[l].fold if rm.tc.cfg.input_hook == sites.MLP_INPUT else (lambda W: W.contiguous())
             self.W_skip.append(None if ws is None else fold(ws[l].detach().to(dt).T))

@@ -187,3 +187,20 @@ def test_blocked_causal_pattern_product_gives_the_same_rows(arch, monkeypatch):
     monkeypatch.setattr(lb, "TRIANGLE_ROWS", 2)
     fast = linear_rows(rm, state, sources, inj, batch_size=5).toarray()
     np.testing.assert_allclose(fast, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("n", [1, 5, 8, 33])
+def test_stored_patterns_rows_start_on_16_byte_boundaries(dtype, n):
+    """`aligned_rows` (the stored attention patterns): the same values, rows that start every 16
+    bytes (what cuBLAS's vectorized kernels need of a leading dimension), and a causal block of it
+    multiplies as the contiguous matrix does."""
+    from attrgraph.engine.linear_backward import aligned_rows
+
+    t = torch.randn(3, n, n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    got = aligned_rows(t)
+    assert got.dtype == dtype and torch.equal(got, t)
+    assert got.stride(-1) == 1 and got.stride(-2) * got.element_size() % 16 == 0
+    x = torch.randn(3, n, 7, generator=torch.Generator().manual_seed(1)).to(dtype)
+    p = max(1, n - 1)
+    assert torch.equal(torch.bmm(got[:, :p, :p], x[:, :p]), torch.bmm(t[:, :p, :p].contiguous(), x[:, :p]))
