@@ -154,12 +154,12 @@ class DeviceRows:
         to_column = None if columns is None else torch.as_tensor(np.asarray(columns, np.int64), device=dev)
         at = 0
         for i in batches:
-            keep = where(i, self.block(i))
-            values = torch.masked_select(self.block(i), keep)
+            block = self.block(i)
+            flat = torch.flatten(where(i, block)).nonzero().squeeze(1)  # row-major: each row's in order
             cols = self.nodes_and_columns(i, 0)[1]
             cols = cols if to_column is None else to_column[cols]
-            copy.put(at, values, torch.masked_select(cols.to(index_type), keep))
-            at += len(values)
+            copy.put(at, block.reshape(-1)[flat], cols.to(index_type)[flat % block.shape[1]])
+            at += len(flat)
         copy.finish()
         order = np.concatenate([r for r, _, _ in self.batches]) if self.batches else np.zeros(0, np.int64)
         if rows is not None:
