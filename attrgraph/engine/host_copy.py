@@ -53,8 +53,8 @@ class HostCopy:
             slot = self.next
             self.next = 1 - slot
             self._drain(slot)
-            for buffer, part in zip(self.slots[slot], parts):
-                buffer[: b - a].copy_(part[a:b], non_blocking=True)
+            for buffer, part in zip(self.slots[slot], parts):  # most parts are one piece: no slice
+                buffer[: b - a].copy_(part if b - a == n else part[a:b], non_blocking=True)
             event = None
             if self.pinned:
                 event = torch.cuda.Event()
