@@ -155,11 +155,11 @@ class DeviceRows:
         at = 0
         for i in batches:
             block = self.block(i)
-            flat = torch.flatten(where(i, block)).nonzero().squeeze(1)  # row-major: each row's in order
+            row, col = where(i, block).nonzero().unbind(1)  # row-major: each row's entries in order
             cols = self.nodes_and_columns(i, 0)[1]
             cols = cols if to_column is None else to_column[cols]
-            copy.put(at, block.reshape(-1)[flat], cols.to(index_type)[flat % block.shape[1]])
-            at += len(flat)
+            copy.put(at, block[row, col], cols.to(index_type)[col])
+            at += len(row)
         copy.finish()
         order = np.concatenate([r for r, _, _ in self.batches]) if self.batches else np.zeros(0, np.int64)
         if rows is not None:
