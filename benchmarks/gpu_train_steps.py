@@ -212,7 +212,7 @@ def write(out: Path, meta: dict, runs: list[dict]) -> None:
         lines += ["", f"## {name}: matrix products by input shapes (their kernels' time, and rate)", ""]
         lines += ["| product | shapes | calls per step | ms per step | TFLOP/s |", "|---|---|---|---|---|"]
         lines += [
-            f"| {t['op']} | {t['shapes']} | {t['calls']:g} | {t['ms']:.3f} | {t['gflop'] / max(t['ms'], 1e-6):.2f} |"
+            f"| {t['op']} | {t['shapes']} | {t['calls']:g} | {t['ms']:.3f} | {t['tflops']:.2f} |"
             for t in r.get("top_products", [])
         ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

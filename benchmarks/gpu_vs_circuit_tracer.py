@@ -330,8 +330,16 @@ def profile_run(run, dev, top: int = 12) -> dict:
             us = a.device_time_total if cuda else a.cpu_time_total
             gflop = product_gflop(a.key, a.input_shapes) * a.count
             shapes = " @ ".join(str(list(a.input_shapes[i])) for i in PRODUCTS[a.key])
+            tflops = gflop / max(us / 1e3, 1e-3)  # GFLOP per ms is TFLOP/s
             products.append(
-                dict(op=a.key[6:], shapes=shapes, calls=a.count, ms=round(us / 1e3, 3), gflop=gflop)
+                dict(
+                    op=a.key[6:],
+                    shapes=shapes,
+                    calls=a.count,
+                    ms=round(us / 1e3, 3),
+                    gflop=gflop,
+                    tflops=tflops,
+                )
             )
     products.sort(key=lambda x: -x["ms"])
     return dict(
@@ -579,8 +587,7 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
                     "| product | shapes | calls | ms | TFLOP/s |",
                     "|---|---|---|---|---|",
                     *(
-                        f"| {t['op']} | {t['shapes']} | {t['calls']:,} | {t['ms']:.1f} "
-                        f"| {t['gflop'] / max(t['ms'], 1e-3):.2f} |"
+                        f"| {t['op']} | {t['shapes']} | {t['calls']:,} | {t['ms']:.1f} | {t['tflops']:.2f} |"
                         for t in prof["top_products"]
                     ),
                 ]
