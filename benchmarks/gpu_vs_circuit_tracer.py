@@ -30,6 +30,10 @@
 6. `--profile CASE`: one more fp32 run of that case under torch.profiler; the ops (kernels) that took
    the most device time and the host's kernel launches, copies and waits, and the matrix products by
    input shapes with their kernels' time and rate, a section of the results.
+7. Each case's wall time, part by part: circuit-tracer's process (and of it, building and saving the
+   seeded case, which ct_gpu.py does on the CPU) and ours (loading, each precision with its checks, the
+   pruned build, the profile), so that a device call's minutes can be planned. `--precisions fp32` and
+   `--no-pruned-build` re-time a case with less.
 
 Cases: GPT-2-small (12 layers, d_model 768, 12 heads, 8,192 features), Llama-3.2-1B (16 layers, d_model
 2048, 16 heads, 16,384 features) and Gemma-2-2B (26 layers, d_model 2304, 8 heads, 16,384 features),
@@ -93,6 +97,7 @@ CASES = {
     for shape, n in ORDER
 }
 PEAK = re.compile(r"peak GPU ([0-9.]+) GiB")
+BUILT = re.compile(r"case built\+saved in ([0-9.]+)s")
 _TINY = "--arch llama --n-layers 2 --d-model 64 --n-heads 4 --d-transcoder 256 --prompt-len 12 --l0 8"
 SMOKE = {
     "smoke": f"{_TINY} --d-vocab 128",
@@ -127,8 +132,12 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(dir_: str, device: str, profile: bool = False) -> dict:
-    """Steps 2-4 in this process, on the case folder `dir_` (and step 6 with `profile`)."""
+def worker(
+    dir_: str, device: str, profile: bool = False, precisions=PRECISIONS, pruned: bool = True
+) -> dict:
+    """Steps 2-4 in this process, on the case folder `dir_` (and step 6 with `profile`): the `precisions`
+    asked for (fp32 always, the reference), the pruned build with `pruned`; each part's wall time in
+    `walls` (step 7)."""
     import numpy as np
     import torch
 
@@ -140,15 +149,24 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
     from attrgraph.graph.prune import prune_graph
     from transcoders.formats import load_transcoders
 
+    walls, t_part = {}, time.perf_counter()
+
+    def lap(part: str) -> None:  # step 7: the wall time since the last lap, loading and checks included
+        nonlocal t_part
+        now = time.perf_counter()
+        walls[part] = round(now - t_part, 1)
+        t_part = now
+
     dev = torch.device(device)
     d = Path(dir_)
     model = load_model(d, device=dev)
     tc = load_transcoders(d / "transcoders", device=dev)
     tokens = np.load(d / "input_tokens.npy")
-    out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2)}, {}
+    out, graphs = {"matmul_tflops": round(matmul_tflops(dev), 2), "walls": walls}, {}
+    lap("load")  # the model, the transcoders and the matmul rate
     budget = explored_features(d)
     if budget is None:
-        options, precisions = {}, PRECISIONS
+        options, precisions = {}, ("fp32", *(p for p in precisions if p != "fp32"))
     else:  # circuit-tracer explored `budget` features: ours explores as many (fp32 only)
         options, precisions = dict(method="adaptive", max_feature_nodes=budget), ("fp32",)
         out["max_feature_nodes"] = budget
@@ -185,12 +203,15 @@ def worker(dir_: str, device: str, profile: bool = False) -> dict:
             row["feature_jaccard"] = round(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])), 4)
         graphs[precision] = g
         out[precision] = row
-    if budget is None:  # `attrgraph build`'s pruned graph is the standard method's
+        lap(precision)
+    if budget is None and pruned:  # `attrgraph build`'s pruned graph is the standard method's
         out["pruned_build"] = pruned_build(model, tc, tokens, graphs["fp32"], dev)
+        lap("pruned_build")
     if profile:
         out["profile"] = profile_run(
             lambda: attribute(model, tc, tokens, exclude_bos=True, embedding="token", **options), dev
         )
+        lap("profile")
     return out
 
 
@@ -391,19 +412,23 @@ def run_case(
     harness: Path = HARNESS,
     timeout: float | None = None,
     profile: bool = False,
+    worker_args: tuple = (),
 ) -> dict:
-    """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`), on one folder."""
+    """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`, with
+    `worker_args`), on one folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"gpu-{name}-", dir=keep))
     try:
-        return _run_case(name, args, device, ct, ct_env, env, folder, harness, timeout, profile)
+        return _run_case(name, args, device, ct, ct_env, env, folder, harness, timeout, profile, worker_args)
     finally:  # a failed case's weights (8 GB for Gemma-2-2B) must not fill the disk the next case needs
         if keep is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_case(name, args, device, ct, ct_env, env, folder: Path, harness, timeout, profile) -> dict:
+def _run_case(name, args, device, ct, ct_env, env, folder: Path, harness, timeout, profile, worker_args) -> dict:
     cmd = [*ct, str(harness / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
+    t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device), timeout=timeout)
+    ct_wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(
             f"circuit-tracer failed on {name} ({exit_reason(res.returncode)})\n{' '.join(cmd)}\n{res.stderr[-3000:]}"
@@ -411,21 +436,34 @@ def _run_case(name, args, device, ct, ct_env, env, folder: Path, harness, timeou
     meta = json.loads((folder / "meta.json").read_text())
     log = res.stdout.strip().splitlines()[-1]
     peak = PEAK.search(log)
+    built = BUILT.search(res.stdout)
     theirs = dict(
         seconds=round(float(meta["stats"]["attribute_s"]), 3),
         peak_gib=float(peak.group(1)) if peak and device == "cuda" else float("nan"),
         log=log,
+        walls=dict(process=round(ct_wall, 1), build_and_save=float(built.group(1)) if built else None),
     )
-    ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device]
+    ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device, *worker_args]
     ours_cmd += ["--profile", name] if profile else []
+    t0 = time.perf_counter()
     res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    ours_wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(
             f"our worker failed on {name} ({exit_reason(res.returncode)})\n{' '.join(ours_cmd)}\n"
             f"{res.stderr[-3000:]}"
         )
     ours = json.loads(res.stdout.strip().splitlines()[-1])
+    ours["walls"]["process"] = round(ours_wall, 1)
     return dict(case=name, args=args, circuit_tracer=theirs, attrgraph=ours)
+
+
+def walls_line(r: dict) -> str:
+    """Step 7: where a case's wall time went, both processes."""
+    ct, ours = r["circuit_tracer"]["walls"], r["attrgraph"]["walls"]
+    parts = ", ".join(f"{k} {v:g}" for k, v in ours.items() if k != "process")
+    built = f" (building and saving the case {ct['build_and_save']:g})" if ct["build_and_save"] else ""
+    return f"wall s: circuit-tracer's process {ct['process']:g}{built}, ours {ours['process']:g} ({parts})"
 
 
 def _gib(x) -> str:
@@ -559,6 +597,10 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
                 f"| {f32['seconds']:.2f} + {b['host_prune_seconds']:.2f} s | {b['nodes']:,}, {b['edges']:,} "
                 f"| {'yes' if b['same_as_host'] else 'no'} |"
             )
+    walled = [r for r in rows if "walls" in r.get("attrgraph", {})]
+    if walled:
+        lines += ["", "## Each case's wall time, seconds (step 7)", ""]
+        lines += [f"- {r['case']}: {walls_line(r)}" for r in walled]
     for r in rows:
         prof = r.get("attrgraph", {}).get("profile")
         if prof:
@@ -599,7 +641,9 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", nargs="*", choices=list(CASES), help="default: all six, in ORDER")
+    ap.add_argument(
+        "--cases", nargs="*", choices=[*CASES, *SMOKE], help="default: all six, in ORDER (with --smoke: its three)"
+    )
     ap.add_argument("--device", default=None, help="default: cuda where present, else cpu")
     ap.add_argument("--ct-path", help="folder of circuit-tracer's packages, put on PYTHONPATH for its side")
     ap.add_argument("--peer-python", help="circuit-tracer's own interpreter (the peer venv) instead")
@@ -616,17 +660,38 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--keep", type=Path, help="keep the case folders under this folder")
     ap.add_argument(
+        "--precisions",
+        default=",".join(PRECISIONS),
+        help="ours at these (comma-separated; fp32, the reference, always): fp32 alone to re-time a case",
+    )
+    ap.add_argument(
+        "--no-pruned-build", action="store_true", help="leave out step 2b (attribute_pruned against prune_graph)"
+    )
+    ap.add_argument(
         "--results", type=Path, default=RESULTS, help="where the tables go (default benchmarks/results)"
     )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    precisions = args.precisions.split(",")
+    if set(precisions) - set(PRECISIONS):
+        ap.error(f"--precisions: choose from {', '.join(PRECISIONS)}")
     if args._worker:
-        print(json.dumps(worker(args._worker, args.device or "cpu", profile=bool(args.profile))))
+        out = worker(
+            args._worker,
+            args.device or "cpu",
+            profile=bool(args.profile),
+            precisions=precisions,
+            pruned=not args.no_pruned_build,
+        )
+        print(json.dumps(out))
         return 0
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    cases = SMOKE if args.smoke else {c: CASES[c] for c in (args.cases or CASES)}  # CASES is in ORDER
+    pool = SMOKE if args.smoke else CASES  # in ORDER
+    if set(args.cases or ()) - set(pool):
+        ap.error(f"--cases: with{'' if args.smoke else 'out'} --smoke, choose from {', '.join(pool)}")
+    cases = {c: pool[c] for c in (args.cases or pool)}
     ours_path = [str(ROOT), args.ag_path, os.environ.get("PYTHONPATH")]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, ours_path)))
     if args.peer_python:
@@ -652,6 +717,11 @@ def main(argv=None) -> int:
                 args.harness,
                 args.case_timeout,
                 profile=name in args.profile,
+                worker_args=(
+                    "--precisions",
+                    args.precisions,
+                    *(("--no-pruned-build",) if args.no_pruned_build else ()),
+                ),
             )
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # out of memory, say: the next case runs
             why = failure_cell(e)
@@ -663,7 +733,7 @@ def main(argv=None) -> int:
             print(
                 f"{name}: circuit-tracer {r['circuit_tracer']['seconds']:.2f} s, ours {f32['seconds']:.2f} s "
                 f"({f32['floor_share']:.0%} of the fp32 floor, {_gib(f32['peak_gib'])} GiB), feature rows "
-                f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}",
+                f"{f32.get('feature_rows_rel_diff', float('nan')):.1e}; {walls_line(r)}",
                 flush=True,
             )
         written = write_results(rows, device, device_name, args.results)  # a run cut short keeps these

@@ -16,6 +16,8 @@ import pytest
 
 from tests.attrgraph.peer_frontend import peer_case, require_peer
 
+PRECISIONS = ["fp32", "tf32", "bf16"]
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,6 +69,32 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert prof["products"] > 0 and prof["launches"] == 0
     ms = [t["ms"] for t in prof["top"]]
     assert ms == sorted(ms, reverse=True) and 0 < sum(t["share"] for t in prof["top"]) <= 1.0001
+    # step 7: each process's wall, timed by this script around it, holds the parts its worker timed
+    # (each rounded to 0.1 s); circuit-tracer's holds the case's building, which ct_gpu.py prints
+    for c, parts in ((case, ["load", *PRECISIONS, "pruned_build", "profile"]), (partial, ["load", "fp32"])):
+        walls, theirs = c["attrgraph"]["walls"], c["circuit_tracer"]["walls"]
+        assert list(walls) == [*parts, "process"]
+        assert 0 < sum(walls[p] for p in parts) <= walls["process"] + 0.05 * len(parts)
+        assert 0 < theirs["build_and_save"] <= theirs["process"]
+    assert "## Each case's wall time" in table and "- smoke: wall s: circuit-tracer's process " in table
+
+
+def test_a_case_is_re_timed_with_fp32_alone(tmp_path):
+    """`--precisions fp32 --no-pruned-build`: only the reference run and its comparison (the goal case
+    re-timed in a short device call)."""
+    peer = require_peer()
+    shared = ROOT.parent / "shared" / "peer"
+    if not (shared / "ct_gpu.py").is_file():
+        pytest.skip("../shared/peer/ct_gpu.py is not beside the project")
+    cmd = [sys.executable, "benchmarks/gpu_vs_circuit_tracer.py", "--smoke", "--peer-python", peer]
+    cmd += ["--harness", str(shared), "--cases", "smoke", "--precisions", "fp32", "--no-pruned-build"]
+    res = subprocess.run([*cmd, "--results", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (case,) = json.loads((tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.json").read_text())["cases"]
+    ours = case["attrgraph"]
+    assert ours["fp32"]["match"] and ours["fp32"]["feature_rows_rel_diff"] <= 1e-5
+    assert list(ours["walls"]) == ["load", "fp32", "process"]
+    assert not {"tf32", "bf16", "pruned_build"} & set(ours)
 
 
 def test_a_failing_case_is_a_row_with_its_error(tmp_path):
