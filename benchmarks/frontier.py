@@ -44,7 +44,9 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
 4. Score every set with the same function: `transcoders.metrics.reconstruction_metrics` on the
    held-out activations (FVU, L0, dead fraction = features never active on them) and
    `replacement_metrics` on the held-out sequences (every layer's MLP output replaced at once:
-   CE loss recovered, KL(original || spliced)).
+   CE loss recovered, KL(original || spliced)), on the device the sets trained on (`--device`). Each
+   run records its training time (`train_s`, the tokens/s), its scoring time and its whole wall time
+   (`run_s`: child processes, conversion and scoring included), what a device call spends on it.
 5. Each setting's point is the mean over its seeds (L0, FVU, KL, ...), with the range over the seeds
    (bars in the plot). "At equal L0": each method's FVU (and KL) interpolated linearly in log FVU
    against log L0 between its two sweep points around an L0, only inside its measured range,
@@ -185,9 +187,10 @@ def held_out(work: Path, model):
 
 
 def score(model, tc, x, y, tokens) -> dict:
+    """Step 4 on `model`'s device (the set goes there; the held-out blocks go batch by batch)."""
     from transcoders.metrics import reconstruction_metrics, replacement_metrics
 
-    tc = tc.eval()
+    tc = tc.to(model.cfg.device).eval()
     r = reconstruction_metrics(tc, x, y)
     r.update(replacement_metrics(model, tc, tokens))
     r["n_tokens_fvu"] = int(x.shape[0])
@@ -236,7 +239,7 @@ def synchronize(device: str) -> None:
 
 def train_ours(work: Path, model, name: str, method: Method, value, args) -> tuple:
     """Our trainer on `model`'s device (`--device`: the trainer trains where the model runs), bf16
-    autocast with `--autocast`; the set comes back on the CPU, where it is scored."""
+    autocast with `--autocast`; the set stays there, where it is scored."""
     from transcoders.train import TrainConfig, train
 
     out = work / "runs" / name
@@ -262,7 +265,7 @@ def train_ours(work: Path, model, name: str, method: Method, value, args) -> tup
     synchronize(args.device)
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return tc.to("cpu"), dict(train_s=seconds, steps=info["steps"])
+    return tc, dict(train_s=seconds, steps=info["steps"])
 
 
 def scales_of(store) -> tuple[torch.Tensor, torch.Tensor]:
@@ -514,7 +517,7 @@ def ratio_cell(pt: dict, ref: list[dict]) -> str:
     )
 
 
-def write_outputs(out: Path, meta: dict, runs: dict) -> None:
+def write_outputs(out: Path, meta: dict, runs: dict, with_plot: bool = True) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     seeds = sorted({r.get("seed", 0) for r in runs.values()})
     meta = {**meta, "seeds": seeds}
@@ -536,8 +539,8 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
             if meta.get("device", "cpu") == "cpu"
             else f"Trained on {meta['device']}"
             + (" under bfloat16 autocast (ours and sae_lens's)" if meta.get("autocast") else "")
-            + ", scored on the CPU; sparsify runs its forward under its own bfloat16 autocast on a GPU "
-            "either way"
+            + f", scored on {meta.get('scored_on', 'the CPU')}; sparsify runs its forward under its own "
+            "bfloat16 autocast on a GPU either way"
         )
         + f"; {meta['date']}.",
         "",
@@ -608,7 +611,8 @@ def write_outputs(out: Path, meta: dict, runs: dict) -> None:
         lines += ["", "## Failed runs", ""] + [f"- {name}: {why}" for name, why in meta["failed"].items()]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
-    plot(out.with_suffix(".png"), meta, by_method)
+    if with_plot:
+        plot(out.with_suffix(".png"), meta, by_method)
 
 
 def plot(path: Path, meta: dict, by_method: dict) -> None:
@@ -730,7 +734,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--device",
         default="cpu",
-        help="train there (ours, sae_lens's and sparsify's; scoring stays on the CPU): cuda for tokens/s on a GPU",
+        help="train and score there (ours, sae_lens's and sparsify's; the dumps stay on the CPU): cuda for "
+        "tokens/s on a GPU",
     )
     ap.add_argument(
         "--autocast", action="store_true", help="train ours and sae_lens's under bfloat16 autocast"
@@ -754,15 +759,15 @@ def main(argv=None) -> int:
         )
     seeds = [int(v) for v in args.seeds.split(",")]
     # one thread on the CPU (the trainers' times compare there); with --device cuda the CPU only dumps and
-    # scores, and a GPU machine's cores shorten a device call's untimed part
+    # converts, and a GPU machine's cores shorten a device call's untimed part
     threads = 1 if args.device == "cpu" else min(16, os.cpu_count() or 1)
     torch.set_num_threads(threads)
     import attrgraph.bundled  # noqa: F401  (registers the bundled model and corpus: a checkout not pip-installed)
     from transcoders.train import load_any_model
 
     root = Path(args.work)
-    model = load_any_model("default")  # dumps and scores on the CPU
-    train_model = model if args.device == "cpu" else load_any_model("default", args.device)
+    model = load_any_model("default")  # dumps on the CPU, and converts the foreign sets
+    train_model = model if args.device == "cpu" else load_any_model("default", args.device)  # trains, scores
     key = dict(n_tokens=args.n_tokens, batch_size=args.batch_size, d_sae=args.d_sae, lr=args.lr)
     key_name = "_".join(f"{k}{v:g}" for k, v in key.items())
     if args.device != "cpu" or args.autocast:  # kept apart from the CPU runs of the same --work
@@ -774,6 +779,7 @@ def main(argv=None) -> int:
         sae_lens_setup=SAE_LENS_SETUP,
         threads=threads,
         device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        scored_on="the CPU" if args.device == "cpu" else args.device,
         autocast=args.autocast,
     )
     import importlib.metadata as md
@@ -791,11 +797,11 @@ def main(argv=None) -> int:
     meta["versions"] = versions
     failed = {}  # run name: why, for this invocation (a rerun on the same --work retries them)
 
-    def rewrite() -> None:  # after every run, so that a run cut short keeps the others, and at the end
+    def rewrite(final: bool = False) -> None:  # after every run, so that a run cut short keeps the others
         meta.update(date=time.strftime("%Y-%m-%d %H:%M"), load_average=os.getloadavg())
         if failed:
             meta["failed"] = failed
-        write_outputs(out, meta, saved_runs(root, key_name))
+        write_outputs(out, meta, saved_runs(root, key_name), with_plot=final)  # the plot at the end: seconds
 
     for seed in seeds:  # seed-major: a run cut short still has whole seeds of every method
         args.seed = seed
@@ -819,6 +825,7 @@ def main(argv=None) -> int:
                 name = run_name(m, value, seed)
                 if name in mine:
                     continue
+                t_run = time.perf_counter()
                 try:
                     if method.trainer == "ours":
                         tc, r = train_ours(work, train_model, name, method, value, args)
@@ -826,7 +833,10 @@ def main(argv=None) -> int:
                         tc, r = train_sae_lens(work, model, value, args, x, y)
                     else:
                         tc, r = train_sparsify(work, model, value, args)
-                    r.update(method=m, value=value, seed=seed, **score(model, tc, x, y, tokens))
+                    t_score = time.perf_counter()
+                    r.update(method=m, value=value, seed=seed, **score(train_model, tc, x, y, tokens))
+                    # the run as a device call spends it: child processes, conversion and scoring included
+                    r.update(score_s=time.perf_counter() - t_score, run_s=time.perf_counter() - t_run)
                 except Exception as e:  # one library's failure (on a device, say) leaves the others' runs
                     why = str(e).strip().splitlines() or [type(e).__name__]
                     failed[name] = f"{type(e).__name__}: {why[-1]}"[:300]
@@ -840,12 +850,12 @@ def main(argv=None) -> int:
                 print(
                     f"{name}: L0 {r['l0_mean']:.1f} FVU {r['fvu_mean']:.4f} KL {r['kl_to_orig']:.3f} "
                     f"CE rec {r['ce_loss_recovered']:.4f} dead {r['dead_fraction_total']:.3f} "
-                    f"({r['train_s']:.0f} s)"
+                    f"(train {r['train_s']:.0f} s, score {r['score_s']:.0f} s, run {r['run_s']:.0f} s)"
                     + (f" own FVU {r['own_fvu_mean']:.4f}" if "own_fvu_mean" in r else ""),
                     flush=True,
                 )
                 rewrite()
-    rewrite()
+    rewrite(final=True)
     return 1 if failed else 0
 
 

@@ -30,6 +30,9 @@ def test_a_failed_method_is_listed_and_the_next_one_runs(tmp_path):
     assert res.returncode == 1, res.stderr[-3000:]
     saved = json.loads((tmp_path / "f.json").read_text())
     assert [r["method"] for r in saved["runs"].values()] == ["topk"]
+    (run,) = saved["runs"].values()  # a run's wall, timed around it, holds its training and its scoring
+    assert 0 < run["train_s"] + run["score_s"] <= run["run_s"]
+    assert (tmp_path / "f.png").stat().st_size > 0  # the plot, made once at the end
     assert "sparsify broke" in saved["meta"]["failed"]["sparsify_topk_12_seed0"]
     md = (tmp_path / "f.md").read_text()
     assert "| ours: TopK | k 12 | 1 | 12.0 |" in md

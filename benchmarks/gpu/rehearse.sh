@@ -41,6 +41,8 @@ rehearse() {  # one function, read whole before it runs: editing this file meanw
     grep -q -E "[0-9]+ (failed|error)" "$WORK/out/tests.txt" && { echo "FAILED: a device test"; ok=0; }
     check "the benchmark's smoke case" gpu_vs_circuit_tracer_cpu_smoke.md "| smoke | [0-9]"
     check "the benchmark's profile" gpu_vs_circuit_tracer_cpu_smoke.md "## Profile of smoke"
+    check "the benchmark's wall times" gpu_vs_circuit_tracer_cpu_smoke.md "- smoke: wall s: circuit-tracer's process"
+    check "the frontier's run times" log.txt "topk_12_seed0: .*, run [0-9]* s)"
     check "the trainer's steps (fp32)" gpu_train_steps_cpu.md "| bundled, topk, batch 256, d_sae 1024 |"
     check "the trainer's steps (bf16 autocast)" gpu_train_steps_cpu_bf16.md "| wide, jumprelu, batch 256, d_sae 512 |"
     check "the frontier (fp32): ours" frontier_cpu.json '"method": "topk"'
