@@ -744,6 +744,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "frontier"))
     ap.add_argument("--rewrite", action="store_true", help="only rewrite --out's .md and .png from its .json")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
     out = Path(args.out)
     if args.rewrite:
         saved = json.loads(out.with_suffix(".json").read_text())
@@ -809,6 +810,10 @@ def main(argv=None) -> int:
         info = prepare_seed(work, args)
         if x is None:  # the held-out set does not depend on the seed
             x, y, tokens = held_out(work, model)
+            print(
+                f"frontier setup: {time.perf_counter() - t_start:.0f} s (models, dump, held-out set)",
+                flush=True,
+            )
             meta.update(
                 n_layers=info["n_layers"],
                 held_out_tokens=int(x.shape[0]),

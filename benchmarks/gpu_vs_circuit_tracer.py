@@ -132,9 +132,7 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(
-    dir_: str, device: str, profile: bool = False, precisions=PRECISIONS, pruned: bool = True
-) -> dict:
+def worker(dir_: str, device: str, profile: bool = False, precisions=PRECISIONS, pruned: bool = True) -> dict:
     """Steps 2-4 in this process, on the case folder `dir_` (and step 6 with `profile`): the `precisions`
     asked for (fp32 always, the reference), the pruned build with `pruned`; each part's wall time in
     `walls` (step 7)."""
@@ -424,7 +422,9 @@ def run_case(
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_case(name, args, device, ct, ct_env, env, folder: Path, harness, timeout, profile, worker_args) -> dict:
+def _run_case(
+    name, args, device, ct, ct_env, env, folder: Path, harness, timeout, profile, worker_args
+) -> dict:
     cmd = [*ct, str(harness / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device), timeout=timeout)
@@ -642,7 +642,10 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--cases", nargs="*", choices=[*CASES, *SMOKE], help="default: all six, in ORDER (with --smoke: its three)"
+        "--cases",
+        nargs="*",
+        choices=[*CASES, *SMOKE],
+        help="default: all six, in ORDER (with --smoke: its three)",
     )
     ap.add_argument("--device", default=None, help="default: cuda where present, else cpu")
     ap.add_argument("--ct-path", help="folder of circuit-tracer's packages, put on PYTHONPATH for its side")
@@ -665,7 +668,9 @@ def main(argv=None) -> int:
         help="ours at these (comma-separated; fp32, the reference, always): fp32 alone to re-time a case",
     )
     ap.add_argument(
-        "--no-pruned-build", action="store_true", help="leave out step 2b (attribute_pruned against prune_graph)"
+        "--no-pruned-build",
+        action="store_true",
+        help="leave out step 2b (attribute_pruned against prune_graph)",
     )
     ap.add_argument(
         "--results", type=Path, default=RESULTS, help="where the tables go (default benchmarks/results)"

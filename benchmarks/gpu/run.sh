@@ -53,20 +53,21 @@ if [[ $STEPS == *" train "* ]]; then
     done
 fi
 # 5. (STEPS has frontier) training on the device: our trainer's, sae_lens's and sparsify's tokens/s and FVU / L0 on
-#    the bundled model, fp32 and bf16 autocast (benchmarks/frontier.py --device; dumps and scoring on the CPU).
+#    the bundled model, fp32 and bf16 autocast (benchmarks/frontier.py --device; the dumps on the CPU).
 #    sparsify runs in a child process that starts with no PYTHONPATH (train_vs_sparsify.run_child): a wrapper file
 #    gives it its folders. The methods go in pairs (ours and theirs, TopK first), so a pass cut short by
-#    FRONTIER_TIMEOUT still compares like with like.
+#    FRONTIER_TIMEOUT still compares like with like. FRONTIER_PASSES picks the passes (default "fp32 bf16").
 if [[ $STEPS == *" frontier "* ]]; then
     export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/tr"  # sae_lens for frontier.py itself
     printf '#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' "$PYTHONPATH" "$PY" >.gpu/sparsify-python
     chmod +x .gpu/sparsify-python
     FRONTIER_OUT=$(mktemp -d)
-    for amp in "" --autocast; do
+    for pass in ${FRONTIER_PASSES:-fp32 bf16}; do  # FRONTIER_PASSES=fp32: the float32 pass alone
+        amp=$([ "$pass" = bf16 ] && echo --autocast)
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
             --methods "${FRONTIER_METHODS:-topk,sparsify_topk,jumprelu_tanh,sae_lens_jumprelu}" --work "${FRONTIER_WORK:-/tmp/frontier_gpu}" \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}" \
-            2>&1 | grep -E "_seed[0-9]+: |Error|rror:" | tail -40 | tee -a "$OUT/log.txt"  # a line per run
+            2>&1 | grep -E "_seed[0-9]+: |dumped |frontier setup|Error|rror:" | tail -40 | tee -a "$OUT/log.txt"  # a line per run
         cp "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}.json" "$OUT/" || true
         stamp "frontier ${amp:-fp32} done"
     done
