@@ -67,7 +67,7 @@ if [[ $STEPS == *" frontier "* ]]; then
         timeout "${FRONTIER_TIMEOUT:-240}" "$PY" benchmarks/frontier.py --device "$DEVICE" $amp --seeds 0 \
             --methods "${FRONTIER_METHODS:-topk,sparsify_topk,jumprelu_tanh,sae_lens_jumprelu}" --work "${FRONTIER_WORK:-/tmp/frontier_gpu}" \
             --sparsify-python "$PWD/.gpu/sparsify-python" ${FRONTIER_ARGS:-} --out "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}" \
-            2>&1 | grep -E "_seed[0-9]+: |dumped |frontier setup|Error|rror:" | tail -40 | tee -a "$OUT/log.txt"  # a line per run
+            2>&1 | grep -E "_seed[0-9]+: |^seed [0-9]+: dumped |^frontier setup: |Error|rror:" | tail -40 | tee -a "$OUT/log.txt"  # a line per run
         cp "$FRONTIER_OUT/frontier_$DEVICE${amp:+_bf16}.json" "$OUT/" || true
         stamp "frontier ${amp:-fp32} done"
     done
