@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -132,7 +133,9 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(dir_: str, device: str, profile: bool = False, precisions=PRECISIONS, pruned: bool = True) -> dict:
+def worker(
+    dir_: str, device: str, profile: bool = False, precisions: Sequence[str] = PRECISIONS, pruned: bool = True
+) -> dict:
     """Steps 2-4 in this process, on the case folder `dir_` (and step 6 with `profile`): the `precisions`
     asked for (fp32 always, the reference), the pruned build with `pruned`; each part's wall time in
     `walls` (step 7)."""
