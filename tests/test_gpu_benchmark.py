@@ -79,6 +79,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert "## Each case's wall time" in table and "- smoke: wall s: circuit-tracer's process " in table
 
 
+@pytest.mark.slow  # 26 s: circuit-tracer's case built and run, and ours
 def test_a_case_is_re_timed_with_fp32_alone(tmp_path):
     """`--precisions fp32 --no-pruned-build`: only the reference run and its comparison (the goal case
     re-timed in a short device call)."""
