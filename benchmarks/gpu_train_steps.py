@@ -149,7 +149,7 @@ def measure(model, sequences, run: Run, args, work: Path) -> dict:
         for _ in range(args.steps):
             trainer.step(*next(batches))
 
-    prof = profile_run(steps, device, top=args.top)
+    prof = profile_run(steps, device, top=args.top, groups=None)  # every product: a step has a few shapes
     n = args.steps
     d_model, n_layers = model.cfg.d_model, model.cfg.n_layers
     encoder_tflops = 2 * run.batch * n_layers * d_model * run.d_sae / (ms / 1e3) / 1e12

@@ -321,12 +321,13 @@ def product_gflop(op: str, shapes: list) -> float:
     return 2.0 * math.prod(a[:-2] or [1]) * a[-2] * a[-1] * b[-1] / 1e9
 
 
-def profile_run(run, dev, top: int = 12) -> dict:
+def profile_run(run, dev, top: int = 12, groups: int | None = 12) -> dict:
     """Step 6: one more fp32 run under torch.profiler. The ops (on a GPU: the kernels) that took the
     most device time (the CPU's on a CPU), and the runtime calls the host made (launches, copies,
     waits): what to look at where the run falls short of the FLOP floor. Then the matrix products
     grouped by their input shapes, with the time their kernels took and the rate that gives: which
-    products run far below the device's (a kernel's name does not say which product launched it)."""
+    products run far below the device's (a kernel's name does not say which product launched it).
+    `top` ops are listed, and the `groups` products that took longest (None: every one)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -366,14 +367,14 @@ def profile_run(run, dev, top: int = 12) -> dict:
     products.sort(key=lambda x: -x["ms"])
     return dict(
         wall_seconds=round(wall, 3),
-        busy_seconds=round(total / 1e6, 3),  # device (or CPU op) time in all the timed ops
+        busy_seconds=round(total / 1e6, 6),  # device (or CPU op) time in all the timed ops
         products=sum(counts.get(k, 0) for k in PRODUCTS),
         **{kind: sum(counts.get(k, 0) for k in keys) for kind, keys in RUNTIME_CALLS.items()},
         top=[
-            dict(op=a.key[:80], calls=a.count, ms=round(t / 1e3, 2), share=round(t / total, 3))
+            dict(op=a.key[:80], calls=a.count, ms=round(t / 1e3, 3), share=round(t / total, 3))
             for a, t in sorted(timed, key=lambda x: -x[1])[:top]
         ],
-        top_products=products[:top],
+        top_products=products[:groups],
     )
 
 

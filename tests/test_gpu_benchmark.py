@@ -278,3 +278,4 @@ def test_the_profile_groups_the_products_by_shape():
     }
     ms = [t["ms"] for t in prof["top_products"]]
     assert ms == sorted(ms, reverse=True)
+    assert len(profile_run(run, torch.device("cpu"), groups=2)["top_products"]) == 2  # the two longest
