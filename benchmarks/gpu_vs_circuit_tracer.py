@@ -413,22 +413,19 @@ def run_case(
     keep: Path | None,
     harness: Path = HARNESS,
     timeout: float | None = None,
-    profile: bool = False,
     worker_args: tuple = (),
 ) -> dict:
     """Steps 1-2 for one case: circuit-tracer's process (`ct`, `ct_env`), then ours (`env`, with
-    `worker_args`), on one folder."""
+    `worker_args`: precisions, pruned build, profile), on one folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"gpu-{name}-", dir=keep))
     try:
-        return _run_case(name, args, device, ct, ct_env, env, folder, harness, timeout, profile, worker_args)
+        return _run_case(name, args, device, ct, ct_env, env, folder, harness, timeout, worker_args)
     finally:  # a failed case's weights (8 GB for Gemma-2-2B) must not fill the disk the next case needs
         if keep is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_case(
-    name, args, device, ct, ct_env, env, folder: Path, harness, timeout, profile, worker_args
-) -> dict:
+def _run_case(name, args, device, ct, ct_env, env, folder: Path, harness, timeout, worker_args) -> dict:
     cmd = [*ct, str(harness / "ct_gpu.py"), str(folder), *args.split(), "--seed", "0"]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(ct_env, DEV=device), timeout=timeout)
@@ -448,7 +445,6 @@ def _run_case(
         walls=dict(process=round(ct_wall, 1), build_and_save=float(built.group(1)) if built else None),
     )
     ours_cmd = [sys.executable, __file__, "--_worker", str(folder), "--device", device, *worker_args]
-    ours_cmd += ["--profile", name] if profile else []
     t0 = time.perf_counter()
     res = subprocess.run(ours_cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     ours_wall = time.perf_counter() - t0
@@ -725,11 +721,11 @@ def main(argv=None) -> int:
                 args.keep,
                 args.harness,
                 args.case_timeout,
-                profile=name in args.profile,
                 worker_args=(
                     "--precisions",
                     args.precisions,
                     *(("--no-pruned-build",) if args.no_pruned_build else ()),
+                    *(("--profile", name) if name in args.profile else ()),
                 ),
             )
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # out of memory, say: the next case runs
