@@ -8,7 +8,8 @@
    device)`, `attribute(..., exclude_bos=True, embedding="token")` twice at each precision (fp32, tf32,
    bf16), the second run timed between `torch.cuda.synchronize()` calls with the peak device memory
    (`torch.cuda.max_memory_allocated`) reset before it; where the rows stay on the device, its
-   influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`). Then the
+   influence solve and CSR assembly (device_rows.py) are also timed apart (`phase_times`; the adaptive
+   method's ranking, folding and influence). Then the
    pruned graph as `attrgraph build` makes it (`pruned_build`): `attribute_pruned`, which on a GPU
    prunes the rows where they are, against `attribute` and `prune_graph` on the host. Where
    circuit-tracer explored fewer features than are active (`max_feature_nodes`, the 128-token cases:
@@ -62,7 +63,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,15 +173,16 @@ def worker(
         options, precisions = dict(method="adaptive", max_feature_nodes=budget), ("fp32",)
         out["max_feature_nodes"] = budget
     for precision in precisions:
-        # each part's time in the last run, the timed one (the standard method's: the adaptive one
-        # copies each step's rows to the host and ranks the features there)
-        with phase_times(dev) if budget is None else nullcontext({}) as phases:
-            g, seconds, peak = second_of_two(
-                lambda p=precision: attribute(  # "fp32" is every method's (attribute reads it as not given)
+        with phase_times(dev, adaptive=budget is not None) as phases:  # each part's time in the timed run
+
+            def build(p=precision, phases=phases):
+                phases.clear()
+                # "fp32" is every method's (attribute reads it as not given)
+                return attribute(
                     model, tc, tokens, exclude_bos=True, embedding="token", precision=p, **options
-                ),
-                dev,
-            )
+                )
+
+            g, seconds, peak = second_of_two(build, dev)
         gflop = float(g.meta["backward_gflop"])
         row = dict(
             seconds=round(seconds, 3),
@@ -192,6 +194,8 @@ def worker(
             features=g.n_features,
             phases={k: round(v, 3) for k, v in phases.items()},
         )
+        if budget is not None:  # whether every step's rows stayed on the device (adaptive.py)
+            row["rows_on_device"] = bool(g.meta["rows_on_device"])
         if precision == "fp32":
             row.update(compare(g, d))
             if row.get("logit_rows_rel_diff", 0.0) > FEATURE_ROWS_TOL:
@@ -270,38 +274,56 @@ def pruned_build(model, tc, tokens, full, dev) -> dict:
     )
 
 
-PHASES = {"influence": "influence", "to_csr": "csr_assembly"}
-"""Step 2: the parts of a run whose rows stay on the device (device_rows.py) that are timed apart."""
+PHASES = {"influence": "influence", "csr_assembly": "CSR assembly", "ranking": "ranking", "fold": "folding"}
+"""Step 2: the parts of a run timed apart (key: the table's column), each between device syncs:
+where the rows stay on the device, the standard method's influence solve and CSR assembly
+(`DeviceRows.influence`, `.to_csr`); the adaptive method's ranking of the unexplored features at
+every step (`_Explorer.influence`), its folding of them into the error nodes with the copy of the
+folded rows (`_fold_unexplored`) and the folded graph's influence (`streamed_influence`)."""
+
+
+def _timed_parts(adaptive: bool) -> list[tuple[object, str, str]]:
+    """Step 2's parts of the standard or the adaptive method: (owner, attribute, `PHASES` key)."""
+    from attrgraph.engine import adaptive as ad
+    from attrgraph.engine.device_rows import DeviceRows
+
+    if adaptive:
+        return [
+            (ad._Explorer, "influence", "ranking"),
+            (ad, "_fold_unexplored", "fold"),
+            (ad, "streamed_influence", "influence"),
+        ]
+    return [(DeviceRows, "influence", "influence"), (DeviceRows, "to_csr", "csr_assembly")]
 
 
 @contextmanager
-def phase_times(dev):
-    """Step 2: seconds in `DeviceRows.influence` and `.to_csr` (keys `PHASES`'s values; absent where
-    the rows went to the host batch by batch, as on a CPU), each between device syncs, so that
-    what is left of a run is its setup and row loop."""
-    from attrgraph.engine.device_rows import DeviceRows
-
+def phase_times(dev, adaptive: bool = False):
+    """Step 2: seconds in each of the method's parts (`_timed_parts`), summed over its calls, under
+    `PHASES`'s keys (the standard method's are absent where the rows went to the host batch by batch,
+    as on a CPU); `.clear()` the dict before the run to be timed. Whatever is left of a run is its
+    setup and row loop."""
     seconds: dict[str, float] = {}
-    originals = {name: getattr(DeviceRows, name) for name in PHASES}
+    parts = _timed_parts(adaptive)
+    originals = [getattr(owner, name) for owner, name, _ in parts]
 
-    def timed(name):
-        def run(self, *args, **kwargs):
+    def timed(original, key):
+        def run(*args, **kwargs):
             sync(dev)
             t0 = time.perf_counter()
-            result = originals[name](self, *args, **kwargs)
+            result = original(*args, **kwargs)
             sync(dev)
-            seconds[PHASES[name]] = time.perf_counter() - t0
+            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
             return result
 
         return run
 
     try:
-        for name in PHASES:
-            setattr(DeviceRows, name, timed(name))
+        for (owner, name, key), original in zip(parts, originals):
+            setattr(owner, name, timed(original, key))
         yield seconds
     finally:
-        for name, original in originals.items():
-            setattr(DeviceRows, name, original)
+        for (owner, name, _), original in zip(parts, originals):
+            setattr(owner, name, original)
 
 
 RUNTIME_CALLS = {  # step 6: what the host asked of the CUDA runtime, by kind
@@ -564,19 +586,21 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
     if timed:
         lines += [
             "",
-            "## Where each fp32 run's time went (the rows kept on the device, each part between syncs)",
+            "## Where each fp32 run's time went (each part between syncs)",
             "",
-            "| case | run | setup and row loop | influence | CSR assembly |",
-            "|---|---|---|---|---|",
+            "The standard method's influence solve and CSR assembly where its rows stay on the device; the",
+            "adaptive method's influence of the folded graph, ranking of the unexplored features at every",
+            "step, and folding of them into the error nodes (the folded rows' copy to the host included).",
+            "",
+            "| case | run | setup and row loop | " + " | ".join(PHASES.values()) + " |",
+            "|---|---|---|" + "---|" * len(PHASES),
         ]
         for r in timed:
             f32 = r["attrgraph"]["fp32"]
             ph = f32["phases"]
             rest = f32["seconds"] - sum(ph.values())
-            lines.append(
-                f"| {r['case']} | {f32['seconds']:.2f} s | {rest:.2f} s | {ph.get('influence', 0):.2f} s "
-                f"| {ph.get('csr_assembly', 0):.2f} s |"
-            )
+            cells = " | ".join(f"{ph[k]:.2f} s" if k in ph else "-" for k in PHASES)
+            lines.append(f"| {r['case']} | {f32['seconds']:.2f} s | {rest:.2f} s | {cells} |")
     built = [r for r in rows if r.get("attrgraph", {}).get("pruned_build")]
     if built:
         lines += [

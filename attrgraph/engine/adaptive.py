@@ -25,6 +25,14 @@ and attribute back from these. We terminate when a target number of nodes have b
    `n_pos (1 + n_layers) + max_feature_nodes + n_logits` nodes.
 Memory: the rows kept while exploring are `max_feature_nodes x n_active` (only the explored
 targets have rows), never `n_active^2`; each backward batch adds `k x n_active`.
+
+On a GPU, where the linear engine keeps each step's rows on the device (linear_backward.py step 8:
+where they fit), step 2 ranks on the device (device_rows.influence_of_sets) and step 4 folds there
+(`DeviceRows.fold`), so that only the folded graph, `max_feature_nodes` rows over the kept columns,
+comes to the host: a Llama-1B-shaped prompt of 128 tokens has some 131k active features, and the
+rows of 8,192 of them over all sources are some 5 10^8 edges, which the host took seconds to rank
+on every step and to fold (2.3 s for 6.9 10^7 on one core). Once a step's rows do not stay on the
+device, every row set goes to the host and the steps run there, as on the CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from attrgraph.engine.device_rows import DeviceRows, influence_of_sets
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
@@ -83,6 +92,7 @@ def attribute_adaptive(
     targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     explorer = _Explorer(run, targets, backend, batch_size)
     explored = explorer.explore(max_feature_nodes, k, trace)  # steps 2-3
+    on_device = explorer.on_device
     adjacency, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
     pos = [run.n_pos - 1] * len(targets)
     full = node_table(
@@ -96,6 +106,7 @@ def attribute_adaptive(
         n_active_features=int(len(run.feats)),
         unexplored_as_error=True,
         backend=explorer.backend,
+        rows_on_device=bool(on_device),
         backward_gflop=round(explorer.stats.get("flops", 0) / 1e9, 3),
         max_n_logits=int(max_n_logits),
         desired_logit_prob=float(desired_logit_prob),
@@ -121,18 +132,39 @@ class _Explorer:
         # the linear engine counts its flops; either plans its batches when `batch_size` is None
         linear = self.engine is linear_rows
         self.backend = "linear" if linear else "autograd"  # as attribute's meta names it
-        self.options = dict(batch_size=batch_size) | (dict(stats=self.stats) if linear else {})
+        self.options = dict(batch_size=batch_size) | (
+            dict(stats=self.stats, keep_on_device=True) if linear else {}
+        )
         self.w = np.zeros(self.N)
         self.w[n_cols:] = [t.weight for t in targets]
         self.row_sets = [(n_cols + np.arange(n_t), self.rows_for(logit_inj))]
 
-    def rows_for(self, inj: list[Injection]) -> sp.csr_array:
-        """Rows of `inj` over all N nodes (the arrays of the engine's [n, n_cols] result, not a copy)."""
+    def rows_for(self, inj: list[Injection]) -> sp.csr_array | DeviceRows:
+        """Rows of `inj`: as the linear engine kept them on the device, else over all N nodes (the
+        arrays of the engine's [n, n_cols] result, not a copy)."""
         run = self.run
         r = self.engine(run.rm, run.state, run.sources, inj, **self.options)
+        return r if isinstance(r, DeviceRows) else self.on_host(r)
+
+    def on_host(self, r: sp.csr_array | DeviceRows) -> sp.csr_array:
+        """Rows `[n, n_cols]` (host or device) as a host matrix over all N nodes."""
+        r = r.to_csr() if isinstance(r, DeviceRows) else r
         return sp.csr_array(
-            (r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(len(inj), self.N)
+            (r.data.astype(np.float32, copy=False), r.indices, r.indptr), shape=(r.shape[0], self.N)
         )
+
+    @property
+    def on_device(self) -> bool:
+        """Whether every row set is still on the device (module docstring, last paragraph)."""
+        return all(isinstance(rows, DeviceRows) for _, rows in self.row_sets)
+
+    def influence(self, ranges: list[tuple[int, int]]) -> np.ndarray:
+        """Step 2: every node's logit influence in the current estimate; on the device while every
+        row set is there, else on the host, with every row set moved there first."""
+        if self.on_device:
+            return influence_of_sets(self.row_sets, self.w, ranges).influence
+        self.row_sets = [(nodes, self.on_host(rows)) for nodes, rows in self.row_sets]
+        return streamed_influence_rows(self.row_sets, self.w, ranges).influence
 
     def layer_ranges(self) -> list[tuple[int, int]]:
         """Blocks of nodes for the influence solve: the sources without rows, each layer and site's
@@ -153,7 +185,7 @@ class _Explorer:
         explored = np.zeros(0, np.int64)
         budget = min(max_feature_nodes, len(run.feats))
         while len(explored) < budget:
-            influence = streamed_influence_rows(self.row_sets, self.w, ranges).influence[n_src:n_cols]
+            influence = self.influence(ranges)[n_src:n_cols]
             influence[explored] = -np.inf
             order = np.argsort(-influence, kind="stable")[: min(k, budget - len(explored))]
             order = np.sort(order[influence[order] > 0])
@@ -192,19 +224,19 @@ def _fold_unexplored(
     new_index[keep_cols] = np.arange(len(keep_cols))
     # one entry per row, at the column it folds into, with int32 indices like the raw rows': int64
     # ones made scipy convert the raw rows' indices (1.4 s of 2.3 for 6.9 10^7 nonzeros at 128 tokens)
+    target = new_index[fold].astype(np.int32)
     M = sp.csr_array(
-        (
-            np.ones(n_cols, np.float32),
-            new_index[fold].astype(np.int32),
-            np.arange(n_cols + 1, dtype=np.int32),
-        ),
+        (np.ones(n_cols, np.float32), target, np.arange(n_cols + 1, dtype=np.int32)),
         shape=(n_cols, len(keep_cols)),
     )
     folded = []  # (row nodes, rows over the kept columns)
     while row_sets:
         row_nodes, raw = row_sets.pop()
-        raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(row_nodes), n_cols))
-        folded.append((row_nodes, sp.csr_array(raw @ M)))
+        if isinstance(raw, DeviceRows):
+            folded.append((row_nodes, raw.fold(target, len(keep_cols)).to_csr()))
+        else:
+            raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(row_nodes), n_cols))
+            folded.append((row_nodes, sp.csr_array(raw @ M)))
         del raw
     row_nodes = np.concatenate([n for n, _ in folded])
     body = sp.csr_array(sp.vstack([r for _, r in folded], format="csr")[np.argsort(row_nodes, kind="stable")])

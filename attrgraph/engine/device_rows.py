@@ -67,33 +67,8 @@ class DeviceRows:
         """Step 2, on the device; row r is node `first_node + r`, a column is a node index. With
         `keep` (a mask over nodes) on the graph of the kept nodes only: the rows and columns of the
         others count as empty (device_prune.py)."""
-        dev = self.buffer.device
-        w = torch.as_tensor(np.asarray(logit_weights, np.float64), device=dev)
-        err = torch.as_tensor(np.asarray(is_error, np.float64), device=dev)
-        z, acc, share = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
-        mask = None if keep is None else torch.as_tensor(np.asarray(keep, np.float64), device=dev)
-        starts = np.array([b0 for b0, _ in blocks])
-        by_block: dict[int, list[int]] = {}
-        for i, (rows, columns, _) in enumerate(self.batches):
-            nodes = first_node + rows
-            b = int(np.searchsorted(starts, nodes.min(), side="right")) - 1
-            b0, b1 = blocks[b]
-            if nodes.max() >= b1 or (len(columns) and columns[-1] >= b0):
-                raise GraphError(
-                    "a batch of rows spans two blocks or reads its own block; order nodes as graph.NODE_ORDER documents."
-                )
-            by_block.setdefault(b, []).append(i)
-        for b in range(len(blocks) - 1, -1, -1):
-            b0, b1 = blocks[b]
-            z[b0:b1] = w[b0:b1] + acc[b0:b1]
-            for i in by_block.get(b, []):
-                nodes, cols = self.nodes_and_columns(i, first_node)
-                a = self.abs(i, mask, first_node)  # [B, n]
-                rowsum = a.sum(1)
-                inv = torch.where(rowsum > 0, 1.0 / rowsum, torch.zeros_like(rowsum))
-                acc.index_add_(0, cols, (z[nodes] * inv) @ a)
-                share[nodes] = (a @ err[cols]) * inv
-        return StreamedInfluence(influence=(z - w).cpu().numpy(), error_share=share.cpu().numpy())
+        nodes = first_node + np.arange(self.n_rows)
+        return influence_of_sets([(nodes, self)], logit_weights, blocks, is_error, keep)
 
     def nodes_and_columns(self, i: int, first_node: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch i's rows as node indices and its columns, on the device: every batch's are copied
@@ -110,11 +85,9 @@ class DeviceRows:
     def abs(self, i: int, keep: torch.Tensor | None = None, first_node: int = 0) -> torch.Tensor:
         """|batch i's block| `[B, n]` in float64; with `keep` (a float mask over nodes, on the
         device) zero in the rows and columns of the nodes not kept."""
-        a = self.block(i).abs().double()
-        if keep is not None:
-            nodes, cols = self.nodes_and_columns(i, first_node)
-            a *= keep[nodes][:, None] * keep[cols][None, :]
-        return a
+        if keep is None:
+            return self.block(i).abs().double()
+        return _masked_abs(self.block(i), keep, *self.nodes_and_columns(i, first_node))
 
     def nnz(self) -> int:
         """The nonzero entries of all rows, NaN and inf refused (finite.py): one read."""
@@ -166,3 +139,99 @@ class DeviceRows:
             order = rows[order]
         written = order >= 0  # rows mapped to -1 had no entry selected
         return assemble_csr(n_rows, n_cols, order[written], read[written], data, indices)
+
+    def fold(self, target: np.ndarray, n_cols: int) -> DeviceRows:
+        """The rows with column c added into column `target[c]` (`n_cols` columns; step 4 of
+        adaptive.py folds the unexplored features into their error nodes), on the device: each
+        batch's block becomes the sums of its columns by target, over its targets ascending, in a
+        new buffer. A column's terms are summed in column order by one thread
+        (`torch.segment_reduce`: no atomics, the same sums every run). The host waits once, for the
+        copy of every batch's order and run lengths."""
+        plans = []
+        for _, columns, _ in self.batches:
+            to = np.asarray(target)[columns]
+            order = np.argsort(to, kind="stable")
+            new_columns, lengths = np.unique(to[order], return_counts=True)
+            plans.append((order, new_columns, lengths))
+        sizes = np.array([len(r) * len(p[1]) for (r, _, _), p in zip(self.batches, plans)], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        dev = self.buffer.device
+        out = DeviceRows(
+            self.n_rows,
+            n_cols,
+            torch.empty(int(starts[-1]), dtype=self.buffer.dtype, device=dev),
+            [(rows, p[1], int(at)) for (rows, _, _), p, at in zip(self.batches, plans, starts[:-1])],
+        )
+        parts = [np.concatenate([order, lengths]) for order, _, lengths in plans]
+        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        on_device = torch.from_numpy(flat.astype(np.int64)).to(dev).split([len(x) for x in parts])
+        for i, (order, new_columns, lengths) in enumerate(plans):
+            order_d, lengths_d = on_device[i].split([len(order), len(lengths)])
+            moved = self.block(i).T[order_d]  # [n, B]: the block's columns grouped by target
+            if len(new_columns) < len(order):
+                moved = torch.segment_reduce(moved, "sum", lengths=lengths_d, axis=0)
+            out.block(i).copy_(moved.T)
+        return out
+
+
+def influence_of_sets(
+    sets: list[tuple[np.ndarray, DeviceRows]],
+    logit_weights: Float[np.ndarray, " n_nodes"],
+    blocks: list[tuple[int, int]],
+    is_error: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
+) -> StreamedInfluence:
+    """Step 2 for rows held in several `DeviceRows`: in each `(nodes, rows)`, row r is node
+    `nodes[r]` (nodes of different sets distinct); nodes with no row have no inputs (the adaptive
+    graph's unexplored features, adaptive.py). `keep` as in `DeviceRows.influence`."""
+    if not sets:
+        raise GraphError("influence_of_sets needs at least one set of rows.")
+    dev = sets[0][1].buffer.device
+    w = torch.as_tensor(np.asarray(logit_weights, np.float64), device=dev)
+    err = (
+        torch.zeros_like(w)
+        if is_error is None
+        else torch.as_tensor(np.asarray(is_error, np.float64), device=dev)
+    )
+    z, acc, share = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
+    mask = None if keep is None else torch.as_tensor(np.asarray(keep, np.float64), device=dev)
+    starts = np.array([b0 for b0, _ in blocks])
+    by_block: dict[int, list[tuple[int, int]]] = {}
+    node_maps = []
+    for s, (node_of_row, rows) in enumerate(sets):
+        node_of_row = np.asarray(node_of_row, np.int64)
+        if len(node_of_row) != rows.n_rows:
+            raise GraphError(f"a set of {rows.n_rows} rows has {len(node_of_row)} nodes; give one per row.")
+        node_maps.append(node_of_row)
+        for i, (local, columns, _) in enumerate(rows.batches):
+            nodes = node_of_row[local]
+            b = int(np.searchsorted(starts, nodes.min(), side="right")) - 1
+            b0, b1 = blocks[b]
+            if nodes.min() < b0 or nodes.max() >= b1 or (len(columns) and columns[-1] >= b0):
+                raise GraphError(
+                    "a batch of rows spans two blocks or reads its own block; order nodes as graph.NODE_ORDER documents."
+                )
+            by_block.setdefault(b, []).append((s, i))
+    maps = torch.from_numpy(np.concatenate(node_maps)).to(dev).split([len(m) for m in node_maps])
+    for b in range(len(blocks) - 1, -1, -1):
+        b0, b1 = blocks[b]
+        z[b0:b1] = w[b0:b1] + acc[b0:b1]
+        for s, i in by_block.get(b, []):
+            rows = sets[s][1]
+            local, cols = rows.nodes_and_columns(i, 0)
+            nodes = maps[s][local]
+            block = rows.block(i)
+            a = block.abs().double() if mask is None else _masked_abs(block, mask, nodes, cols)  # [B, n]
+            rowsum = a.sum(1)
+            inv = torch.where(rowsum > 0, 1.0 / rowsum, torch.zeros_like(rowsum))
+            acc.index_add_(0, cols, (z[nodes] * inv) @ a)
+            share[nodes] = (a @ err[cols]) * inv
+    return StreamedInfluence(influence=(z - w).cpu().numpy(), error_share=share.cpu().numpy())
+
+
+def _masked_abs(
+    block: torch.Tensor, keep: torch.Tensor, nodes: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
+    """|block| in float64, zero in the rows and columns of the nodes that `keep` (a float mask over
+    nodes) leaves out."""
+    return block.abs().double() * (keep[nodes][:, None] * keep[cols][None, :])

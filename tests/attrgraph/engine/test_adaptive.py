@@ -1,13 +1,17 @@
 """Adaptive graphs: the exactness contract for every explored target, the budget, the exploration
 order, and the full budget reproducing the full graph."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
+import attrgraph.engine.linear_backward as lb
 from attrgraph.bundled.loading import load_model
 from attrgraph.engine.adaptive import attribute_adaptive
 from attrgraph.engine.attribute import attribute
+from attrgraph.engine.batch_plan import device_budget
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.graph.scores import compute_graph_scores
 from tests.attrgraph.ag_helpers import tiny_attn_saes, tiny_model, tiny_transcoders
@@ -15,6 +19,23 @@ from tests.attrgraph.peer_frontend import peer_case
 from transcoders.formats import load_transcoders
 
 TOKENS = torch.tensor([0, 5, 9, 3, 17, 22, 5, 9, 31, 2, 7, 7])
+
+
+@pytest.fixture(params=["host", "device", "device, then host"])
+def rows_at(request, monkeypatch):
+    """Where the linear engine keeps the rows: the CPU's plan (on the host), a GPU's budget (on the
+    device, where adaptive.py ranks and folds them), or a GPU's budget for the logits' rows and the
+    first step's only, the later steps' not fitting there (every row set then goes to the host). Pass
+    its `trace` to `attribute_adaptive`: the steps done so far say which budget a step gets."""
+    trace, cpu = [], lb.budget_for
+
+    def budget(device, need, live):
+        if request.param == "device" or (request.param != "host" and not trace):
+            return device_budget(8 << 30, need, live)
+        return cpu(device, need, live)
+
+    monkeypatch.setattr(lb, "budget_for", budget)
+    return SimpleNamespace(trace=trace, kind=request.param, on_device=request.param == "device")
 
 
 @pytest.fixture(scope="module", params=["plt", "clt"])
@@ -25,17 +46,32 @@ def setup(request):
     return model, rm, full
 
 
+@pytest.fixture(scope="module")
+def on_the_host(setup):
+    """The partial graph of `test_partial_graph_is_exact_for_explored_targets` with the CPU's plan:
+    ranked by graph/streamed_influence.py, which test_explores_circuit_tracers_features_with_its_rows
+    checks against circuit-tracer's choice."""
+    model, rm, full = setup
+    return attribute_adaptive(
+        model, rm, TOKENS, max_feature_nodes=full.n_features // 4, k=8, exclude_bos=True
+    )
+
+
 def node_keys(g, mask):
     n = g.nodes
     return list(zip(n.layer[mask], n.position[mask], n.feature[mask]))
 
 
-def test_partial_graph_is_exact_for_explored_targets(setup):
+def test_partial_graph_is_exact_for_explored_targets(setup, on_the_host, rows_at):
     model, rm, full = setup
     budget = full.n_features // 4
-    trace = []
+    trace = rows_at.trace
     g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=budget, k=8, exclude_bos=True, trace=trace)
-    assert g.n_features == budget == g.meta["n_explored"] and len(trace) == -(-budget // 8)
+    assert g.n_features == budget == g.meta["n_explored"] and len(trace) == -(-budget // 8) > 1
+    assert g.meta["rows_on_device"] == rows_at.on_device
+    # ranked on the device as on the host: the same features explored
+    explored = node_keys(g, g.nodes.kind == "feature")
+    assert explored == node_keys(on_the_host, on_the_host.nodes.kind == "feature")
     assert g.n_nodes == len(TOKENS) + 3 * (len(TOKENS) - 1) + budget + len(g.logit_tokens)
     # explored targets: their rows sum to what the full graph's rows sum to (pre-activation - bias)
     full_index = {key: i for i, key in enumerate(node_keys(full, np.ones(full.n_nodes, bool)))}
@@ -70,9 +106,12 @@ def test_first_explored_features_are_the_most_influential_on_the_logits(setup):
     )
 
 
-def test_full_budget_gives_the_full_graph(setup):
+def test_full_budget_gives_the_full_graph(setup, rows_at):
     model, rm, full = setup
-    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True)
+    g = attribute_adaptive(
+        model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True, trace=rows_at.trace
+    )
+    assert len(rows_at.trace) > 1 and g.meta["rows_on_device"] == rows_at.on_device
     # features never reached (influence 0) stay unexplored; with them folded the scores agree
     reached = full.nodes.influence[full.nodes.kind == "feature"] > 0
     assert g.n_features == reached.sum()
@@ -133,13 +172,15 @@ def test_attribute_dispatches_adaptive_and_stores_scores(setup, tmp_path):
     assert "scores: replacement" in text and "adaptive: 10 of" in text
 
 
-def test_adaptive_with_attention_features():
+def test_adaptive_with_attention_features(rows_at):
     """Explored targets of both sites keep their full-graph rows; an unexplored feature's edges
     land on the error node of its own (layer, position, site); the full budget gives the full scores."""
     model = tiny_model("gemma2", n_layers=3)
     rm = ReplacementModel(model, [tiny_transcoders(model, "plt", True), tiny_attn_saes(model)])
     full = attribute(model, rm, TOKENS, exclude_bos=True)
-    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=full.n_features // 3, k=8, exclude_bos=True)
+    budget, trace = full.n_features // 3, rows_at.trace
+    g = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=budget, k=8, exclude_bos=True, trace=trace)
+    assert len(trace) > 1 and g.meta["rows_on_device"] == rows_at.on_device
     n, fn = g.nodes, full.nodes
 
     def keys(nodes):
@@ -160,7 +201,10 @@ def test_adaptive_with_attention_features():
         err = index[("error", fn.layer[j], fn.position[j], -1, fn.site[j], -1)]
         folded[:, np.searchsorted(np.flatnonzero(explored), err)] += F[where[rows], j]
     np.testing.assert_allclose(A[rows], folded, rtol=1e-5, atol=1e-6 * np.abs(F).max())
-    everything = attribute_adaptive(model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True)
+    trace.clear()
+    everything = attribute_adaptive(
+        model, rm, TOKENS, max_feature_nodes=10**6, k=64, exclude_bos=True, trace=trace
+    )
     np.testing.assert_allclose(
         list(compute_graph_scores(everything)), list(compute_graph_scores(full)), rtol=1e-4
     )
@@ -218,3 +262,38 @@ def test_explores_circuit_tracers_features_with_its_rows(tmp_path, case, budget,
     ours = g.adjacency[rows][:, cols].toarray()
     assert np.abs(theirs).max() > 0 and (np.abs(ours) > 0).sum() > 10 * len(rows)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_exploring_on_the_device_waits_for_it_per_step_not_per_batch(kind, monkeypatch):
+    """With a GPU's budget, steps 2-3 read from the device a fixed number of times per step (the
+    ranking's influence), whether a step's rows come in one batch per layer or one batch per row."""
+    from attrgraph.engine import adaptive
+    from tests.attrgraph.engine.test_device_rows import _count_host_waits
+
+    model = tiny_model("llama", torch.float32, n_layers=3)
+    rm = ReplacementModel(model, tiny_transcoders(model, kind, True))
+    monkeypatch.setattr(lb, "budget_for", lambda device, need, live: device_budget(8 << 30, need, live))
+    original, waits, batches = adaptive._Explorer.explore, {}, {}
+
+    def counted(self, *args):
+        found = []
+        waits[self.options["batch_size"]] = _count_host_waits(
+            pytest.MonkeyPatch(), lambda: found.append(original(self, *args))
+        )
+        batches[self.options["batch_size"]] = self.stats["batches"]
+        return found[0]
+
+    monkeypatch.setattr(adaptive._Explorer, "explore", counted)
+    steps = []
+    for batch_size in (1, None):
+        trace = []
+        g = attribute_adaptive(
+            model, rm, TOKENS, max_feature_nodes=24, k=8, batch_size=batch_size, trace=trace
+        )
+        assert g.meta["rows_on_device"] and len(trace) == 3
+        steps.append(len(trace))
+    assert batches[1] >= 24 + 1 > 2 * batches[None]  # a batch per row: the logits, then 24 features
+    # per step: the ranking's two reads (influence and error shares, copied out), and the host's
+    # own tensors made into injections, which the counter cannot tell apart on the CPU (26 in all)
+    assert waits[1] == waits[None] <= 10 * steps[0]

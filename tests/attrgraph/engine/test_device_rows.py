@@ -18,12 +18,20 @@ from attrgraph.engine import host_copy
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.batch_plan import device_budget
-from attrgraph.engine.device_rows import DeviceRows
+from attrgraph.engine.device_rows import DeviceRows, influence_of_sets
 from attrgraph.engine.linear_backward import linear_rows
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import build_sources, feature_injections
 from attrgraph.errors import NonFiniteValueError, OptionError
-from tests.attrgraph.ag_helpers import ARCHS, TRANSCODERS, tiny_attn_saes, tiny_model, tiny_transcoders
+from attrgraph.graph.streamed_influence import row_blocks
+from tests.attrgraph.ag_helpers import (
+    ARCHS,
+    TRANSCODERS,
+    random_graph,
+    tiny_attn_saes,
+    tiny_model,
+    tiny_transcoders,
+)
 from tests.attrgraph.engine.test_linear_backward import TOKENS, injections_for
 
 GPU = device_budget(8 << 30, 1 << 20, 6)
@@ -276,3 +284,68 @@ def test_a_blocks_width_is_its_columns_count(attn):
     for j in inj:
         for batch in ([j], [j, inj[-1]]):
             assert rows.width(batch) == len(rows.block_columns(*rows.reach(batch))[0])
+
+
+@given(
+    n_rows=st.integers(1, 12),
+    n_cols=st.integers(1, 30),
+    n_out=st.integers(1, 12),
+    batch=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None)
+def test_folded_rows_are_the_sums_of_their_columns_by_target(n_rows, n_cols, n_out, batch, seed):
+    """`fold` against `np.add.at` on the dense matrix (float64): every column added into its target,
+    in batches of any rows and columns; the folded batches keep their rows and have ascending columns."""
+    rng = np.random.default_rng(seed)
+    target = rng.integers(0, n_out, n_cols)
+    order = rng.permutation(n_rows)
+    dense, blocks = np.zeros((n_rows, n_cols)), []
+    for i in range(0, n_rows, batch):
+        rows = order[i : i + batch]
+        columns = np.sort(rng.choice(n_cols, size=rng.integers(0, n_cols + 1), replace=False))
+        block = rng.standard_normal((len(rows), len(columns))).astype(np.float32)
+        dense[np.ix_(rows, columns)] = block
+        blocks.append((rows, columns, block))
+    want = np.zeros((n_rows, n_out))
+    np.add.at(want.T, target, dense.T)
+    folded = _device_rows(blocks, n_rows, n_cols).fold(target, n_out)
+    assert folded.n_cols == n_out and all(np.all(np.diff(c) > 0) for _, c, _ in folded.batches)
+    assert [list(r) for r, _, _ in folded.batches] == [list(r) for r, _, _ in blocks]
+    np.testing.assert_allclose(folded.to_csr().toarray(), want, rtol=1e-6, atol=1e-6)
+
+
+@given(
+    seed=st.integers(0, 2**16), n_feat=st.integers(1, 30), batch=st.integers(1, 6), n_sets=st.integers(1, 3)
+)
+@settings(max_examples=60, deadline=None)
+def test_influence_of_row_sets_is_the_formula_with_rowless_nodes_as_leaves(seed, n_feat, batch, n_sets):
+    """`influence_of_sets` on a random graph whose rows are split among sets, some features given no
+    row (the adaptive graph's unexplored ones): the dense formula on the matrix with those rows zero."""
+    rng = np.random.default_rng(seed)
+    g = random_graph(seed, n_feat=n_feat)
+    A = g.adjacency.toarray().astype(np.float32).astype(np.float64)
+    kind, w = g.nodes.kind, g.logit_weights()
+    blocks = row_blocks(g.adjacency)
+    first = int(np.isin(kind, ("embedding", "error")).sum())
+    has_row = np.arange(len(A)) >= first
+    has_row[first:][rng.random(len(A) - first) < 0.3] = False  # features without a row
+    has_row[kind == "logit"] = True
+    A[~has_row] = 0
+    owner = rng.integers(0, n_sets, len(A))
+    sets = []
+    for s in range(n_sets):
+        nodes = np.flatnonzero(has_row & (owner == s))
+        parts = []
+        for b0, b1 in blocks:
+            inside = nodes[(nodes >= b0) & (nodes < b1)]
+            for r0 in range(0, len(inside), batch):
+                r = inside[r0 : r0 + batch]
+                columns = np.arange(b0)
+                parts.append((np.searchsorted(nodes, r), columns, A[np.ix_(r, columns)].astype(np.float32)))
+        sets.append((nodes, _device_rows(parts, len(nodes), len(A))))
+    got = influence_of_sets(sets, w, blocks, kind == "error")
+    np.testing.assert_allclose(got.influence, _dense_influence(A, w), rtol=1e-6, atol=1e-9)
+    s = np.abs(A).sum(1)
+    share = np.divide(np.abs(A[:, kind == "error"]).sum(1), s, out=np.zeros_like(s), where=s > 0)
+    np.testing.assert_allclose(got.error_share, share, rtol=1e-6, atol=1e-9)
