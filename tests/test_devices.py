@@ -141,19 +141,31 @@ def test_rows_kept_on_the_device_equal_the_cpu_graph(device, foreign_default_dev
     """The GPU's plan (rows resident on the device, influence solved there; linear_backward.py step 8)
     on `device`, whatever the default device: the same graph as the CPU's plan on the CPU; and the
     pruned graph `attrgraph build` makes there (pruned on the device, device_prune.py) the same as
-    `prune_graph` of the CPU's graph."""
+    `prune_graph` of the CPU's graph; and an adaptive graph ranked and folded there (adaptive.py) the
+    same as the CPU's plan's."""
     import attrgraph.engine.linear_backward as lb
+    from attrgraph.engine.adaptive import attribute_adaptive
     from attrgraph.engine.attribute import attribute
     from attrgraph.engine.batch_plan import device_budget
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.graph.prune import prune_graph
 
     ref = attribute(*_model("cpu", "llama"), PROMPT, backend="linear")
+    adaptive = dict(max_feature_nodes=ref.n_features // 3, k=ref.n_features // 9, backend="linear")  # 3 steps
+    ref_adaptive = attribute_adaptive(*_model("cpu", "llama"), PROMPT, **adaptive)
     model, tc = _model(device, "llama")
     monkeypatch.setattr(lb, "budget_for", lambda *a: device_budget(1 << 30, 1 << 20, 8))
     with foreign_default_device():
         got = attribute(model, tc, PROMPT, backend="linear")
         pruned = attribute_pruned(model, tc, PROMPT, 0.5, 0.9, backend="linear")
+        got_adaptive = attribute_adaptive(model, tc, PROMPT, **adaptive)
+    assert got_adaptive.meta["rows_on_device"] and not ref_adaptive.meta["rows_on_device"]
+    np.testing.assert_array_equal(got_adaptive.nodes.feature, ref_adaptive.nodes.feature)
+    a_scale = np.abs(ref_adaptive.dense()).max()
+    np.testing.assert_allclose(got_adaptive.dense(), ref_adaptive.dense(), rtol=0, atol=1e-5 * a_scale)
+    np.testing.assert_allclose(
+        got_adaptive.nodes.influence, ref_adaptive.nodes.influence, rtol=1e-4, atol=1e-7
+    )
     scale = np.abs(ref.dense()).max()
     np.testing.assert_allclose(got.dense(), ref.dense(), rtol=0, atol=1e-5 * scale)
     np.testing.assert_allclose(got.nodes.influence, ref.nodes.influence, rtol=1e-4, atol=1e-7)
