@@ -276,10 +276,10 @@ def pruned_build(model, tc, tokens, full, dev) -> dict:
 
 PHASES = {"influence": "influence", "csr_assembly": "CSR assembly", "ranking": "ranking", "fold": "folding"}
 """Step 2: the parts of a run timed apart (key: the table's column), each between device syncs:
-where the rows stay on the device, the standard method's influence solve and CSR assembly
-(`DeviceRows.influence`, `.to_csr`); the adaptive method's ranking of the unexplored features at
-every step (`_Explorer.influence`), its folding of them into the error nodes with the copy of the
-folded rows (`_fold_unexplored`) and the folded graph's influence (`streamed_influence`)."""
+where the rows stay on the device, the influence solve and the CSR assembly (`DeviceRows.influence`,
+`.to_csr`; the adaptive method's of its folded graph, on the host `streamed_influence`); the
+adaptive method's ranking of the unexplored features at every step (`_Explorer.influence`) and its
+folding of them into the error nodes (`_fold_unexplored`)."""
 
 
 def _timed_parts(adaptive: bool) -> list[tuple[object, str, str]]:
@@ -287,13 +287,14 @@ def _timed_parts(adaptive: bool) -> list[tuple[object, str, str]]:
     from attrgraph.engine import adaptive as ad
     from attrgraph.engine.device_rows import DeviceRows
 
+    parts = [(DeviceRows, "influence", "influence"), (DeviceRows, "to_csr", "csr_assembly")]
     if adaptive:
-        return [
+        parts += [
             (ad._Explorer, "influence", "ranking"),
             (ad, "_fold_unexplored", "fold"),
             (ad, "streamed_influence", "influence"),
         ]
-    return [(DeviceRows, "influence", "influence"), (DeviceRows, "to_csr", "csr_assembly")]
+    return parts
 
 
 @contextmanager
@@ -588,9 +589,10 @@ def write_results(rows: list[dict], device: str, device_name: str, results: Path
             "",
             "## Where each fp32 run's time went (each part between syncs)",
             "",
-            "The standard method's influence solve and CSR assembly where its rows stay on the device; the",
-            "adaptive method's influence of the folded graph, ranking of the unexplored features at every",
-            "step, and folding of them into the error nodes (the folded rows' copy to the host included).",
+            "The influence solve and the CSR assembly where the rows stay on the device (the adaptive",
+            "method's: of its folded graph; its influence on the host where they did not); the adaptive",
+            "method's ranking of the unexplored features at every step and folding of them into the error",
+            "nodes (on the host where the rows did not stay on the device).",
             "",
             "| case | run | setup and row loop | " + " | ".join(PHASES.values()) + " |",
             "|---|---|---|" + "---|" * len(PHASES),

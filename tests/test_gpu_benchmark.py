@@ -214,14 +214,15 @@ def test_phase_times_split_a_run_whose_rows_stay_on_the_device(monkeypatch, tmp_
         f"| tiny | {seconds:.2f} s | {rest:.2f} s | {ph['influence']:.2f} s | {ph['csr_assembly']:.2f} s | - | - |"
         in table
     )
-    # the adaptive method's parts, each summed over its calls: the ranking runs once a step
+    # the adaptive method's parts (still the GPU's plan), each summed over its calls: the ranking
+    # runs once a step
     from attrgraph.engine import adaptive
 
     originals = (adaptive._Explorer.influence, adaptive._fold_unexplored, adaptive.streamed_influence)
     steps = []
     with bench.phase_times(cpu, adaptive=True) as parts:
         adaptive.attribute_adaptive(model, tc, [1, 2, 3, 4, 5, 6, 7], max_feature_nodes=6, k=2, trace=steps)
-    assert set(parts) == {"ranking", "fold", "influence"} and len(steps) == 3
+    assert set(parts) == {"ranking", "fold", "influence", "csr_assembly"} and len(steps) == 3
     assert (adaptive._Explorer.influence, adaptive._fold_unexplored, adaptive.streamed_influence) == originals
 
 

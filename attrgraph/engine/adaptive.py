@@ -27,12 +27,13 @@ Memory: the rows kept while exploring are `max_feature_nodes x n_active` (only t
 targets have rows), never `n_active^2`; each backward batch adds `k x n_active`.
 
 On a GPU, where the linear engine keeps each step's rows on the device (linear_backward.py step 8:
-where they fit), step 2 ranks on the device (device_rows.influence_of_sets) and step 4 folds there
-(`DeviceRows.fold`), so that only the folded graph, `max_feature_nodes` rows over the kept columns,
-comes to the host: a Llama-1B-shaped prompt of 128 tokens has some 131k active features, and the
-rows of 8,192 of them over all sources are some 5 10^8 edges, which the host took seconds to rank
-on every step and to fold (2.3 s for 6.9 10^7 on one core). Once a step's rows do not stay on the
-device, every row set goes to the host and the steps run there, as on the CPU.
+where they fit), step 2 ranks there (device_rows.influence_of_sets), step 4 folds there into the
+graph's rows (device_rows.fold_rows) and the folded graph's influence is solved there, so that only
+the folded graph, `max_feature_nodes` rows over the kept columns, comes to the host: a
+Llama-1B-shaped prompt of 128 tokens has some 131k active features, and the rows of 8,192 of them
+are some 10^8 edges, which the host took seconds to rank at every step and to fold (about 2 s for
+6.9 10^7 on one core, docs/gpu.md). Once a step's rows do not stay on the device, every row set
+goes to the host and the steps run there, as on the CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from attrgraph.engine.device_rows import DeviceRows, influence_of_sets
+from attrgraph.engine.csr_rows import assemble_csr, index_dtype
+from attrgraph.engine.device_rows import DeviceRows, fold_rows, influence_of_sets
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
@@ -93,7 +95,7 @@ def attribute_adaptive(
     explorer = _Explorer(run, targets, backend, batch_size)
     explored = explorer.explore(max_feature_nodes, k, trace)  # steps 2-3
     on_device = explorer.on_device
-    adjacency, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
+    folded, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
     pos = [run.n_pos - 1] * len(targets)
     full = node_table(
         run.state, run.sources, targets, pos, target_values(run.rm, run.state, targets, pos), run.n_layers
@@ -112,10 +114,19 @@ def attribute_adaptive(
         desired_logit_prob=float(desired_logit_prob),
     )
     nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, n_cols + len(targets))]))
-    graph = run.graph(nodes, adjacency, targets, np.array([t.weight for t in targets]), meta)
-    graph.nodes.influence = streamed_influence(
-        graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
-    ).influence
+    weights = np.array([t.weight for t in targets])
+    influence = None
+    if isinstance(folded, DeviceRows):  # the folded graph's influence on the device, then one copy
+        w = np.zeros(len(nodes.kind))
+        w[nodes.kind == "logit"] = weights
+        influence = folded.influence(w, layer_blocks(nodes), nodes.kind == "error", 0).influence
+        folded = folded.to_csr()
+    graph = run.graph(nodes, folded, targets, weights, meta)
+    if influence is None:
+        influence = streamed_influence(
+            graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
+        ).influence
+    graph.nodes.influence = influence
     return graph
 
 
@@ -204,11 +215,12 @@ class _Explorer:
 
 def _fold_unexplored(
     run: PromptRun, row_sets: list, explored: np.ndarray, n_t: int
-) -> tuple[sp.csr_array, np.ndarray]:
+) -> tuple[sp.csr_array | DeviceRows, np.ndarray]:
     """Step 4: the adjacency over the embeddings, errors, explored features and logits, with each
-    unexplored feature's edges added to its error node; folded one row set at a time (the folded
-    rows are much smaller than the raw ones, which are dropped as they go). Also returns the kept
-    source columns."""
+    unexplored feature's edges added to its error node, and the kept source columns. While every
+    row set is on the device it is folded there into one `DeviceRows` (`fold_rows`); else on the
+    host, one row set at a time (the folded rows are much smaller than the raw ones, which are
+    dropped as they go), and the folded rows are copied once into the graph's CSR arrays."""
     feats, sites, sources = run.feats, run.sites, run.sources
     n_pos, n_src, n_cols = run.n_pos, run.n_src, sources.n_columns
     explored_sorted = np.sort(explored)
@@ -220,29 +232,36 @@ def _fold_unexplored(
         attn = unexplored[sites[unexplored] == "attn"]
         fold[n_src + attn] += sources.error_column(0, "attn") - sources.error_column(0, "mlp")
     keep_cols = np.concatenate([np.arange(n_src), n_src + explored_sorted])
+    n_keep = len(keep_cols)
     new_index = np.full(n_cols, -1)
-    new_index[keep_cols] = np.arange(len(keep_cols))
+    new_index[keep_cols] = np.arange(n_keep)
+    target = new_index[fold].astype(np.int32)
+    n = n_keep + n_t
+    row_of = np.concatenate([new_index, n_keep + np.arange(n_t)])  # a row node's row in the graph
+    if all(isinstance(rows, DeviceRows) for _, rows in row_sets):
+        return fold_rows([(row_of[nodes], rows) for nodes, rows in row_sets], target, (n, n)), keep_cols
     # one entry per row, at the column it folds into, with int32 indices like the raw rows': int64
     # ones made scipy convert the raw rows' indices (1.4 s of 2.3 for 6.9 10^7 nonzeros at 128 tokens)
-    target = new_index[fold].astype(np.int32)
     M = sp.csr_array(
-        (np.ones(n_cols, np.float32), target, np.arange(n_cols + 1, dtype=np.int32)),
-        shape=(n_cols, len(keep_cols)),
+        (np.ones(n_cols, np.float32), target, np.arange(n_cols + 1, dtype=np.int32)), shape=(n_cols, n_keep)
     )
-    folded = []  # (row nodes, rows over the kept columns)
+    folded = []  # (rows in the graph, rows over the kept columns)
     while row_sets:
         row_nodes, raw = row_sets.pop()
-        if isinstance(raw, DeviceRows):
-            folded.append((row_nodes, raw.fold(target, len(keep_cols)).to_csr()))
-        else:
-            raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(row_nodes), n_cols))
-            folded.append((row_nodes, sp.csr_array(raw @ M)))
+        raw = raw.to_csr() if isinstance(raw, DeviceRows) else raw  # the last step's, where it fit
+        raw = sp.csr_array((raw.data, raw.indices, raw.indptr), shape=(len(row_nodes), n_cols))
+        folded.append((row_of[row_nodes], sp.csr_array(raw @ M)))
         del raw
-    row_nodes = np.concatenate([n for n, _ in folded])
-    body = sp.csr_array(sp.vstack([r for _, r in folded], format="csr")[np.argsort(row_nodes, kind="stable")])
-    n_keep = len(keep_cols) + n_t
-    adjacency = sp.vstack([sp.csr_array((n_src, len(keep_cols)), dtype=np.float32), body], format="csr")
-    adjacency = sp.csr_array(
-        sp.hstack([adjacency, sp.csr_array((n_keep, n_t), dtype=np.float32)], format="csr")
+    nnz = sum(int(r.nnz) for _, r in folded)
+    itype = index_dtype(n, nnz)
+    return (
+        assemble_csr(
+            n,
+            n,
+            np.concatenate([rows for rows, _ in folded]),
+            np.concatenate([np.diff(r.indptr) for _, r in folded]),
+            np.concatenate([r.data for _, r in folded]),
+            np.concatenate([r.indices.astype(itype, copy=False) for _, r in folded]),
+        ),
+        keep_cols,
     )
-    return adjacency, keep_cols

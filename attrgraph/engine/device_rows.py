@@ -140,38 +140,49 @@ class DeviceRows:
         written = order >= 0  # rows mapped to -1 had no entry selected
         return assemble_csr(n_rows, n_cols, order[written], read[written], data, indices)
 
-    def fold(self, target: np.ndarray, n_cols: int) -> DeviceRows:
-        """The rows with column c added into column `target[c]` (`n_cols` columns; step 4 of
-        adaptive.py folds the unexplored features into their error nodes), on the device: each
-        batch's block becomes the sums of its columns by target, over its targets ascending, in a
-        new buffer. A column's terms are summed in column order by one thread
-        (`torch.segment_reduce`: no atomics, the same sums every run). The host waits once, for the
-        copy of every batch's order and run lengths."""
-        plans = []
-        for _, columns, _ in self.batches:
-            to = np.asarray(target)[columns]
+
+def fold_rows(
+    sets: list[tuple[np.ndarray, DeviceRows]], target: np.ndarray, shape: tuple[int, int]
+) -> DeviceRows:
+    """Several `(rows_to, rows)` as one `DeviceRows` of `shape`, on the device: row r of a set becomes
+    row `rows_to[r]` (distinct over all sets), and each column c is added into column `target[c]`
+    (step 4 of adaptive.py folds the unexplored features into their error nodes). Each batch's block
+    becomes the sums of its columns by target, over its targets ascending, in one new buffer sized
+    first; a column's terms are summed in column order by one thread (`torch.segment_reduce`: no
+    atomics, the same sums every run). `sets` is emptied as it goes, from the last, so that each
+    set's rows are freed once folded. The host waits once per set, for the copy of its batches'
+    orders and run lengths."""
+    target = np.asarray(target)
+    plans = []  # per set, per batch: (order of its columns by target, new columns, run lengths)
+    for _, rows in sets:
+        plans.append([])
+        for _, columns, _ in rows.batches:
+            to = target[columns]
             order = np.argsort(to, kind="stable")
             new_columns, lengths = np.unique(to[order], return_counts=True)
-            plans.append((order, new_columns, lengths))
-        sizes = np.array([len(r) * len(p[1]) for (r, _, _), p in zip(self.batches, plans)], np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        dev = self.buffer.device
-        out = DeviceRows(
-            self.n_rows,
-            n_cols,
-            torch.empty(int(starts[-1]), dtype=self.buffer.dtype, device=dev),
-            [(rows, p[1], int(at)) for (rows, _, _), p, at in zip(self.batches, plans, starts[:-1])],
-        )
-        parts = [np.concatenate([order, lengths]) for order, _, lengths in plans]
+            plans[-1].append((order, new_columns, lengths))
+    batches, at = [], 0
+    for (rows_to, rows), plan in zip(sets, plans):
+        for (local, _, _), (_, new_columns, _) in zip(rows.batches, plan):
+            batches.append((np.asarray(rows_to)[local], new_columns, at))
+            at += len(local) * len(new_columns)
+    dtype, dev = (sets[0][1].buffer.dtype, sets[0][1].buffer.device) if sets else (torch.float32, "cpu")
+    out = DeviceRows(shape[0], shape[1], torch.empty(at, dtype=dtype, device=dev), batches)
+    first = np.cumsum([0] + [len(rows.batches) for _, rows in sets])
+    while sets:
+        s = len(sets) - 1
+        _, rows = sets.pop()
+        parts = [np.concatenate([order, lengths]) for order, _, lengths in plans[s]]
         flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         on_device = torch.from_numpy(flat.astype(np.int64)).to(dev).split([len(x) for x in parts])
-        for i, (order, new_columns, lengths) in enumerate(plans):
+        for i, (order, new_columns, lengths) in enumerate(plans[s]):
             order_d, lengths_d = on_device[i].split([len(order), len(lengths)])
-            moved = self.block(i).T[order_d]  # [n, B]: the block's columns grouped by target
+            moved = rows.block(i).T[order_d]  # [n, B]: the block's columns grouped by target
             if len(new_columns) < len(order):
                 moved = torch.segment_reduce(moved, "sum", lengths=lengths_d, axis=0)
-            out.block(i).copy_(moved.T)
-        return out
+            out.block(int(first[s]) + i).copy_(moved.T)
+        del rows
+    return out
 
 
 def influence_of_sets(

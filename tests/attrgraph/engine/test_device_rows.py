@@ -18,7 +18,7 @@ from attrgraph.engine import host_copy
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.batch_plan import device_budget
-from attrgraph.engine.device_rows import DeviceRows, influence_of_sets
+from attrgraph.engine.device_rows import DeviceRows, fold_rows, influence_of_sets
 from attrgraph.engine.linear_backward import linear_rows
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import build_sources, feature_injections
@@ -291,28 +291,35 @@ def test_a_blocks_width_is_its_columns_count(attn):
     n_cols=st.integers(1, 30),
     n_out=st.integers(1, 12),
     batch=st.integers(1, 5),
+    n_sets=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=60, deadline=None)
-def test_folded_rows_are_the_sums_of_their_columns_by_target(n_rows, n_cols, n_out, batch, seed):
-    """`fold` against `np.add.at` on the dense matrix (float64): every column added into its target,
-    in batches of any rows and columns; the folded batches keep their rows and have ascending columns."""
+def test_folded_rows_are_the_sums_of_their_columns_by_target(n_rows, n_cols, n_out, batch, n_sets, seed):
+    """`fold_rows` against `np.add.at` on the dense matrix (float64): the rows of several sets, each
+    sent to its row of the result, every column added into its target, in batches of any rows and
+    columns; the folded batches have ascending columns, and the sets are freed as they are folded."""
     rng = np.random.default_rng(seed)
     target = rng.integers(0, n_out, n_cols)
-    order = rng.permutation(n_rows)
-    dense, blocks = np.zeros((n_rows, n_cols)), []
-    for i in range(0, n_rows, batch):
-        rows = order[i : i + batch]
-        columns = np.sort(rng.choice(n_cols, size=rng.integers(0, n_cols + 1), replace=False))
-        block = rng.standard_normal((len(rows), len(columns))).astype(np.float32)
-        dense[np.ix_(rows, columns)] = block
-        blocks.append((rows, columns, block))
-    want = np.zeros((n_rows, n_out))
-    np.add.at(want.T, target, dense.T)
-    folded = _device_rows(blocks, n_rows, n_cols).fold(target, n_out)
-    assert folded.n_cols == n_out and all(np.all(np.diff(c) > 0) for _, c, _ in folded.batches)
-    assert [list(r) for r, _, _ in folded.batches] == [list(r) for r, _, _ in blocks]
-    np.testing.assert_allclose(folded.to_csr().toarray(), want, rtol=1e-6, atol=1e-6)
+    n_total = n_rows * n_sets + 2  # two rows of the result that no set fills
+    rows_to = rng.permutation(n_total)[: n_rows * n_sets].reshape(n_sets, n_rows)
+    want, sets = np.zeros((n_total, n_out)), []
+    for s in range(n_sets):
+        order, dense, blocks = rng.permutation(n_rows), np.zeros((n_rows, n_cols)), []
+        for i in range(0, n_rows, batch):
+            rows = order[i : i + batch]
+            columns = np.sort(rng.choice(n_cols, size=rng.integers(0, n_cols + 1), replace=False))
+            block = rng.standard_normal((len(rows), len(columns))).astype(np.float32)
+            dense[np.ix_(rows, columns)] = block
+            blocks.append((rows, columns, block))
+        folded = np.zeros((n_rows, n_out))
+        np.add.at(folded.T, target, dense.T)
+        want[rows_to[s]] = folded
+        sets.append((rows_to[s], _device_rows(blocks, n_rows, n_cols)))
+    got = fold_rows(sets, target, (n_total, n_out))
+    assert sets == [] and (got.n_rows, got.n_cols) == (n_total, n_out)
+    assert all(np.all(np.diff(c) > 0) for _, c, _ in got.batches)
+    np.testing.assert_allclose(got.to_csr().toarray(), want, rtol=1e-6, atol=1e-6)
 
 
 @given(
