@@ -40,7 +40,8 @@ Bussmann et al. 2024 (BatchTopK). Issue 20, part 2.
      AuxK) but `init_seeds=[seed]`, `TranscoderConfig(k=...)`.
 3. Foreign weights become a `PerLayerTranscoder` (sae_lens: `W_enc`, `b_enc`, `threshold`, `W_dec`,
    `b_dec` per layer; sparsify: `encoder.weight.T`, `encoder.bias`, `W_dec`, `b_dec`, TopK k), and
-   each library's own forward on the held-out tokens is checked to give the same FVU (`own_fvu_mean`).
+   each library's own forward on the held-out tokens is checked to give the same FVU (`own_fvu_mean`;
+   sparsify's scored in its training process, on its training device).
 4. Score every set with the same function: `transcoders.metrics.reconstruction_metrics` on the
    held-out activations (FVU, L0, dead fraction = features never active on them) and
    `replacement_metrics` on the held-out sequences (every layer's MLP output replaced at once:
@@ -422,13 +423,12 @@ def train_sparsify(work: Path, model, value: int, args) -> tuple:
     common = ["--work", str(work), "--d-sae", str(args.d_sae), "--k", str(value)]
     common += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
     train_only = ["--device", args.device]
-    stdout, _, _ = tvs.run_child(
-        [args.sparsify_python, me, "--_worker", "sparsify", "--_run", run, *common, *train_only], 1
-    )
+    # one process trains and scores sparsify's own forward, on the training device (a process of
+    # its own for the scoring cost each run 10-20 s more on the CPU)
+    worker = ["--_worker", "sparsify", "--_run", run, "--_score-own"]
+    stdout, _, _ = tvs.run_child([args.sparsify_python, me, *worker, *common, *train_only], 1)
     r = tvs.last_json(stdout)
-    own = tvs.last_json(
-        tvs.run_child([args.sparsify_python, me, "--_worker", "score-sparsify", "--_run", run, *common], 1)[0]
-    )
+    own = r["own"]
     layers = []
     for l in range(model.cfg.n_layers):
         w = load_file(str(work / run / "ckpt" / run / f"layers.{l}" / "sae.safetensors"))

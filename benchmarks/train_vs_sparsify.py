@@ -112,25 +112,30 @@ def score_ours(work: Path, run: str) -> dict:
     return score(forward, x, y)
 
 
-def score_sparsify(work: Path, run: str) -> dict:
-    """sparsify's own forward on the held-out tokens, on the CPU (where it trained does not matter)."""
-    os.environ["SPARSIFY_DISABLE_TRITON"] = (
-        "1"  # read at import: with a GPU present it decodes by triton, GPU only
-    )
+def score_sparsify(work: Path, run: str, device: str = "cpu") -> dict:
+    """sparsify's own forward on the held-out tokens, on `device`: the CPU in a process of its own
+    (where it trained does not matter), or the device it trained on, in its training process
+    (`--_score-own`: one process a run, not two)."""
+    if device == "cpu" and "sparsify" not in sys.modules:
+        os.environ["SPARSIFY_DISABLE_TRITON"] = (
+            "1"  # read at import: with a GPU present it decodes by triton, GPU only
+        )
     import torch
     from sparsify import SparseCoder
 
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     x, y = load_held_out(work)
     saes = [
-        SparseCoder.load_from_disk(work / run / "ckpt" / run / f"layers.{l}").eval()
+        SparseCoder.load_from_disk(work / run / "ckpt" / run / f"layers.{l}", device=device).eval()
         for l in range(x.shape[1])
     ]
 
     def forward(xb, l):
-        out = saes[l](xb)  # sae_out does not depend on the target (it only enters the losses)
-        acts = torch.zeros(xb.shape[0], saes[l].num_latents).scatter(-1, out.latent_indices, out.latent_acts)
-        return out.sae_out, acts
+        out = saes[l](xb.to(device))  # sae_out does not depend on the target (it only enters the losses)
+        acts = torch.zeros(xb.shape[0], saes[l].num_latents, device=device)
+        acts = acts.scatter(-1, out.latent_indices, out.latent_acts)
+        return out.sae_out.cpu(), acts.cpu()
 
     return score(forward, x, y)
 
@@ -300,6 +305,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_run", help=argparse.SUPPRESS)
+    ap.add_argument("--_score-own", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else None
     if args.rewrite:
@@ -318,13 +324,10 @@ def main(argv=None) -> int:
         return 0
     if args._worker == "sparsify":
         info = json.loads((work / "dump.json").read_text())
-        print(
-            json.dumps(
-                train_sparsify(
-                    work, args._run, info, args.d_sae, args.k, args.batch_size, args.seed, args.device
-                )
-            )
-        )
+        r = train_sparsify(work, args._run, info, args.d_sae, args.k, args.batch_size, args.seed, args.device)
+        if args._score_own:  # its own forward scored here, on its device (score_sparsify)
+            r["own"] = score_sparsify(work, args._run, args.device)
+        print(json.dumps(r))
         return 0
     if args._worker == "score-ours":
         print(json.dumps(score_ours(work, args._run)))
