@@ -54,6 +54,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
         adaptive["fp32"]["feature_rows_rel_diff"] <= 1e-5 and adaptive["fp32"]["logit_rows_rel_diff"] <= 1e-5
     )
     assert "tf32" not in adaptive and "pruned_build" not in adaptive
+    assert adaptive["fp32"]["rows_on_device"] is False  # the CPU's plan: every step's rows on the host
     table = (tmp_path / "gpu_vs_circuit_tracer_cpu_smoke.md").read_text()
     assert "| smoke |" in table and "(by intervention: ours " in table
     assert "| smoke-adaptive (64 features explored) |" in table and "| - | - |" in table
