@@ -18,6 +18,9 @@ idle. Instead:
    only copies: selecting the nonzeros of a Llama-1B-shaped graph's 264 M edges on the host took
    5 s of one core, most of it writing them into its growing buffers. `select` copies any chosen
    entries, rows and columns renumbered: device_prune.py copies the pruned graph alone that way.
+4. The adaptive method (adaptive.py) keeps one `DeviceRows` per exploration step: step 2 over
+   several of them, each row a given node (`influence_of_sets`), and its fold of the unexplored
+   features into their error nodes, into one `DeviceRows` in the graph's row order (`fold_rows`).
 Every batch's rows and columns go to the device in one copy, the first time they are needed
 (`nodes_and_columns`): a copy to the device makes the host wait for it.
 """
