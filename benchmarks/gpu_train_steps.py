@@ -163,8 +163,10 @@ def measure(model, sequences, run: Run, args, work: Path) -> dict:
         busy_ms_per_step=round(prof["busy_seconds"] * 1e3 / n, 3),
         busy_share=round(prof["busy_seconds"] / prof["wall_seconds"], 3),
         **{k: round(prof[k] / n, 1) for k in ("launches", "copies", "host_waits", "products")},
-        encoder_tflops=round(encoder_tflops, 4),
-        encoder_share=round(encoder_tflops / args.matmul_tflops, 4),
+        # 4 significant digits: on a CPU the rate is some 10^-4 TFLOP/s, which 4 decimals rounded by
+        # a tenth (encoder_share, from the unrounded rate, then disagreed with the rounded one's)
+        encoder_tflops=float(f"{encoder_tflops:.4g}"),
+        encoder_share=float(f"{encoder_tflops / args.matmul_tflops:.4g}"),
         top=[dict(t, calls=t["calls"] / n, ms=t["ms"] / n) for t in prof["top"]],  # per step
         top_products=[
             dict(t, calls=t["calls"] / n, ms=t["ms"] / n, gflop=t["gflop"] / n) for t in prof["top_products"]
