@@ -95,7 +95,7 @@ def attribute_adaptive(
     explorer = _Explorer(run, targets, backend, batch_size)
     explored = explorer.explore(max_feature_nodes, k, trace)  # steps 2-3
     on_device = explorer.on_device
-    folded, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets))  # step 4
+    folded, keep_cols = _fold_unexplored(run, explorer.row_sets, explored, len(targets), on_device)  # step 4
     pos = [run.n_pos - 1] * len(targets)
     full = node_table(
         run.state, run.sources, targets, pos, target_values(run.rm, run.state, targets, pos), run.n_layers
@@ -114,19 +114,13 @@ def attribute_adaptive(
         desired_logit_prob=float(desired_logit_prob),
     )
     nodes = full.select(np.concatenate([keep_cols, np.arange(n_cols, n_cols + len(targets))]))
-    weights = np.array([t.weight for t in targets])
-    influence = None
-    if isinstance(folded, DeviceRows):  # the folded graph's influence on the device, then one copy
-        w = np.zeros(len(nodes.kind))
-        w[nodes.kind == "logit"] = weights
-        influence = folded.influence(w, layer_blocks(nodes), nodes.kind == "error", 0).influence
-        folded = folded.to_csr()
-    graph = run.graph(nodes, folded, targets, weights, meta)
-    if influence is None:
-        influence = streamed_influence(
-            graph.adjacency, graph.logit_weights(), layer_blocks(graph.nodes)
-        ).influence
-    graph.nodes.influence = influence
+    adjacency = folded.to_csr() if on_device else folded
+    graph = run.graph(nodes, adjacency, targets, np.array([t.weight for t in targets]), meta)
+    w, blocks = graph.logit_weights(), layer_blocks(graph.nodes)
+    if on_device:  # the folded graph's influence where its rows still are
+        graph.nodes.influence = folded.influence(w, blocks, graph.nodes.kind == "error", 0).influence
+    else:
+        graph.nodes.influence = streamed_influence(graph.adjacency, w, blocks).influence
     return graph
 
 
@@ -214,11 +208,11 @@ class _Explorer:
 
 
 def _fold_unexplored(
-    run: PromptRun, row_sets: list, explored: np.ndarray, n_t: int
+    run: PromptRun, row_sets: list, explored: np.ndarray, n_t: int, on_device: bool
 ) -> tuple[sp.csr_array | DeviceRows, np.ndarray]:
     """Step 4: the adjacency over the embeddings, errors, explored features and logits, with each
     unexplored feature's edges added to its error node, and the kept source columns. While every
-    row set is on the device it is folded there into one `DeviceRows` (`fold_rows`); else on the
+    row set is on the device (`on_device`, `_Explorer.on_device`) it is folded there into one `DeviceRows` (`fold_rows`); else on the
     host, one row set at a time (the folded rows are much smaller than the raw ones, which are
     dropped as they go), and the folded rows are copied once into the graph's CSR arrays."""
     feats, sites, sources = run.feats, run.sites, run.sources
@@ -238,7 +232,7 @@ def _fold_unexplored(
     target = new_index[fold].astype(np.int32)
     n = n_keep + n_t
     row_of = np.concatenate([new_index, n_keep + np.arange(n_t)])  # a row node's row in the graph
-    if all(isinstance(rows, DeviceRows) for _, rows in row_sets):
+    if on_device:
         return fold_rows([(row_of[nodes], rows) for nodes, rows in row_sets], target, (n, n)), keep_cols
     # one entry per row, at the column it folds into, with int32 indices like the raw rows': int64
     # ones made scipy convert the raw rows' indices (1.4 s of 2.3 for 6.9 10^7 nonzeros at 128 tokens)

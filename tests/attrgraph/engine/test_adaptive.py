@@ -35,7 +35,7 @@ def rows_at(request, monkeypatch):
         return cpu(device, need, live)
 
     monkeypatch.setattr(lb, "budget_for", budget)
-    return SimpleNamespace(trace=trace, kind=request.param, on_device=request.param == "device")
+    return SimpleNamespace(trace=trace, on_device=request.param == "device")
 
 
 @pytest.fixture(scope="module", params=["plt", "clt"])
