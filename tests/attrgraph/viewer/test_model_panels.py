@@ -282,17 +282,48 @@ def test_serve_takes_the_model_options():
         (["--attn-transcoders", "default-plt"], "must be an SAE set"),
     ],
 )
-def test_serve_refuses_model_options_it_cannot_load_before_serving(ioi_file, options, says):
-    """One line and exit 2 before listening (a server that started would outlive the timeout)."""
+def test_serve_refuses_model_options_it_cannot_load_before_serving(
+    ioi_file, options, says, monkeypatch, capsys
+):
+    """One line and exit 2 before listening: in this process, a server that started fails the test
+    instead of serving (the subprocess test below runs the same refusal as a real command)."""
+    from attrgraph.cli import main
+    from attrgraph.viewer.server import ViewerServer
+
+    def started(self, *a, **k):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(ViewerServer, "server_bind", started)
+    rc = main(["serve", str(ioi_file), "--port", "0", *options])
+    out, err = capsys.readouterr()
+    err = err.strip()
+    assert rc == 2 and out == "", (rc, out, err)
+    assert err.startswith("attrgraph serve: error: cannot load " + " ".join(options)), err
+    assert says in err and "\n" not in err, err
+
+
+def test_serve_refuses_a_model_option_as_a_command(ioi_file):
+    """The same refusal from `python -m attrgraph.cli`: one line on stderr, exit 2, nothing served
+    (a server that started would outlive the timeout)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "attrgraph.cli", "serve", str(ioi_file), "--port", "0", *options]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attrgraph.cli",
+        "serve",
+        str(ioi_file),
+        "--port",
+        "0",
+        "--transcoders",
+        "nosuch",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     err = res.stderr.strip()
     assert res.returncode == 2 and res.stdout == "", (res.returncode, res.stdout, err)
-    assert err.startswith("attrgraph serve: error: cannot load " + " ".join(options)), err
-    assert says in err and "\n" not in err, err
+    assert err.startswith("attrgraph serve: error: cannot load --transcoders nosuch"), err
+    assert "no transcoders at nosuch" in err and "\n" not in err, err
 
 
 def open_global_panel(browser, server, graph, node: int):
