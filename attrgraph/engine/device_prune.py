@@ -56,7 +56,8 @@ def edge_cutoff(scores: Callable[[], Iterable[torch.Tensor]], threshold: float) 
     """prune.find_threshold over the scores that each call of `scores()` yields (float64 tensors on
     one device; a negative value is no score: an entry that is not an edge): the smallest score to
     keep so that the kept ones make up `threshold` of the total (module docstring, step 2). Memory:
-    2^16 bins and one tensor at a time; the host waits for the device once a pass."""
+    2^16 bins and one tensor at a time; the host reads from the device once a pass, and once for the
+    last bin's scores."""
     if threshold >= 1.0:
         return -np.inf
     bins, total, fixed, shift, prefix = 1 << _BITS, 0.0, 0.0, 64 - _BITS, 0
@@ -68,7 +69,7 @@ def edge_cutoff(scores: Callable[[], Iterable[torch.Tensor]], threshold: float) 
             if shift < 64 - _BITS:  # only the bin fixed so far
                 valid &= (bits >> (shift + _BITS)) == prefix
             key = torch.where(valid, key, bins)  # the others to an extra bin
-            c, w = torch.bincount(key, minlength=bins + 1), torch.bincount(key, weights=s, minlength=bins + 1)
+            c, w = _histogram(key, s, bins + 1)
             counts, sums = (c, w) if counts is None else (counts + c, sums + w)
         if counts is None:
             return -np.inf
@@ -85,13 +86,33 @@ def edge_cutoff(scores: Callable[[], Iterable[torch.Tensor]], threshold: float) 
         if counts[full[at]] <= SORT_LIMIT or shift == 0:
             break
         shift -= _BITS
-    found = []
-    for s in scores():
-        s, bits, valid = _bits(s)
-        found.append(torch.masked_select(s, valid & ((bits >> shift) == prefix)))
-    ordered = np.sort(torch.cat(found).cpu().numpy())[::-1]
+    ordered = np.sort(_gather(scores, shift, prefix, int(counts[full[at]])).cpu().numpy())[::-1]
     cumulative = (fixed + np.cumsum(ordered)) / total
     return float(ordered[min(int(np.searchsorted(cumulative, threshold)), len(ordered) - 1)])
+
+
+def _histogram(key: torch.Tensor, s: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The count and the sum of `s` per value of `key` (0..n-1): `torch.bincount`'s, which on a GPU
+    reads its input's min and max first, two waits for the device per call."""
+    ones = torch.ones(1, dtype=torch.int64, device=key.device).expand(len(key))
+    counts = torch.zeros(n, dtype=torch.int64, device=key.device).index_add_(0, key, ones)
+    return counts, torch.zeros(n, dtype=s.dtype, device=s.device).index_add_(0, key, s)
+
+
+def _gather(scores: Callable[[], Iterable[torch.Tensor]], shift: int, prefix: int, n: int) -> torch.Tensor:
+    """The `n` scores whose bits from `shift` up are `prefix` (the select's last bin, counted by its
+    last pass), in one tensor, written without reading from the device: each one's place is the
+    count of matches before it, kept on the device (`masked_select` would wait for its size)."""
+    found, before = None, 0
+    for s in scores():
+        s, bits, valid = _bits(s)
+        hit = valid & ((bits >> shift) == prefix)
+        if found is None:
+            found = torch.empty(n + 1, dtype=s.dtype, device=s.device)  # [n]: where the others go
+        place = torch.cumsum(hit, 0) - 1 + before
+        found.scatter_(0, torch.where(hit & (place < n), place, n), s)
+        before = before + hit.sum()
+    return found[:n]
 
 
 def _bits(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

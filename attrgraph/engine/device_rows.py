@@ -116,7 +116,9 @@ class DeviceRows:
         as a host CSR matrix of `shape` (default `[n_rows, n_cols]`): row r goes to row `rows[r]`
         and column c to `columns[c]` (default: where they are; -1 for a row or column no entry of
         which is selected). Selected on the device and copied straight into the host's arrays: the
-        host waits once for the counts, then once per batch for its copy."""
+        host waits once for the counts, which size each batch's selection (`nonzero_static`: a
+        `nonzero` would wait for the device to learn its size), then for the copies (host_copy.py:
+        each for the one before last, so the device works ahead)."""
         n_rows, n_cols = shape or (self.n_rows, self.n_cols)
         dev, batches = self.buffer.device, range(len(self.batches))
         read = [where(i, self.block(i)).sum(1) for i in batches]  # `where` again below: one mask at a time
@@ -128,10 +130,13 @@ class DeviceRows:
         copy = HostCopy(dev, (data, indices))
         index_type = torch.from_numpy(indices[:0]).dtype
         to_column = None if columns is None else torch.as_tensor(np.asarray(columns, np.int64), device=dev)
+        per_batch = [
+            int(x.sum()) for x in np.split(read, np.cumsum([len(r) for r, _, _ in self.batches])[:-1])
+        ]
         at = 0
         for i in batches:
             block = self.block(i)
-            row, col = where(i, block).nonzero().unbind(1)  # row-major: each row's entries in order
+            row, col = torch.nonzero_static(where(i, block), size=per_batch[i]).unbind(1)  # row-major
             cols = self.nodes_and_columns(i, 0)[1]
             cols = cols if to_column is None else to_column[cols]
             copy.put(at, block[row, col], cols.to(index_type)[col])
@@ -154,7 +159,7 @@ def fold_rows(
     first; a column's terms are summed in column order by one thread (`torch.segment_reduce`: no
     atomics, the same sums every run). `sets` is emptied as it goes, from the last, so that each
     set's rows are freed once folded. The host waits once per set, for the copy of its batches'
-    orders and run lengths."""
+    orders and run lengths to the device, and never reads from it."""
     target = np.asarray(target)
     plans = []  # per set, per batch: (order of its columns by target, new columns, run lengths)
     for _, rows in sets:
@@ -182,7 +187,8 @@ def fold_rows(
             order_d, lengths_d = on_device[i].split([len(order), len(lengths)])
             moved = rows.block(i).T[order_d]  # [n, B]: the block's columns grouped by target
             if len(new_columns) < len(order):
-                moved = torch.segment_reduce(moved, "sum", lengths=lengths_d, axis=0)
+                # unsafe: no check of the lengths (np.unique's counts), which would read them twice
+                moved = torch.segment_reduce(moved, "sum", lengths=lengths_d, axis=0, unsafe=True)
             out.block(int(first[s]) + i).copy_(moved.T)
         del rows
     return out

@@ -27,6 +27,7 @@ from attrgraph.graph.prune import (
 from attrgraph.graph.streamed_influence import row_blocks
 from tests.attrgraph.ag_helpers import ARCHS, random_graph, tiny_attn_saes, tiny_model, tiny_transcoders
 from tests.attrgraph.engine.test_pruned_build import assert_same_pruned_graph
+from tests.host_reads import count_host_reads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -209,3 +210,40 @@ def test_on_the_cpu_the_rows_are_streamed_not_held(monkeypatch):
     got = attribute_pruned(model, tc, TOKENS, 0.7, 0.9)
     assert_same_pruned_graph(prune_graph(attribute(model, tc, TOKENS), 0.7, 0.9), got)
     assert calls == []
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_pruning_on_the_device_reads_from_it_per_pass_not_per_batch(rule, monkeypatch):
+    """On a GPU each read waits for the device (tests/host_reads.py): the influence, each pass of the
+    cutoff's select (`SORT_LIMIT` 0: all four, then the last bin's scores), each round of the rule's
+    removals and the kept edges' counts read a fixed number of times, none per batch. One graph, its
+    rows in batches of one target and in the plan's: the same reads, the same pruned graph (to the
+    rows' rounding)."""
+    model = tiny_model("llama", torch.float32)
+    tc = tiny_transcoders(model, "clt", True)
+    _gpu(monkeypatch)
+    calls = _pruned_on_the_device(monkeypatch)
+    monkeypatch.setattr(dp, "SORT_LIMIT", 0)
+    reads, graphs = {}, {}
+    original = dp.prune_device_edges
+
+    def counted(rows, *args, **kwargs):
+        found = []
+        seen = count_host_reads(
+            lambda: found.append(original(rows, *args, **kwargs)), under="/attrgraph/"
+        ).seen
+        reads[len(rows.batches)] = sorted(seen)
+        return found[0]
+
+    monkeypatch.setattr("attrgraph.engine.pruned_build.prune_device_edges", counted)
+    for batch_size in (1, None):
+        graphs[batch_size] = attribute_pruned(model, tc, TOKENS, 0.8, 0.9, rule=rule, batch_size=batch_size)
+    (many, one_each), (few, by_plan) = sorted(reads.items(), reverse=True)  # keyed by batches
+    assert many >= 10 * few and len(calls) == 0  # the spy was replaced: the pruning ran through `counted`
+    assert one_each == by_plan and 0 < len(one_each) < many / 10, one_each
+    a, b = graphs[1], graphs[None]  # batched otherwise, the rows round otherwise: the same graph to 1e-6
+    for f in ("kind", "layer", "position", "feature"):
+        np.testing.assert_array_equal(getattr(a.nodes, f), getattr(b.nodes, f))
+    dense = a.adjacency.toarray()
+    np.testing.assert_allclose(dense, b.adjacency.toarray(), rtol=0, atol=1e-6 * np.abs(dense).max())
+    assert a.n_edges == b.n_edges > 0

@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import attrgraph.engine.linear_backward as lb
 from attrgraph.engine import host_copy
@@ -33,6 +32,7 @@ from tests.attrgraph.ag_helpers import (
     tiny_transcoders,
 )
 from tests.attrgraph.engine.test_linear_backward import TOKENS, injections_for
+from tests.host_reads import count_host_reads
 
 GPU = device_budget(8 << 30, 1 << 20, 6)
 
@@ -83,35 +83,6 @@ def test_attribute_with_resident_rows_solves_influence_on_the_device(attn, monke
         assert kept.meta[score] == pytest.approx(host.meta[score], rel=1e-6)
 
 
-class _HostWaits(TorchDispatchMode):
-    """Counts what makes a host wait for a device: a tensor's value read into Python
-    (`_local_scalar_dense`: item, bool, int) and copies out of it (`Tensor.cpu`, `.numpy`, `.tolist`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
-
-
-def _count_host_waits(monkeypatch, run) -> int:
-    counter = _HostWaits()
-    for name in ("cpu", "numpy", "tolist"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _original=original, **k):
-            counter.n += 1
-            return _original(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    with counter:
-        run()
-    monkeypatch.undo()
-    return counter.n
-
-
 @pytest.mark.parametrize("kind", ["plt", "clt"])
 def test_the_row_loop_never_waits_for_the_device(kind, monkeypatch):
     """With a GPU's budget the row loop never reads from the device, however many batches (the rows
@@ -128,14 +99,12 @@ def test_the_row_loop_never_waits_for_the_device(kind, monkeypatch):
         def run(batch_size=batch_size, stats=stats):
             linear_rows(rm, state, sources, inj, batch_size, budget=GPU, stats=stats, keep_on_device=True)
 
-        waits[batch_size] = _count_host_waits(monkeypatch, run)
+        waits[batch_size] = count_host_reads(run).seen
         batches[batch_size] = stats["batches"]
     assert batches[1] == len(inj) > batches[4] > batches[None]
-    assert waits[1] == waits[4] == waits[None] == 0
+    assert waits[1] == waits[4] == waits[None] == []
     stats = {}
-    on_cpu = _count_host_waits(
-        monkeypatch, lambda: linear_rows(rm, state, sources, inj, batch_size=1, stats=stats)
-    )
+    on_cpu = count_host_reads(lambda: linear_rows(rm, state, sources, inj, batch_size=1, stats=stats)).n
     assert on_cpu >= stats["batches"] == len(inj)
 
 
@@ -236,9 +205,10 @@ def test_the_sources_are_read_from_the_device_a_fixed_number_of_times(attn, monk
     for tokens in (TOKENS[:5], TOKENS):
         state = rm.run(tokens)
         found = []
-        reads.append(_count_host_waits(monkeypatch, lambda s=state, f=found: f.append(build_sources(rm, s))))
+        reads.append(count_host_reads(lambda s=state, f=found: f.append(build_sources(rm, s))).n)
         groups.append(len(found[0].groups) + len(found[0].attn_groups))
-    assert groups[1] >= 2 * groups[0] > 0 and reads[0] == reads[1] <= 4
+    # the active features (a nonzero per site), the groups' bounds (a nonzero), their firsts and bounds
+    assert groups[1] >= 2 * groups[0] > 0 and reads[0] == reads[1] == 4 + attn
 
 
 def _with_free_memory(monkeypatch, free: int) -> None:
@@ -298,7 +268,8 @@ def test_a_blocks_width_is_its_columns_count(attn):
 def test_folded_rows_are_the_sums_of_their_columns_by_target(n_rows, n_cols, n_out, batch, n_sets, seed):
     """`fold_rows` against `np.add.at` on the dense matrix (float64): the rows of several sets, each
     sent to its row of the result, every column added into its target, in batches of any rows and
-    columns; the folded batches have ascending columns, and the sets are freed as they are folded."""
+    columns; the folded batches have ascending columns, and the sets are freed as they are folded;
+    nothing is read from the device (tests/host_reads.py)."""
     rng = np.random.default_rng(seed)
     target = rng.integers(0, n_out, n_cols)
     n_total = n_rows * n_sets + 2  # two rows of the result that no set fills
@@ -316,7 +287,10 @@ def test_folded_rows_are_the_sums_of_their_columns_by_target(n_rows, n_cols, n_o
         np.add.at(folded.T, target, dense.T)
         want[rows_to[s]] = folded
         sets.append((rows_to[s], _device_rows(blocks, n_rows, n_cols)))
-    got = fold_rows(sets, target, (n_total, n_out))
+    folded = []
+    reads = count_host_reads(lambda: folded.append(fold_rows(sets, target, (n_total, n_out))))
+    got = folded[0]
+    assert reads.seen == []  # on a GPU the fold never waits for the device
     assert sets == [] and (got.n_rows, got.n_cols) == (n_total, n_out)
     assert all(np.all(np.diff(c) > 0) for _, c, _ in got.batches)
     np.testing.assert_allclose(got.to_csr().toarray(), want, rtol=1e-6, atol=1e-6)
