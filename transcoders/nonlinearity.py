@@ -412,10 +412,11 @@ class BatchTopK(_AuxK):
     @torch.no_grad()
     def update_threshold(coder: Coder, smallest: Tensor) -> None:
         """The running mean of a training batch's smallest kept activation, per layer (the first batch
-        sets it)."""
-        first = bool((coder.threshold == 0).all())
-        m = 1.0 if first else BATCHTOPK_MOMENTUM
-        coder.threshold.mul_(1 - m).add_(m * smallest.to(coder.threshold)[:, None])
+        sets it). Both are computed and the device picks one: asking whether this is the first batch
+        would make the host wait for a GPU every step."""
+        new = smallest.to(coder.threshold)[:, None].expand_as(coder.threshold)
+        mean = coder.threshold * (1 - BATCHTOPK_MOMENTUM) + BATCHTOPK_MOMENTUM * new
+        coder.threshold.copy_(torch.where((coder.threshold == 0).all(), new, mean))
 
 
 class MatryoshkaBatchTopK(BatchTopK):

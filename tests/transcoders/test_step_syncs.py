@@ -2,8 +2,9 @@
 `.item()`, `bool()`, a boolean index, `bincount`, `.tolist()`, ...) waits for every kernel queued, so
 the host cannot queue the next step's kernels ahead. Counted here on the CPU, where the dispatcher sees
 the same calls: per step one read for the finite checks (the loss and the previous step's weights, in
-one), plus AuxK's count of dead features for TopK. Adam's step counter is a host tensor on every
-device (torch keeps it there unless `capturable`): its reads are not counted."""
+one), plus AuxK's count of dead features for TopK and BatchTopK (BatchTopK's threshold, a running mean
+that the first batch sets, is updated without asking the host which batch it is). Adam's step counter
+is a host tensor on every device (torch keeps it there unless `capturable`): its reads are not counted."""
 
 import pytest
 import torch
@@ -15,11 +16,20 @@ from transcoders.trainer import Trainer
 
 
 @pytest.mark.parametrize(
-    "activation, expected",
-    [("topk", ["tolist", "_local_scalar_dense"]), ("jumprelu", ["tolist"])],  # TopK: AuxK's dead count
+    "kind, activation, expected",
+    [  # TopK and BatchTopK: AuxK's count of dead features too
+        ("plt", "jumprelu", ["tolist"]),
+        ("clt", "jumprelu", ["tolist"]),
+        ("plt", "topk", ["tolist", "_local_scalar_dense"]),
+        ("clt", "topk", ["tolist", "_local_scalar_dense"]),
+        ("plt", "batchtopk", ["tolist", "_local_scalar_dense"]),
+        ("clt", "batchtopk", ["tolist", "_local_scalar_dense"]),
+    ],
 )
-def test_a_step_reads_the_device_once(tmp_path, activation, expected):
-    cfg = small_cfg(tmp_path, activation=activation, k=8, n_tokens=256 * 12, checkpoint_every=10**9)
+def test_a_step_reads_the_device_once(tmp_path, kind, activation, expected):
+    cfg = small_cfg(
+        tmp_path, kind=kind, activation=activation, k=8, n_tokens=256 * 12, checkpoint_every=10**9
+    )
     trainer = Trainer(cfg, model=tiny_model(), sequences=random_sequences())
     batches = trainer.store.batches(0)
     trainer.step(*next(batches))  # the first block is built (its model run reads too)
