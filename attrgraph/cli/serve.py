@@ -7,6 +7,10 @@
    viewer/access.py) and `--port` (default 8765; 0 takes a free one); a port in use is one clear
    line, exit code 2.
 3. Print the URL (with the token, once), optionally open it in a browser (`--open`), serve until Ctrl-C.
+4. On Ctrl-C, stop listening and give the requests being served `STOP_GRACE_S` to end. A model panel
+   still computing after that is dropped with one line: the process ends at once (`os._exit`, once
+   no file write is under way), since a request thread still inside torch when the interpreter
+   finalizes would abort it (ViewerServer.wait_for_requests).
 Model panels: a feature's global connections and an edge's head loadings are computed with the
 model and sets each graph records (`attrgraph build`'s --model / --transcoders /
 --attn-transcoders), loaded on the first such request; `--model`, `--transcoders` and
@@ -18,6 +22,12 @@ circuit-tracer's (viewer/payload.py, graph/prune.py step 5).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+
+STOP_GRACE_S = 2.0
+"""Seconds the requests being served get to end after Ctrl-C (step 4)."""
 
 
 def add_parser(sub) -> None:
@@ -105,4 +115,15 @@ def run(args) -> int:
         pass
     finally:
         server.server_close()
+    busy = server.wait_for_requests(STOP_GRACE_S)
+    if busy:  # step 4
+        print(
+            f"attrgraph serve: stopped; {busy} request{'s' if busy > 1 else ''} still computing "
+            f"(a model panel) {'were' if busy > 1 else 'was'} dropped.",
+            file=sys.stderr,
+        )
+        with server.viewer.lock:  # a label or supernode write finishes first
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     return 0

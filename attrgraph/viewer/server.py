@@ -624,6 +624,8 @@ class ViewerServer(ThreadingHTTPServer):
         self.active = 0
         """Connections being served now."""
         self.active_lock = threading.Lock()
+        self.idle = threading.Condition(self.active_lock)
+        """Notified when the last request being served ends (`wait_for_requests`)."""
         self.static_root = STATIC
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -660,6 +662,18 @@ class ViewerServer(ThreadingHTTPServer):
         finally:
             with self.active_lock:
                 self.active -= 1
+                if not self.active:
+                    self.idle.notify_all()
+
+    def wait_for_requests(self, timeout: float) -> int:
+        """After `shutdown`: wait up to `timeout` seconds for the requests still being served (a model
+        panel may compute for a minute) to end; returns how many have not. Their threads are daemons,
+        so the interpreter does not wait for them; one still inside torch when the interpreter
+        finalizes aborts the process ("terminate called without an active exception": Python 3.11
+        ends a daemon thread with pthread_exit, which unwinds through torch's C++ frames)."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.active == 0, timeout)
+            return self.active
 
     def handle_error(self, request, client_address) -> None:
         """A client that left (reset, closed, timed out) is no error of the server's: no traceback."""
@@ -694,7 +708,8 @@ def make_server(
     max_connections: int = MAX_CONNECTIONS,
 ) -> ViewerServer:
     """A viewer server for the graph file `path`, bound but not yet serving (call
-    `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it). `port=0` takes a free port.
+    `serve_forever`, e.g. in a thread; `shutdown` and `server_close` stop it, and `wait_for_requests`
+    lets the requests still being served end before the interpreter does). `port=0` takes a free port.
     `dashboards` / `attn_dashboards` label the MLP-site / attention features (default: found).
     `allow_hosts`: more names the Host header may give; `token`: the API token (default: a random
     one when `host` is not loopback, none on loopback). `model`, `transcoders`, `attn_transcoders`:

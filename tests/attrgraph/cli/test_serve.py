@@ -3,8 +3,10 @@ to view and a bad port are one line and exit code 2; another host is served with
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -88,3 +90,59 @@ def test_another_host_is_served_with_a_warning(capsys):
     assert capsys.readouterr().err == ""
     warn_if_exposed("0.0.0.0")
     assert "warning: listening on 0.0.0.0, so other machines can read" in one_error_line(capsys)
+
+
+BUSY_PANEL = """
+import sys
+
+import torch
+
+from attrgraph.cli import main
+from attrgraph.viewer.server import Viewer
+
+
+def computing(self, query):  # a model panel that never ends, inside torch's C++ nearly all the time
+    print("computing", flush=True)
+    x = torch.randn(512, 512)
+    while True:
+        x = torch.einsum("ij,jk->ik", x, x).tanh()
+
+
+Viewer.global_connections = computing
+sys.exit(main(["serve", sys.argv[1], "--port", "0"]))
+"""
+
+
+def test_ctrl_c_while_a_model_panel_computes_stops_with_one_line(graph_file):
+    """Ctrl-C while a request thread is inside torch: one line and exit 0, where the interpreter's
+    finalization ended that thread inside torch's C++ and aborted ("terminate called without an
+    active exception", exit 134)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUSY_PANEL, str(graph_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line + proc.stderr.read()
+        url = line.split(" at ")[1].split()[0]
+        ask = urllib.request.Request(url + "api/global?graph=g&node=0", headers={"X-Attrgraph-Page": "1"})
+        threading.Thread(target=lambda: _ignore_errors(ask), daemon=True).start()
+        assert proc.stdout.readline() == "computing\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert err == "attrgraph serve: stopped; 1 request still computing (a model panel) was dropped.\n"
+
+
+def _ignore_errors(request) -> None:
+    try:
+        urllib.request.urlopen(request, timeout=120).read()
+    except OSError:  # the server ends without answering
+        pass

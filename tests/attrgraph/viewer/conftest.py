@@ -30,7 +30,7 @@ def ioi_file(ioi, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    driver = chromium()
+def browser(tmp_path_factory):
+    driver = chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()

@@ -4,6 +4,7 @@ import contextlib
 import hashlib
 import http.client
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -68,6 +69,9 @@ def served(path, **kwargs):
         server.shutdown()
         server.server_close()
         thread.join(5)
+        # a model panel the page asked for ends here, not inside torch as the interpreter exits (which
+        # aborts it: ViewerServer.wait_for_requests)
+        assert server.wait_for_requests(300) == 0
 
 
 def request(server, method: str, url: str, body=None, headers=None) -> tuple[int, bytes]:
@@ -93,8 +97,10 @@ def get_json(server, url: str):
     return json.loads(body)
 
 
-def chromium():
-    """A headless chromium driven by chromium-driver; fails (never skips) when either is missing."""
+def chromium(tmpdir: Path):
+    """A headless chromium driven by chromium-driver; fails (never skips) when either is missing.
+    Its temporary files go to `tmpdir`: chromium leaves its socket folder behind when chromedriver
+    stops it, which would otherwise be one more `/tmp/org.chromium.Chromium.*` each time."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -117,7 +123,9 @@ def chromium():
         options.add_argument(arg)
     options.binary_location = browser
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
+    return webdriver.Chrome(
+        service=Service(driver, env={**os.environ, "TMPDIR": str(tmpdir)}), options=options
+    )
 
 
 def click_node(browser, node: int, shift: bool = False) -> None:
