@@ -402,8 +402,14 @@ class Handler(BaseHTTPRequestHandler):
         method = getattr(self, "do_" + self.command, None)
         if method is None:
             return self.send_error(501, f"unsupported method ({self.command!r})")
-        method()
-        self.wfile.flush()
+        if not self.server.begin_request():  # stopping (ViewerServer.wait_for_requests): nothing new starts
+            self.close_connection = True
+            return
+        try:
+            method()
+            self.wfile.flush()
+        finally:
+            self.server.end_request()
 
     def log_message(self, format, *args):  # quiet unless asked: the CLI prints one line per start
         if self.server.verbose:
@@ -624,8 +630,12 @@ class ViewerServer(ThreadingHTTPServer):
         self.active = 0
         """Connections being served now."""
         self.active_lock = threading.Lock()
+        self.busy = 0
+        """Requests being answered now (a connection kept alive between requests is not one)."""
+        self.stopping = False
+        """Set by `wait_for_requests`: no request starts after it."""
         self.idle = threading.Condition(self.active_lock)
-        """Notified when the last request being served ends (`wait_for_requests`)."""
+        """Notified when the last request being answered ends."""
         self.static_root = STATIC
         if ":" in host:
             self.address_family = socket.AF_INET6
@@ -662,18 +672,32 @@ class ViewerServer(ThreadingHTTPServer):
         finally:
             with self.active_lock:
                 self.active -= 1
-                if not self.active:
-                    self.idle.notify_all()
+
+    def begin_request(self) -> bool:
+        """A request on a connection is about to be answered: counted, unless the server is stopping."""
+        with self.active_lock:
+            if self.stopping:
+                return False
+            self.busy += 1
+            return True
+
+    def end_request(self) -> None:
+        with self.active_lock:
+            self.busy -= 1
+            if not self.busy:
+                self.idle.notify_all()
 
     def wait_for_requests(self, timeout: float) -> int:
-        """After `shutdown`: wait up to `timeout` seconds for the requests still being served (a model
-        panel may compute for a minute) to end; returns how many have not. Their threads are daemons,
-        so the interpreter does not wait for them; one still inside torch when the interpreter
-        finalizes aborts the process ("terminate called without an active exception": Python 3.11
-        ends a daemon thread with pthread_exit, which unwinds through torch's C++ frames)."""
+        """After `shutdown`: start no more requests (a connection kept alive is closed at its next
+        one), and wait up to `timeout` seconds for those being answered (a model panel may compute
+        for a minute) to end; returns how many have not. Their threads are daemons, so the
+        interpreter does not wait for them; one still inside torch when the interpreter finalizes
+        aborts the process ("terminate called without an active exception": Python 3.11 ends a
+        daemon thread with pthread_exit, which unwinds through torch's C++ frames)."""
         with self.idle:
-            self.idle.wait_for(lambda: self.active == 0, timeout)
-            return self.active
+            self.stopping = True
+            self.idle.wait_for(lambda: self.busy == 0, timeout)
+            return self.busy
 
     def handle_error(self, request, client_address) -> None:
         """A client that left (reset, closed, timed out) is no error of the server's: no traceback."""

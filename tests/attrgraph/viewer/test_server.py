@@ -207,3 +207,32 @@ def test_a_file_with_nothing_to_view_is_refused(tmp_path):
 def test_a_wrong_dashboards_option_is_refused_before_serving(small_file, tmp_path):
     with pytest.raises(GraphFileError, match="no dashboards file at"):
         make_server(small_file, port=0, dashboards=tmp_path / "nothing")
+
+
+def test_stopping_waits_for_requests_being_answered_not_for_idle_connections(small_file):
+    """`wait_for_requests` after `shutdown`: a connection kept alive between requests is not a
+    request (with a 600 s socket timeout it would hold the wait that long), and a request sent on it
+    afterwards is not answered: the connection is closed."""
+    import http.client
+    import threading
+
+    from tests.attrgraph.viewer.viewer_helpers import PAGE_HEADER
+
+    server = make_server(small_file, port=0, socket_timeout=600)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=60)
+    try:
+        conn.request("GET", "/api/graphs", headers={PAGE_HEADER: "1"})
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["graphs"] == ["g"]
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        assert server.active == 1  # the kept-alive connection's thread, waiting for a next request
+        assert server.wait_for_requests(30) == 0
+        conn.request("GET", "/api/graphs", headers={PAGE_HEADER: "1"})
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+            conn.getresponse()
+    finally:
+        conn.close()
