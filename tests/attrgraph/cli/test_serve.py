@@ -1,6 +1,7 @@
 """`attrgraph serve FILE`: serves on 127.0.0.1 until stopped; a port in use, a file with nothing
 to view and a bad port are one line and exit code 2; another host is served with a warning."""
 
+import contextlib
 import json
 import os
 import signal
@@ -29,30 +30,36 @@ def graph_file(tmp_path):
     return path
 
 
-def test_serves_the_file_on_loopback_until_stopped(graph_file):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+@contextlib.contextmanager
+def serving(*args):
+    """`python ARGS`, a command that serves as `attrgraph serve` does, started; yields the process,
+    the line it printed first ("serving FILE at URL ...") and the URL. Killed at the end if still
+    running."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attrgraph.cli", "serve", str(graph_file), "--port", "0"],
+        [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env=env,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     try:
         line = proc.stdout.readline()
-        assert line.startswith(f"serving {graph_file} at http://127.0.0.1:"), line + proc.stderr.read()
-        url = line.split(" at ")[1].split()[0]
+        assert line.startswith("serving "), line + proc.stderr.read()
+        yield proc, line, line.split(" at ")[1].split()[0]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_serves_the_file_on_loopback_until_stopped(graph_file):
+    with serving("-m", "attrgraph.cli", "serve", str(graph_file), "--port", "0") as (_, line, url):
+        assert line.startswith(f"serving {graph_file} at http://127.0.0.1:"), line
         page_read = urllib.request.Request(url + "api/graphs", headers={"X-Attrgraph-Page": "1"})
         with urllib.request.urlopen(page_read, timeout=30) as r:
             assert json.load(r)["graphs"] == ["g"]
         with urllib.request.urlopen(url, timeout=30) as r:
             assert b"attrgraph viewer" in r.read()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def one_error_line(capsys) -> str:
@@ -117,26 +124,12 @@ def test_ctrl_c_while_a_model_panel_computes_stops_with_one_line(graph_file):
     """Ctrl-C while a request thread is inside torch: one line and exit 0, where the interpreter's
     finalization ended that thread inside torch's C++ and aborted ("terminate called without an
     active exception", exit 134)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BUSY_PANEL, str(graph_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("serving "), line + proc.stderr.read()
-        url = line.split(" at ")[1].split()[0]
+    with serving("-c", BUSY_PANEL, str(graph_file)) as (proc, _, url):
         ask = urllib.request.Request(url + "api/global?graph=g&node=0", headers={"X-Attrgraph-Page": "1"})
         threading.Thread(target=lambda: _ignore_errors(ask), daemon=True).start()
         assert proc.stdout.readline() == "computing\n"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
     assert proc.returncode == 0, err
     assert err == "attrgraph serve: stopped; 1 request still computing (a model panel) was dropped.\n"
 

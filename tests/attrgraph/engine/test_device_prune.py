@@ -222,7 +222,7 @@ def test_pruning_on_the_device_reads_from_it_per_pass_not_per_batch(rule, monkey
     model = tiny_model("llama", torch.float32)
     tc = tiny_transcoders(model, "clt", True)
     _gpu(monkeypatch)
-    calls = _pruned_on_the_device(monkeypatch)
+    _pruned_on_the_device(monkeypatch)  # the full graph's copy refused; its spy is replaced below
     monkeypatch.setattr(dp, "SORT_LIMIT", 0)
     reads, graphs = {}, {}
     original = dp.prune_device_edges
@@ -238,8 +238,9 @@ def test_pruning_on_the_device_reads_from_it_per_pass_not_per_batch(rule, monkey
     monkeypatch.setattr("attrgraph.engine.pruned_build.prune_device_edges", counted)
     for batch_size in (1, None):
         graphs[batch_size] = attribute_pruned(model, tc, TOKENS, 0.8, 0.9, rule=rule, batch_size=batch_size)
-    (many, one_each), (few, by_plan) = sorted(reads.items(), reverse=True)  # keyed by batches
-    assert many >= 10 * few and len(calls) == 0  # the spy was replaced: the pruning ran through `counted`
+    # keyed by batches: two entries, so both builds pruned through `counted`
+    (many, one_each), (few, by_plan) = sorted(reads.items(), reverse=True)
+    assert many >= 10 * few
     assert one_each == by_plan and 0 < len(one_each) < many / 10, one_each
     a, b = graphs[1], graphs[None]  # batched otherwise, the rows round otherwise: the same graph to 1e-6
     for f in ("kind", "layer", "position", "feature"):
