@@ -21,6 +21,7 @@ PRECISIONS = ["fp32", "tf32", "bf16"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~65 s: three cases, each built by circuit-tracer and by ours in three precisions
 def test_the_gpu_benchmark_runs_on_the_cpu(tmp_path):
     peer = require_peer()
     shared = ROOT.parent / "shared" / "peer"

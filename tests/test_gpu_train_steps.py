@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, "benchmarks/gpu_train_steps.py"]
 
 
-@pytest.mark.parametrize("store", ["memory", "shards"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("shards", marks=pytest.mark.slow)])  # ~11 s each
 def test_the_trainer_steps_are_measured_on_the_cpu(tmp_path, store):
     cmd = [
         *SCRIPT,

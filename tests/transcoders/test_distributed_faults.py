@@ -89,6 +89,7 @@ def test_a_stalled_rank_stops_the_run_naming_it(tmp_path):
     print(f"stalled run stopped after {elapsed:.1f} s (model load included)")
 
 
+@pytest.mark.slow  # ~12 s: two ranks start, one is killed
 def test_a_killed_rank_stops_the_run_naming_it(tmp_path):
     """SIGKILL: gloo's "Connection reset by peer" at once, turned into the one line naming rank 1
     (it was the raw RuntimeError), without waiting out the grace period for a rank whose process
@@ -116,6 +117,7 @@ def _finishing_worker(rank: int, root: str, port: str) -> None:
     Path(root, f"rank{rank}.txt").write_text(f"{code} {done}")
 
 
+@pytest.mark.slow  # ~15 s: two ranks train, then rank 0 evaluates alone
 def test_ranks_end_together_after_rank_0_evaluates(tmp_path):
     """Rank 1 used to leave (destroying its end of the process group) while rank 0 still evaluated;
     now no rank returns before rank 0's manifest is written, and both exit cleanly."""

@@ -58,6 +58,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     )
 
 
+@pytest.mark.slow  # ~11 s: two ranks start, check their threads and stop
 def test_destroying_the_group_ends_its_threads(tmp_path):
     mp.start_processes(
         _worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn"

@@ -190,7 +190,7 @@ def interrupted(args, module: str, name: str, say: str) -> subprocess.CompletedP
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("existing", [False, True])
+@pytest.mark.parametrize("existing", [pytest.param(False, marks=pytest.mark.slow), True])  # ~10 s each
 def test_ctrl_c_while_a_graph_is_written(model_dir, tmp_path, existing):
     g = tmp_path / "g.h5"
     if existing:

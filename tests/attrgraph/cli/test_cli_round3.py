@@ -30,6 +30,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # ~10 s: a build in its own process (test_cli_round2 has a full disk by default)
 def test_build_full_on_a_full_disk_writes_neither_graph(model_dir, tmp_path):
     """The file-size limit (RLIMIT_FSIZE, a full disk any user can make) leaves room for the pruned
     graph (a few kB plus the writer's 1 MiB margin) but not for the unpruned one (~130 kB of edges):
@@ -86,6 +87,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # ~10 s: a build in its own process (test_cli_round2 has Ctrl-C by default)
 def test_ctrl_c_inside_an_h5py_write_stops_it(model_dir, tmp_path):
     """Two Ctrl-Cs that land inside h5py while it writes the full graph's edges into a file that
     holds another graph: the CLI's own SIGINT handler (cli/__init__.py) must be held as Python's is,

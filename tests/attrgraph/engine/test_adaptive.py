@@ -215,7 +215,7 @@ def test_adaptive_with_attention_features(rows_at):
     [
         # circuit-tracer's default schedule (batch_size 512: it ranks again after 2,048 features), ours
         # by default; with a step of 256 ours explores 5 other features of the 3,000
-        ("--arch llama --n-layers 6 --prompt-len 40 --l0 16", 3000, None),
+        pytest.param("--arch llama --n-layers 6 --prompt-len 40 --l0 16", 3000, None, marks=pytest.mark.slow),
         # a short schedule (batch_size 16: 64 features a step, 4 steps) and a cross-layer transcoder
         pytest.param(
             "--arch gemma2 --transcoder clt --n-layers 3 --prompt-len 16 --l0 8",
