@@ -3,7 +3,8 @@ number fails here until the notebook is re-run (`python notebooks/execute.py NAM
 re-read.
 
 Each notebook runs as `notebooks/execute.py` runs it (fresh kernel, notebooks/ as working directory,
-one thread, offline). Compared, cell by cell: stdout, results and the text form of displayed
+one thread, offline). The quickstart runs by default, the others with the slow tests (`pytest -m slow`,
+which `.ci/run` runs too). Compared, cell by cell: stdout, results and the text form of displayed
 objects (a figure's `<Figure size ... with N Axes>`), with times (`0.07s`, `1.2 ms`, `3 seconds`),
 memory addresses and temporary paths masked. Not compared: stderr (progress bars, warnings) and
 image bytes. A cell that raises fails the test with its error.
