@@ -654,10 +654,10 @@ class ViewerServer(ThreadingHTTPServer):
     def process_request(self, request, client_address) -> None:
         """Serve in a thread, or past `max_connections` answer 503 and close, reading nothing."""
         with self.active_lock:
-            busy = self.active >= self.max_connections
-            if not busy:
+            full = self.active >= self.max_connections
+            if not full:
                 self.active += 1
-        if not busy:
+        if not full:
             return super().process_request(request, client_address)
         try:
             request.settimeout(1.0)
