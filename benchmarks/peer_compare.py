@@ -151,6 +151,7 @@ def ours(dir_: str, batch_size: int, threads: int, backend: str = "auto") -> dic
     peak_gflops = matmul_gflops()  # after the peak is read: its 48 MB of matrices are not ours to count
     gflop = g.meta.get("backward_gflop", 0.0)
     out = dict(
+        library=str(Path(sys.modules["attrgraph"].__file__).resolve().parent.parent),  # the tree it ran
         backend=g.meta["backend"],
         backward_gflop=gflop,
         gflops=round(gflop / seconds, 2),
@@ -555,8 +556,9 @@ def peer_from_dir(d: str) -> dict:
     )
 
 
-def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str = "auto") -> dict:
-    cmd = [
+def worker_command(mode: str, target: str, threads: int, batch_size: int, backend: str = "auto") -> list[str]:
+    """The command of one fresh worker process of ours (`--_worker MODE --_target TARGET`)."""
+    return [
         sys.executable,
         __file__,
         "--_worker",
@@ -570,12 +572,21 @@ def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str
         "--backend",
         backend,
     ]
+
+
+def worker_result(cmd: list[str], returncode: int, stdout: str, stderr: str) -> dict:
+    """A worker's record (its last stdout line), or RuntimeError with its stderr's tail."""
+    if returncode != 0:
+        raise RuntimeError(f"our worker failed: {' '.join(cmd)}\n{stderr[-3000:]}")
+    return dict(json.loads(stdout.strip().splitlines()[-1]), load_average=os.getloadavg())
+
+
+def run_ours(mode: str, target: str, threads: int, batch_size: int, backend: str = "auto") -> dict:
+    cmd = worker_command(mode, target, threads, batch_size, backend)
     res = subprocess.run(
         cmd, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT
     )
-    if res.returncode != 0:
-        raise RuntimeError(f"our worker failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
-    return dict(json.loads(res.stdout.strip().splitlines()[-1]), load_average=os.getloadavg())
+    return worker_result(cmd, res.returncode, res.stdout, res.stderr)
 
 
 def median_run(runs: list[dict]) -> dict:

@@ -587,3 +587,27 @@ def test_attribution_on_the_h100(readme):
     quoted(
         readme, f'`precision="tf32"` builds the second graph in {goal["attrgraph"]["tf32"]["seconds"]:.2f} s'
     )
+
+
+def test_cpu_recheck_after_the_gpu_engine(readme):
+    """docs/performance.md's re-check of the CPU's speed (benchmarks/results/cpu_2026-11-28/)."""
+    folder = RESULTS / "cpu_2026-11-28"
+    rows = load(folder / "peer_compare.json")["rows"]
+    assert len(rows) == 13 and all(r["ours"]["match"] for r in rows)
+    timing = [r for r in rows if r["kind"] == "timing"]
+    quoted(readme, ", ".join(f"{r['ct']['seconds'] / r['ours']['seconds']:.1f}x" for r in timing[:2]))
+    quoted(readme, f"and {timing[2]['ct']['seconds'] / timing[2]['ours']['seconds']:.1f}x")
+    long = load(folder / "peer_compare_long_adaptive.json")["rows"][0]
+    ct, us = long["ct"], long["ours"]
+    quoted(
+        readme,
+        f"it is {ct['seconds'] / us['seconds']:.1f}x, at {us['peak_rss_mb'] / ct['peak_rss_mb']:.2f} of "
+        "circuit-tracer's peak RSS",
+    )
+    for name, base in (("engine", "b868f07"), ("adaptive", "d6172fd")):
+        ab = load(folder / f"peer_ab_{name}.json")
+        assert ab["meta"]["base"].startswith(base) and ab["meta"]["side_by_side"]
+        (r,) = ab["rows"]
+        assert r["base"]["match"] and r["this"]["match"]
+        quoted(readme, f"{r['ratio']:.3f}")
+        quoted(readme, f"({r['this']['median']:.2f} s against {r['base']['median']:.2f} s")
