@@ -9,11 +9,12 @@ speed moved since REV?
    call, the same timing, the same check against circuit-tracer's adjacency), the library taken from
    the tree by `PYTHONPATH`. Where this process may use 2 x `--threads` cores, the two sides run at
    once, each pinned to its own cores, and swap cores every run: on a shared or throttled machine
-   both then meet the same slow spells (on this 2-core machine, one after the other, the same code
-   measured up to 12% apart between sides; side by side within 3%). With fewer cores they
-   alternate, base first (`"side_by_side": false` in the JSON).
+   both then meet the same slow spells (on this 2-core machine, one after the other, two revisions
+   measured 5% and 12% apart in the base's favour; side by side, this tree over the base, 0.963
+   and 1.002: benchmarks/results/cpu_2026-11-28/README.md). With fewer cores they alternate, base
+   first (`"side_by_side": false` in the JSON).
 4. Per case, over `--runs` runs: the median and the fastest of each side, this tree's
-   median over the base's and the median of the runs' own ratios (side by side, the one to read),
+   median over the base's and the median of the runs' own ratios,
    and whether both still equal circuit-tracer's graph; `OUT.{md,json}` (default
    `benchmarks/results/peer_ab`).
 
