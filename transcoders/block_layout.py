@@ -240,6 +240,4 @@ class BlockLayout:
             return "its norms run after each sublayer (OLMo-2/3 post-norm blocks)"
         if self.norms_after:  # a head's result reaches the residual through ln1_post: not a sum over heads
             return "it normalises after each sublayer (the component graph needs a pre-norm model)"
-        if self.grouped_query:  # TransformerLens's k and v inputs are per key-value head then
-            return "it uses grouped-query attention (the component graph needs n_key_value_heads=None)"
         return None

@@ -7,6 +7,11 @@
 2. Downstream inputs read the residual stream: the q, k and v inputs of every head
    (`hook_q_input`, `hook_k_input`, `hook_v_input`, separate edges), each MLP
    (`hook_mlp_in`) and the logits (the last `hook_resid_post`, before `ln_final`).
+   With grouped-query attention (Llama-3, Qwen, Mistral) the k and v inputs are still one per
+   query head: TransformerLens's ungrouped mode repeats a key/value head's weights for each query
+   head of its group (patching.py `component_hooks`), so an edge into `a1.h0.k` changes the key
+   head 0 reads and not that of another head of its group, as edges into q, k and v of one head are
+   independent in multi-head attention.
 3. An edge (u, d) exists when u is written before d is read: a head in layer l reads
    input, heads and MLPs of layers < l; the MLP of layer l also reads the heads of l,
    unless the block is parallel (GPT-J / GPT-NeoX: its MLP reads `resid_pre` as its

@@ -39,7 +39,7 @@ from transcoders.block_layout import BlockLayout
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
-FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
+FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in", "ungroup_grouped_query_attention")
 
 
 class Activations(NamedTuple):
@@ -75,12 +75,16 @@ class EdgeRun(NamedTuple):
 
 @contextmanager
 def component_hooks(model: HookedTransformer) -> Iterator[ComponentGraph]:
-    """Turn on the TransformerLens hooks the component graph needs, and restore the flags after."""
+    """Turn on the TransformerLens hooks the component graph needs, and restore the flags after.
+
+    Grouped-query attention runs ungrouped (each key/value head's weights repeated for the query
+    heads of its group): the same function, with k and v inputs per query head (graph.py step 2)."""
     graph = ComponentGraph.from_model(model)
     old = {f: getattr(model.cfg, f) for f in FLAGS}
     model.cfg.use_split_qkv_input = True
     model.cfg.use_attn_result = True
     model.cfg.use_hook_mlp_in = graph.has_mlp
+    model.cfg.ungroup_grouped_query_attention = True  # no-op without grouped-query attention
     try:
         yield graph
     finally:

@@ -5,8 +5,11 @@ before and after each sublayer) and a parallel attention + MLP block (GPT-J / GP
 Expected values come from outside the code under test: the frozen replacement model run with one
 source doubled (edges), the real model with constrained patching (guaranteed direct effects),
 TransformerLens's own attention scores (QK), a replacement that is the model by construction
-(faithfulness), and the corrupted run / finite differences of single-edge patching (EAP)."""
+(faithfulness), the corrupted run / finite differences of single-edge patching (EAP), and for
+component circuits on grouped-query attention, the same model with its key/value heads repeated
+into multi-head attention."""
 
+import copy
 import math
 
 import numpy as np
@@ -161,8 +164,110 @@ def test_eap_on_a_parallel_block_equals_single_edge_patching():
         torch.testing.assert_close(fd, per_example[:, u, d], rtol=1e-4, atol=1e-7)
 
 
+def _multi_head_twin(model):
+    """The same model with each key/value head repeated for the query heads of its group
+    (`n_key_value_heads=None`): multi-head attention, which the component graph covered before."""
+    from transformer_lens import HookedTransformer
+
+    cfg = copy.deepcopy(model.cfg)
+    cfg.n_key_value_heads = None
+    twin = HookedTransformer(cfg)
+    rep = model.cfg.n_heads // model.cfg.n_key_value_heads
+    state = {}
+    for name, w in model.state_dict().items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("_W_K", "_W_V", "_b_K", "_b_V"):  # GroupedQueryAttention's [n_kv_heads, ...]
+            name, w = name[: -len(leaf)] + leaf[1:], w.repeat_interleave(rep, dim=0)
+        state[name] = w
+    twin.load_state_dict(state, strict=True)
+    return twin
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_component_circuits_on_grouped_query_attention_are_those_of_its_multi_head_twin(arch):
+    """Grouped-query attention (Llama-3, Qwen3: 2 key/value heads for 4 query heads) computes what
+    its multi-head twin computes; the component graph gives both the same edges and scores (residual
+    and cross-position), and patching every edge is the corrupted run, as on any model."""
+    model = tiny_model(arch, d_vocab=50)
+    twin = _multi_head_twin(model)
+    pairs = make_pairs()
+    torch.testing.assert_close(model(pairs.clean), twin(pairs.clean), rtol=0, atol=1e-12)
+    g = ComponentGraph.from_model(model)
+    assert g == ComponentGraph.from_model(twin) and g.n_heads == 4
+    ours, want = (example_scores(m, pairs, cross_position=True) for m in (model, twin))
+    assert want.resid.abs().max() > 0.1 and want.attn.abs().max() > 0.01
+    torch.testing.assert_close(ours.resid, want.resid, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours.attn, want.attn, rtol=0, atol=1e-12)
+    corr = record_run(model, pairs.corrupt)
+    assert corr.k.shape[2:4] == (2, 4) and corr.v.shape[2:4] == (2, 4)  # [layer, query head]
+    with torch.no_grad():
+        zero = torch.zeros(g.n_up, g.n_down, dtype=torch.float64)
+        got = run_edges(model, pairs.clean, corrupt=corr, keep=zero).logits
+    torch.testing.assert_close(got, model(pairs.corrupt), rtol=0, atol=1e-12)
+    assert not model.cfg.ungroup_grouped_query_attention  # the flag is restored
+
+
+def test_eap_on_grouped_query_attention_equals_single_edge_patching():
+    """On a grouped-query model, each EAP score is the finite difference of patching that edge alone,
+    the k and v edges of two query heads that share a key/value head included (each changes its own
+    head's key or value only), and the cross-position edges of PEAP too."""
+    model = tiny_model("llama", d_vocab=50)
+    pairs = make_pairs()
+    g = ComponentGraph.from_model(model)
+    corr = record_run(model, pairs.corrupt)
+    ex = example_scores(model, pairs, cross_position=True)
+    per_example = ex.resid.sum(1)
+
+    def score(**kw):
+        with torch.no_grad():
+            return metric(last_logits(run_edges(model, pairs.clean, **kw).logits, pairs.last), pairs)
+
+    m0, eps = score(), 1e-6
+    for u, d in [
+        (g.up_head(0, 1), g.down_head(1, 1, 0)),  # heads 0 and 1 share key/value head 0
+        (g.up_head(0, 1), g.down_head(1, 1, 1)),
+        (g.up_mlp(0), g.down_head(1, 2, 0)),
+        (g.up_mlp(0), g.down_head(1, 2, 1)),
+        (0, g.down_head(0, 1, 3)),
+    ]:
+        keep = torch.ones(g.n_up, g.n_down, dtype=torch.float64)
+        keep[u, d] = 1 - eps
+        fd = (score(corrupt=corr, keep=keep) - m0) / eps
+        torch.testing.assert_close(fd, per_example[:, u, d], rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(
+        per_example[:, 0, g.down_head(1, 1, 0)], per_example[:, 0, g.down_head(1, 1, 1)]
+    )
+    for h in (0, 1):  # a value edge is a first-order term (as test_eap.py checks on multi-head models)
+        ak = torch.ones(1, 2, 4, 3, 7, 7, dtype=torch.float64)
+        ak[0, 1, h, 2, 6, 3] = 1 - eps
+        fd = (score(corrupt=corr, attn_keep=ak) - m0) / eps
+        torch.testing.assert_close(fd, ex.attn[:, 1, h, 2, 6, 3], rtol=1e-4, atol=1e-7)
+    # a key edge is (z*_t - z_t) . grad_z M with z*_t from patching that key alone (PEAP eqs. 4-6)
+    run = run_edges(model, pairs.clean, corrupt=corr)
+    grad = torch.autograd.grad(metric(last_logits(run.logits, pairs.last), pairs).sum(), run.results[1])[0]
+    with torch.no_grad():
+        clean = run_edges(model, pairs.clean).results[1]
+    for h in (0, 1):
+        ak = torch.ones(1, 2, 4, 3, 7, 7, dtype=torch.float64)
+        ak[0, 1, h, 1, 6, 2] = 0
+        with torch.no_grad():
+            patched = run_edges(model, pairs.clean, corrupt=corr, attn_keep=ak).results[1]
+        assert not (patched[:, :, 1 - h] - clean[:, :, 1 - h]).any()  # the other head of its group
+        want = ((patched[:, 6, h] - clean[:, 6, h]) * grad[:, 6, h]).sum(-1)
+        torch.testing.assert_close(ex.attn[:, 1, h, 1, 6, 2], want, rtol=1e-6, atol=1e-10)
+    # patching head 0's key input leaves head 1's key (same key/value head) as it was
+    keep = torch.ones(g.n_up, g.n_down, dtype=torch.float64)
+    keep[:, g.down_head(1, 1, 0)] = 0
+    with torch.no_grad():
+        k = run_edges(model, pairs.clean, corrupt=corr, keep=keep, record=True).acts.k[:, :, 1]
+    clean_k = record_run(model, pairs.clean).k[:, :, 1]
+    assert (k[:, :, 0] - clean_k[:, :, 0]).abs().max() > 1e-3
+    torch.testing.assert_close(k[:, :, 1:], clean_k[:, :, 1:], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
-    "arch,why", [("qwen3", "grouped-query"), ("gemma3", "normalises after each sublayer")]
+    "arch,why",
+    [("gemma2", "normalises after each sublayer"), ("gemma3", "normalises after each sublayer")],
 )
 def test_component_circuits_refuse_what_they_do_not_model(arch, why):
     with pytest.raises(UnsupportedModelError, match=why):

@@ -123,7 +123,9 @@ def test_one_answer_to_what_is_supported():
     assert "use_split_qkv_input" in BlockLayout.of(model_of("gpt2").cfg).unsupported("linear")
     assert all(gpt2.unsupported(use) is None for use in ("replacement", "linear", "circuits", "qk"))
     qwen = BlockLayout.of(model_of("qwen3").cfg)
-    assert "grouped-query" in qwen.unsupported("circuits")
+    assert qwen.grouped_query and qwen.unsupported("circuits") is None  # run ungrouped (circuits/patching.py)
+    gemma3 = BlockLayout.of(model_of("gemma3").cfg)
+    assert "normalises after each sublayer" in gemma3.unsupported("circuits")
     capped = BlockLayout.of(HookedTransformerConfig(**BASE, act_fn="relu", output_logits_soft_cap=30.0))
     assert "soft-caps its logits" in capped.unsupported("replacement")
     olmo = BlockLayout.of(
