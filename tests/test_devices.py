@@ -230,12 +230,19 @@ def _circuits(model, pairs):
     }
 
 
-def test_circuits_on_device(device, foreign_default_device):
-    from tests.attrgraph.circuits.circuit_helpers import make_pairs, tiny_model
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])  # multi-head; grouped-query attention, run ungrouped
+def test_circuits_on_device(device, foreign_default_device, arch):
+    from tests.attrgraph import ag_helpers
+    from tests.attrgraph.circuits import circuit_helpers
 
-    pairs = make_pairs()
-    ref = _circuits(tiny_model(torch.float32), pairs)
-    model = tiny_model(torch.float32).to(device)
+    def tiny_model():
+        if arch == "gpt2":
+            return circuit_helpers.tiny_model(torch.float32)
+        return ag_helpers.tiny_model(arch, torch.float32, d_vocab=circuit_helpers.V)
+
+    pairs = circuit_helpers.make_pairs()
+    ref = _circuits(tiny_model(), pairs)
+    model = tiny_model().to(device)
     with foreign_default_device():
         got = _circuits(model, pairs)
     for k, v in ref.items():
