@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from attrgraph.circuits.circuit import Circuit, EdgeScores
@@ -10,16 +11,17 @@ from attrgraph.circuits.construct import greedy
 from attrgraph.circuits.eap import eap
 from attrgraph.circuits.edge_pruning import PruneConfig, prune_edges
 from attrgraph.circuits.evaluate import Faithfulness, evaluate
-from attrgraph.circuits.hap import hap
+from attrgraph.circuits.hap import check_keep_frac, hap
 from attrgraph.circuits.pairs import task_pairs
 from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import ioi_schema, read_schema
-from attrgraph.errors import CircuitMethodError
+from attrgraph.errors import CircuitMethodError, OptionError, SchemaError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 METHODS = ("eap", "eap-ig", "peap", "ep", "hap")
+TASKS = ("ioi", "greater-than")
 
 
 class Discovery(NamedTuple):
@@ -33,6 +35,42 @@ class Discovery(NamedTuple):
     """Evaluated on held-out pairs."""
     seconds: float
     """Wall-clock time of discovery (scores + construction or training), not evaluation."""
+
+
+def check_discovery(
+    task: str,
+    method: str,
+    n: int,
+    edges: int,
+    sparsity: float,
+    steps: int,
+    keep_frac: float,
+    schema_path: str | None = None,
+) -> None:
+    """Refuse, before any work, what `discover` cannot run (the CLI calls it before loading the
+    model): an unknown task or method (`CircuitMethodError`), fewer than 1 example, edge or step
+    (`OptionError`), a sparsity or kept fraction outside (0, 1) (`SparsityError`), a schema for
+    another method or task than PEAP on IOI (`OptionError`) or a schema file that is not there
+    (`SchemaError`); one line each."""
+    if task not in TASKS:
+        raise CircuitMethodError(f"task {task!r} is unknown; use one of {', '.join(TASKS)}.")
+    if method not in METHODS:
+        raise CircuitMethodError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}.")
+    if n < 1:
+        raise OptionError(f"n (--n) is {n}; pass at least 1 example (as many again are made to evaluate).")
+    if method in ("eap", "eap-ig", "peap") and edges < 1:
+        raise OptionError(f"edges (--edges) is {edges}; pass the circuit's size, at least 1 edge.")
+    if method in ("ep", "hap"):
+        PruneConfig(sparsity=sparsity, steps=steps)  # refuses a sparsity outside (0, 1) and steps < 1
+    if method == "hap":
+        check_keep_frac(sparsity, keep_frac)
+    if schema_path is not None:
+        if (method, task) != ("peap", "ioi"):
+            raise OptionError(
+                f"a schema names spans of IOI's examples for peap; it does not apply to {method} on {task}."
+            )
+        if not Path(schema_path).is_file():
+            raise SchemaError(f"schema file {schema_path} does not exist or is not a file.")
 
 
 def task_data(model: HookedTransformer, task: str, n: int, seed: int = 0):
@@ -58,6 +96,7 @@ def discover(
     seed: int = 0,
 ) -> Discovery:
     """Find a circuit for `task` with `method` (eap, eap-ig, peap, ep, hap) and evaluate it on fresh pairs."""
+    check_discovery(task, method, n, edges, sparsity, steps, keep_frac, schema_path)
     train_p, test_p, train, test = task_data(model, task, n, seed)
     start = time.perf_counter()
     scores, schema_test = None, None
@@ -75,12 +114,10 @@ def discover(
         circuit = greedy(scores, edges)
     elif method == "ep":
         circuit = prune_edges(model, train_p, PruneConfig(sparsity=sparsity, steps=steps, seed=seed)).circuit
-    elif method == "hap":
+    else:  # hap (check_discovery refused any other method)
         scores = eap(model, train_p)
         circuit = hap(
             model, train_p, PruneConfig(sparsity=sparsity, steps=steps, seed=seed), keep_frac, scores=scores
         ).circuit
-    else:
-        raise CircuitMethodError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}.")
     seconds = time.perf_counter() - start
     return Discovery(circuit, scores, evaluate(model, test_p, circuit, schema=schema_test), seconds)

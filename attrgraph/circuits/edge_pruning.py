@@ -34,7 +34,7 @@ from attrgraph.circuits.circuit import Circuit, EdgeLayout
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
-from attrgraph.errors import SparsityError
+from attrgraph.errors import OptionError, SparsityError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -71,8 +71,13 @@ class PruneConfig:
     def __post_init__(self):
         if not 0.0 < self.sparsity < 1.0:
             raise SparsityError(f"target sparsity must lie strictly between 0 and 1, got {self.sparsity}.")
-        if self.steps < 1 or not 0.0 <= self.warmup <= 1.0:
-            raise ValueError("steps must be >= 1 and warmup in [0, 1].")
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise OptionError(f"{name} is {getattr(self, name)}; pass at least 1.")
+        if not 0.0 <= self.warmup <= 1.0:
+            raise OptionError(f"warmup is {self.warmup}; pass a fraction of the steps in [0, 1].")
+        if self.patience < 0:
+            raise OptionError(f"patience is {self.patience}; pass 0 (run every step) or more.")
 
 
 class PruneResult(NamedTuple):

@@ -31,10 +31,25 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:
-    """Flat bool mask of the `keep_frac` edges of largest |EAP score|."""
+def _check_fraction(keep_frac: float) -> None:
     if not 0.0 < keep_frac < 1.0:
         raise SparsityError(f"the kept fraction must lie strictly between 0 and 1, got {keep_frac}.")
+
+
+def check_keep_frac(sparsity: float, keep_frac: float) -> None:
+    """Refuse a `keep_frac` outside (0, 1), or one that keeps fewer edges than the sparsity leaves
+    (step 4: the circuit must fit in the subgraph), before any scoring."""
+    _check_fraction(keep_frac)
+    if 1 - sparsity > keep_frac:
+        raise SparsityError(
+            f"sparsity {sparsity} keeps {1 - sparsity:.3f} of the edges, more than the "
+            f"{keep_frac} EAP keeps; raise keep_frac or the sparsity."
+        )
+
+
+def hap_subgraph(scores: EdgeScores, keep_frac: float) -> torch.Tensor:
+    """Flat bool mask of the `keep_frac` edges of largest |EAP score|."""
+    _check_fraction(keep_frac)
     flat = scores.flat().abs()
     allowed = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
     allowed[flat.topk(max(1, round(keep_frac * flat.numel()))).indices] = True
@@ -52,11 +67,7 @@ def hap(
 ) -> PruneResult:
     """EAP narrows the graph to `keep_frac` of its edges; EP, initialised from the scores, decides."""
     start = time.perf_counter()
-    if 1 - config.sparsity > keep_frac:
-        raise SparsityError(
-            f"sparsity {config.sparsity} keeps {1 - config.sparsity:.3f} of the edges, more than the "
-            f"{keep_frac} EAP keeps; raise keep_frac or the sparsity."
-        )
+    check_keep_frac(config.sparsity, keep_frac)
     scores = scores if scores is not None else eap(model, pairs)
     allowed = hap_subgraph(scores, keep_frac)
     mag = scores.flat().abs().to(next(model.parameters()).dtype)

@@ -58,6 +58,8 @@ class Schema:
     def from_ranges(cls, spans, examples: list[dict], lengths: list[int]) -> Schema:
         """Build from per-example {span: (start, end)} ranges; `lengths` are the prompt lengths."""
         spans = tuple(spans)
+        if len(examples) != len(lengths):
+            raise SchemaError(f"the schema has {len(examples)} examples but the data {len(lengths)}.")
         idx = torch.full((len(examples), max(lengths)), -1, dtype=torch.long, device="cpu")
         for b, (ranges, n) in enumerate(zip(examples, lengths, strict=True)):
             for name, (start, end) in ranges.items():
@@ -89,20 +91,63 @@ class Schema:
 
 
 def read_schema(path: str | Path, lengths: list[int]) -> Schema:
-    """Read a schema from JSON or CSV (module docstring, step 3)."""
+    """Read a schema from JSON or CSV (module docstring, step 3); a file that is missing or not
+    such a schema raises `SchemaError` in one line."""
     path = Path(path)
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        return Schema.from_ranges(
-            data["spans"], [{k: tuple(v) for k, v in e.items()} for e in data["examples"]], lengths
-        )
-    rows = list(csv.DictReader(path.open()))
+    if not path.is_file():
+        raise SchemaError(f"schema file {path} does not exist or is not a file; {_SCHEMA_FORMAT}")
+    try:
+        return _read_json(path, lengths) if path.suffix == ".json" else _read_csv(path, lengths)
+    except SchemaError:
+        raise
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+    ) as e:
+        reason = str(e).splitlines()[0][:200] if str(e) else "no detail"
+        raise SchemaError(
+            f"{path} is not a schema ({type(e).__name__}: {reason}); {_SCHEMA_FORMAT}"
+        ) from None
+
+
+_SCHEMA_FORMAT = (
+    'pass JSON {"spans": [...], "examples": [{"SPAN": [start, end], ...}, ...]} or a CSV with the '
+    "columns example,span,start,end (end exclusive)."
+)
+
+
+def _read_json(path: Path, lengths: list[int]) -> Schema:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    examples = [{k: tuple(v) for k, v in e.items()} for e in data["examples"]]
+    for b, e in enumerate(examples):
+        for name, r in e.items():
+            if len(r) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in r):
+                raise SchemaError(
+                    f"{path}: example {b}, span {name!r} is {list(r)}, not [start, end] in whole token "
+                    f"positions; {_SCHEMA_FORMAT}"
+                )
+    return Schema.from_ranges(data["spans"], examples, lengths)
+
+
+def _read_csv(path: Path, lengths: list[int]) -> Schema:
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
     if not rows or not {"example", "span", "start", "end"} <= set(rows[0]):
         raise SchemaError(f"{path} needs the CSV columns example,span,start,end.")
     spans = tuple(dict.fromkeys(r["span"] for r in rows))
     examples: list[dict] = [{} for _ in lengths]
     for r in rows:
-        examples[int(r["example"])][r["span"]] = (int(r["start"]), int(r["end"]))
+        b = int(r["example"])
+        if not 0 <= b < len(lengths):
+            raise SchemaError(
+                f"{path}: example {b} does not exist; the data has examples 0-{len(lengths) - 1}."
+            )
+        examples[b][r["span"]] = (int(r["start"]), int(r["end"]))
     return Schema.from_ranges(spans, examples, lengths)
 
 

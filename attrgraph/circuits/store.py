@@ -29,7 +29,7 @@ from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
 from attrgraph.circuits.construct import edge_table
 from attrgraph.circuits.graph import QKV, ComponentGraph
 from attrgraph.errors import GraphFileError
-from attrgraph.graph.store import edit_h5
+from attrgraph.graph.store import check_name, check_output, edit_h5
 
 SCHEMA_VERSION = 1
 # what h5py, HDF5, numpy and json raise on a damaged file or group (a failed checksum is an OSError)
@@ -82,9 +82,8 @@ def save_circuit(
     circuit: Circuit, path: str | os.PathLike, name: str, scores: EdgeScores | None = None
 ) -> str:
     """Add (or replace) circuit `name` in the HDF5 file at `path`; returns the name."""
-    path = Path(path)
-    if path.exists():
-        _check_file(path)
+    check_name(name, kind="circuit")
+    check_output(path, kind="circuit")
     with edit_h5(path) as f:
         f.attrs.setdefault("format", "attrgraph")
         root = f.require_group("circuits")

@@ -232,13 +232,15 @@ def run(args) -> int:
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
     from attrgraph.graph.prune import prune_graph
-    from attrgraph.graph.store import DEFAULT_NAME, check_output, save_graph, save_graphs
+    from attrgraph.graph.store import DEFAULT_NAME, check_name, check_output, save_graph, save_graphs
     from attrgraph.graph.summary import format_summary, summarize
     from transcoders.config import check_device
 
     check_prompt_text(args.prompt)  # before loading anything
     check_build_options(vars(args))
     check_output(args.output)  # a folder, a foreign file or no write permission: before the work
+    if args.name is not None:
+        check_name(args.name)
     warn_if_replacing(args.output, args.name, args.full)
     check_device(args.device)
     if args.threads:

@@ -115,6 +115,18 @@ def _is_token(value) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
+def _name_error(name) -> str | None:
+    """What is wrong with a line's graph name (store.check_name's sentence), or None."""
+    from attrgraph.errors import GraphFileError
+    from attrgraph.graph.store import check_name
+
+    try:
+        check_name(name)
+    except GraphFileError as e:
+        return str(e)
+    return None
+
+
 def read_prompts(path: str | os.PathLike, full: bool = False) -> tuple[list[dict], list[dict]]:
     """Parse a prompts file into work items `{line, name, prompt, target}` and failures
     `{line, name, error}` (lines that are not usable: not a JSON object, no string "prompt",
@@ -144,8 +156,8 @@ def read_prompts(path: str | os.PathLike, full: bool = False) -> tuple[list[dict
                     error = 'line lacks a string "prompt"; write {"prompt": "some text"}.'
                 elif extra := sorted(set(row) - set(KEYS)):
                     error = f"unknown keys {extra}; a line may hold only {list(KEYS)}."
-                elif not isinstance(name, str) or not name or "/" in name:
-                    error = f"name {name!r} is not a non-empty string without '/'; pick a plain name."
+                elif (bad := _name_error(name)) is not None:
+                    error = bad
                 elif name in seen:
                     error = f"name {name!r} is used by an earlier line; give every prompt its own name."
                 elif full and (clash := _full_clash(name, seen)):

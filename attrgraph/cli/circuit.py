@@ -28,8 +28,18 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from attrgraph.bundled.loading import load_model
     from attrgraph.circuits import discover
+    from attrgraph.circuits.discovery import check_discovery
     from attrgraph.circuits.store import save_circuit
+    from attrgraph.graph.store import check_name, check_output
 
+    # what cannot run or cannot be written, in one line before the model loads
+    check_discovery(
+        args.task, args.method, args.n, args.edges, args.sparsity, args.steps, args.keep_frac, args.schema
+    )
+    name = args.name or f"{args.task}-{args.method}"
+    if args.out:
+        check_output(args.out, kind="circuit")
+        check_name(name, kind="circuit")
     model = load_model(args.model)
     result = discover(
         model,
@@ -55,8 +65,6 @@ def run(args) -> int:
         )
     )
     if args.out:
-        name = save_circuit(
-            result.circuit, args.out, args.name or f"{args.task}-{args.method}", result.scores
-        )
+        save_circuit(result.circuit, args.out, name, result.scores)
         print(f"wrote circuit {name!r} to {args.out}")
     return 0

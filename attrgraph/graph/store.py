@@ -35,7 +35,7 @@
    file is left as it was, the temporary removed, and `KeyboardInterrupt` raised.
    (`edit_h5`, in transcoders/h5file.py: the transcoders' dashboards are written the same way.)
    `check_output` finds a folder that cannot be written, a directory, or a file that is not HDF5
-   before any work, in one line.
+   before any work, in one line, and `check_name` a name that HDF5 would read as a path.
 4. Reading checks that the file is HDF5, that the graph exists, the schema version, every
    array's presence and shape, and that the JSON attributes decode to what they should; anything
    else that goes wrong inside h5py (a failed checksum, a damaged structure) becomes a
@@ -184,19 +184,22 @@ def edit_h5(path: str | os.PathLike, fresh: bool = False, reserve: int = h5file.
     return h5file.edit_h5(path, fresh, reserve, error=GraphFileError)
 
 
-def check_output(path: str | os.PathLike) -> None:
-    """Step 3: refuse, before any work, an output `path` that `save_graph` could not write: a
-    directory, an existing file that is not HDF5, a missing folder under a file, or a folder this
-    process cannot create files in (tried for real, with a temporary removed at once). A symbolic
-    link is checked as the file it leads to, which the save writes (h5file step 6)."""
+def check_output(path: str | os.PathLike, kind: str = "graph") -> None:
+    """Step 3: refuse, before any work, an output `path` that `save_graph` (or, with kind
+    "circuit", `save_circuit`) could not write: a directory, an existing file that is not HDF5, a
+    missing folder under a file, or a folder this process cannot create files in (tried for real,
+    with a temporary removed at once). A symbolic link is checked as the file it leads to, which
+    the save writes (h5file step 6)."""
     path = h5file.followed(path)
     if path.is_dir():
-        raise GraphFileError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.h5'}.")
+        raise GraphFileError(
+            f"{path} is a folder; pass a file name to write, such as {path / (kind + '.h5')}."
+        )
     if path.exists():
         if not path.is_file() or not _is_hdf5(path):
             raise GraphFileError(
-                f"{path} exists and is not an HDF5 file, so no graph can be added to it; pass a new file "
-                "name or a graph file written by attrgraph."
+                f"{path} exists and is not an HDF5 file, so no {kind} can be added to it; pass a new file "
+                f"name or a {kind} file written by attrgraph."
             )
     folder = path.parent
     while not folder.exists():
@@ -207,6 +210,15 @@ def check_output(path: str | os.PathLike) -> None:
         os.unlink(h5file.new_temporary(folder / path.name))
     except OSError as e:
         raise h5file.write_error(folder / path.name, e, GraphFileError) from None
+
+
+def check_name(name, kind: str = "graph") -> None:
+    """Step 3: refuse a group name that HDF5 reads as a path (empty, '.', or holding '/'), before
+    any work: '.' names the group that holds it, and 'a/b' a group inside another."""
+    if not isinstance(name, str) or not name or name == "." or "/" in name:
+        raise GraphFileError(
+            f"{kind} name {name!r} is empty, '.' or contains '/'; pass a plain name such as 'ioi_1'."
+        )
 
 
 def _is_hdf5(path: Path) -> bool:
@@ -243,10 +255,7 @@ def save_graphs(
     pruned graph and its unpruned NAME_full. Graphs of those names are replaced. `scores`: the
     scores already computed for some of the graphs (see `save_graph`)."""
     for name in graphs:
-        if not name or "/" in name:
-            raise GraphFileError(
-                f"graph name {name!r} is empty or contains '/'; pass a plain name such as 'ioi_1'."
-            )
+        check_name(name)
     for graph in graphs.values():
         graph.validate()
     path = Path(path)

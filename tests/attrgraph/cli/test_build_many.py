@@ -106,6 +106,7 @@ def test_read_prompts_records_bad_lines(tmp_path):
             {"prompt": "a", "target": [" Mary"]},
             {"prompt": "a", "name": "a/b"},
             {"prompt": "c", "target": [" Mary", " John"]},
+            {"prompt": "a", "name": "."},  # HDF5 reads '.' as the group that holds it
         ],
     )
     items, failures = build_many.read_prompts(f)
@@ -113,7 +114,8 @@ def test_read_prompts_records_bad_lines(tmp_path):
         (1, "x", None),
         (10, "prompt_10", [" Mary", " John"]),
     ]
-    assert [r["line"] for r in failures] == [2, 4, 5, 6, 7, 8, 9]
+    assert [r["line"] for r in failures] == [2, 4, 5, 6, 7, 8, 9, 11]
+    assert all("pass a plain name" in failures[i]["error"] for i in (6, 7))
     assert "not JSON" in failures[0]["error"] and '"prompt"' in failures[1]["error"]
     assert "earlier line" in failures[3]["error"] and "colour" in failures[4]["error"]
     with pytest.raises(OptionError, match="does not exist"):

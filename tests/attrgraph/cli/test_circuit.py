@@ -1,0 +1,122 @@
+"""`attrgraph circuit` on bad input (docs/bad_inputs.md, "Component circuits"): each is one line on
+stderr and exit status 2, before the model loads (the tests pass a model that does not exist, whose
+own error would come first otherwise), with nothing written; a schema file that is not a schema is
+one `SchemaError` line, and a group name HDF5 reads as a path is refused for graphs and circuits."""
+
+import json
+
+import pytest
+import torch
+
+from attrgraph.circuits.schema import read_schema
+from attrgraph.errors import GraphFileError, SchemaError
+from attrgraph.graph.store import save_graph
+from tests.attrgraph.ag_helpers import random_graph
+from tests.attrgraph.cli.test_cli import error_line, run
+
+NO_MODEL = ["--model", "/nonexistent/model"]
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (["--n", "0"], "n (--n) is 0; pass at least 1 example"),
+        (["--n", "-3"], "n (--n) is -3"),
+        (["--method", "eap", "--edges", "0"], "edges (--edges) is 0; pass the circuit's size"),
+        (["--method", "peap", "--edges", "-1"], "edges (--edges) is -1"),
+        (["--method", "ep", "--steps", "0"], "steps is 0; pass at least 1."),
+        (["--method", "hap", "--steps", "-5"], "steps is -5"),
+        (["--method", "ep", "--sparsity", "1.5"], "strictly between 0 and 1, got 1.5"),
+        (["--method", "hap", "--keep-frac", "1.5"], "kept fraction must lie strictly between 0 and 1"),
+        (["--method", "hap", "--keep-frac", "0.01"], "more than the 0.01 EAP keeps"),
+        (
+            ["--method", "peap", "--schema", "{tmp}/missing.json"],
+            "schema file {tmp}/missing.json does not exist",
+        ),
+        (["--method", "eap", "--schema", "{tmp}/s.json"], "it does not apply to eap on ioi"),
+        (
+            ["--method", "eap", "--out", "{tmp}"],
+            "is a folder; pass a file name to write, such as {tmp}/circuit.h5",
+        ),
+        (["--method", "eap", "--out", "{tmp}/s.json"], "is not an HDF5 file, so no circuit can be added"),
+        (
+            ["--method", "eap", "--out", "{tmp}/c.h5", "--name", "."],
+            "circuit name '.' is empty, '.' or contains '/'",
+        ),
+        (["--method", "eap", "--out", "{tmp}/c.h5", "--name", "a/b"], "circuit name 'a/b'"),
+    ],
+)
+def test_circuit_refuses_what_it_cannot_run_or_write_before_the_model_loads(tmp_path, capsys, args, said):
+    (tmp_path / "s.json").write_text('{"spans": ["a"], "examples": []}')
+    before = sorted(tmp_path.iterdir())
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    rc, out, err = run(capsys, "circuit", "--task", "ioi", *NO_MODEL, *args)
+    assert rc == 2 and out == ""
+    assert said.replace("{tmp}", str(tmp_path)) in error_line(err, "circuit")
+    assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "name,text,said",
+    [
+        ("bad.json", "{not json", "is not a schema (JSONDecodeError"),
+        ("list.json", "[1, 2]", "is not a schema (TypeError"),
+        ("keys.json", '{"spans": ["a"]}', "is not a schema (KeyError: 'examples')"),
+        (
+            "float.json",
+            '{"spans": ["a"], "examples": [{"a": [0, 2.5]}, {"a": [0, 3]}]}',
+            "[0, 2.5], not [start, end]",
+        ),
+        (
+            "three.json",
+            '{"spans": ["a"], "examples": [{"a": [0, 1, 2]}, {"a": [0, 3]}]}',
+            "[0, 1, 2], not [start, end]",
+        ),
+        (
+            "count.json",
+            '{"spans": ["a"], "examples": [{"a": [0, 3]}]}',
+            "the schema has 1 examples but the data 2",
+        ),
+        (
+            "neg.csv",
+            "example,span,start,end\n-1,a,0,3\n",
+            "example -1 does not exist; the data has examples 0-1",
+        ),
+        ("word.csv", "example,span,start,end\n0,a,zero,3\n", "is not a schema (ValueError"),
+        ("cols.csv", "example,span\n0,a\n", "needs the CSV columns example,span,start,end"),
+        ("binary.csv", b"\xff\xfe\x00", "is not a schema (UnicodeDecodeError"),
+        ("folder.json", None, "does not exist or is not a file"),
+    ],
+)
+def test_a_schema_file_that_is_not_a_schema_is_one_line(tmp_path, name, text, said):
+    path = tmp_path / name
+    if text is None:
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(SchemaError) as e:
+        read_schema(path, [3, 3])
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_good_schema_file_still_reads(tmp_path):
+    """The JSON and CSV forms of one schema (hand-written) give the same span of every position."""
+    spans = {"BOS": [0, 1], "X": [1, 3]}
+    (tmp_path / "s.json").write_text(json.dumps({"spans": ["BOS", "X"], "examples": [spans, spans]}))
+    rows = [f"{b},{s},{r[0]},{r[1]}" for b in (0, 1) for s, r in spans.items()]
+    (tmp_path / "s.csv").write_text("\n".join(["example,span,start,end", *rows]) + "\n")
+    for f in ("s.json", "s.csv"):
+        schema = read_schema(tmp_path / f, [3, 3])
+        assert schema.spans == ("BOS", "X") and torch.equal(schema.span_index, torch.tensor([[0, 1, 1]] * 2))
+
+
+@pytest.mark.parametrize("name", [".", "a/b", ""])
+def test_a_graph_name_hdf5_reads_as_a_path_is_refused(tmp_path, capsys, name):
+    """`build --name .` ended in h5py's KeyError after the whole attribution; now one line before it."""
+    rc, _, err = run(capsys, "build", "hello", "-o", tmp_path / "g.h5", "--name", name, *NO_MODEL)
+    assert rc == 2 and "pass a plain name" in error_line(err, "build")
+    with pytest.raises(GraphFileError, match="pass a plain name"):
+        save_graph(random_graph(0), tmp_path / "g.h5", name=name)
+    assert list(tmp_path.iterdir()) == []
