@@ -75,13 +75,13 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 def run(args) -> int:
     from attrgraph.graph.neuronpedia import check_export_options, export_json
+    from attrgraph.graph.output_folder import check_output_folder
     from attrgraph.graph.store import list_graphs, load_graph, load_meta
     from attrgraph.graph.supernode_store import load_supernodes
 
     path, name = split_spec(args.file)
     out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
+    check_output_folder(out, ExportError)
     names = list_graphs(path)
     if not names:
         raise GraphFileError(f"{path} holds no graphs; write one with `attrgraph build` first.")

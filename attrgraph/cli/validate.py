@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attrgraph.analysis.validate import ValidateConfig
-from attrgraph.errors import GraphFileError
+from attrgraph.errors import GraphFileError, OptionError
 
 
 def add_parser(sub) -> None:
@@ -44,6 +44,7 @@ def run(args) -> int:
     from attrgraph.analysis.validation_report import write_report
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.replacement import ReplacementModel
+    from attrgraph.graph.output_folder import check_output_folder
     from attrgraph.graph.store import list_graphs, load_graph
     from transcoders import load_transcoders
     from transcoders.config import check_device
@@ -54,6 +55,8 @@ def run(args) -> int:
         raise GraphFileError(
             f"{args.file} holds no graphs (a circuit-only file?); write one with `attrgraph build` first."
         )
+    out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
+    check_output_folder(out, OptionError)  # a file there, or no write permission: before the work
     graphs = [load_graph(args.file, n) for n in names]
     model_name = args.model or graphs[0].meta.get("model", "default")
     tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
@@ -70,7 +73,6 @@ def run(args) -> int:
     )
     rm = ReplacementModel(model, tc)
     results = [validate_graph(model, rm, g, cfg, progress=not args.no_progress) for g in graphs]
-    out = Path(args.out) if args.out else Path(args.file).with_name(Path(args.file).stem + "_validation")
     summary = write_report(results, names, out, title=f"validation of {args.file}")
     print(json.dumps(summary, indent=1))
     print(f"wrote {out}/validate.md, validate.json and 3 plots (config {asdict(cfg)})")

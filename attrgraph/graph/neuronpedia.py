@@ -87,6 +87,7 @@ from attrgraph.graph.neuronpedia_features import (
     feature_files,
     feature_index,
 )
+from attrgraph.graph.output_folder import check_output_folder
 from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import Supernode, node_key
@@ -379,8 +380,7 @@ def export_json(
     attention features'; `feature_url` is the URL the folder will be served from, for Neuronpedia
     (metadata.feature_details)."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} is a file; pass a folder to write into (it is created if missing).")
+    check_output_folder(out, ExportError)
     _check_slug(slug)
     graph, share, node_threshold = _pruned_for_export(graph, node_threshold, edge_threshold, prune_rule)
     graph, share = linked(graph, share)

@@ -1,7 +1,8 @@
-"""`attrgraph circuit` on bad input (docs/bad_inputs.md, "Component circuits"): each is one line on
-stderr and exit status 2, before the model loads (the tests pass a model that does not exist, whose
-own error would come first otherwise), with nothing written; a schema file that is not a schema is
-one `SchemaError` line, and a group name HDF5 reads as a path is refused for graphs and circuits."""
+"""Bad input, round 4 (docs/bad_inputs.md, "Component circuits, group names and output folders"):
+`attrgraph circuit`'s options, a group name HDF5 reads as a path, and output folders that cannot be
+written. Each is one line on stderr and exit status 2, before the model loads (the tests pass a model
+that does not exist, whose own error would come first otherwise), with nothing written; a schema
+file that is not a schema is one `SchemaError` line."""
 
 import json
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from attrgraph.circuits.schema import read_schema
-from attrgraph.errors import GraphFileError, SchemaError
+from attrgraph.errors import ExportError, GraphFileError, SchemaError
+from attrgraph.graph.output_folder import check_output_folder
 from attrgraph.graph.store import save_graph
 from tests.attrgraph.ag_helpers import random_graph
 from tests.attrgraph.cli.test_cli import error_line, run
@@ -120,3 +122,33 @@ def test_a_graph_name_hdf5_reads_as_a_path_is_refused(tmp_path, capsys, name):
     with pytest.raises(GraphFileError, match="pass a plain name"):
         save_graph(random_graph(0), tmp_path / "g.h5", name=name)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["validate", "export"])
+@pytest.mark.parametrize(
+    "where,said",
+    [
+        ("a_file", "a_file is a file; pass a folder to write into"),
+        ("a_file/sub", "a_file is a file, so the folder {tmp}/a_file/sub cannot be created"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_work(
+    tmp_path, capsys, command, where, said
+):
+    """`validate -o FILE` ended in `FileExistsError` (`NotADirectoryError` under a file) after the
+    whole validation, `export -o FILE/sub` in `NotADirectoryError`."""
+    (tmp_path / "a_file").write_text("x")
+    save_graph(random_graph(0), tmp_path / "g.h5")
+    out = ["-o", tmp_path / where]
+    rc, _, err = run(capsys, command, tmp_path / "g.h5", *out, *(NO_MODEL if command == "validate" else []))
+    assert rc == 2 and said.replace("{tmp}", str(tmp_path)) in error_line(err, command)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "g.h5"]
+
+
+def test_an_output_folder_is_tried_for_real(tmp_path, read_only_dir):
+    """A folder this process cannot write into (root included, on a read-only tmpfs) is refused; a
+    folder to be made under a writable one passes and nothing is left behind."""
+    with pytest.raises(ExportError, match=f"cannot write into {read_only_dir} "):
+        check_output_folder(read_only_dir / "new" / "deeper", ExportError)
+    check_output_folder(tmp_path / "new" / "deeper", ExportError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]

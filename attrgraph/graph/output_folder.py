@@ -1,0 +1,31 @@
+"""Output folders (an export, a validation report): refused before the work when they cannot be written.
+
+1. A path that exists and is not a folder is refused.
+2. Otherwise its nearest existing folder (itself, or the first parent that exists) must be a folder
+   this process can create entries in: tried for real, with a temporary folder removed at once (root
+   ignores file modes, so asking `os.access` is not enough).
+Each refusal is one sentence, raised as the caller's error class.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def check_output_folder(path: str | os.PathLike, error: type[Exception]) -> None:
+    """Refuse, before any work, a folder `path` that a command could not create or write into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise error(f"{path} is a file; pass a folder to write into (it is created if missing).")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise error(f"{folder} is a file, so the folder {path} cannot be created; pass another folder.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attrgraph-check-", dir=folder))
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        raise error(f"cannot write into {folder} ({reason}); pass a folder you can write to.") from None
