@@ -1,6 +1,7 @@
 """Shared test set-up: offline, seeded, CPU."""
 
 import os
+import subprocess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -114,3 +115,26 @@ def pytest_runtest_setup(item):
 def bundled_check():
     """`require_bundled` itself, for the tests of this check."""
     return require_bundled
+
+
+# ---------------------------------------------------------------------- folders
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder this process cannot create files in: mode 0555, or for root (who ignores modes) a
+    read-only tmpfs; skipped where neither is possible."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if os.geteuid() != 0:
+        where.chmod(0o555)
+        yield where
+        where.chmod(0o755)
+        return
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"root ignores file modes and cannot mount a read-only tmpfs here: {res.stderr.decode()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open

@@ -54,6 +54,7 @@ from transcoders.train_config import (
     HELD_OUT_SEED,
     RESUME_FREE,
     TrainConfig,
+    check_paths,
     corpus_items,
     dist_backend,
     dist_barrier,
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # Adam moments of rarely active features decay into slow denormals
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    check_paths(cfg)  # a missing corpus, a run folder that cannot be written: before the model loads
     launched = tdist.init_from_env(cfg.dist_timeout)  # under torchrun: join the process group
     try:
         d = tdist.current(cfg.parallel)

@@ -7,7 +7,8 @@ tokens come from; train.py (the command) and trainer.py (the loop) both read it.
    the options a resumed run may change.
 2. `transcoder_config`: the set a config trains, for a model.
 3. The model (`load_any_model`, `model_device`) and the token sequences (`sequence_source`,
-   `held_out_tokens`, `first_sequences`) from the corpus (`corpus_items`; providers.py).
+   `held_out_tokens`, `first_sequences`) from the corpus (`corpus_items`; providers.py);
+   `check_paths`: the corpus and the folders a run writes, checked before the model loads.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transcoders.config import TranscoderConfig, check_device
 from transcoders.errors import ConfigError
 from transcoders.losses import PREACT_FORMS
 from transcoders.nonlinearity import PENALTIES
+from transcoders.output_folder import check_output_folder
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
@@ -141,6 +143,21 @@ class TrainConfig:
             raise ConfigError(
                 f"bandwidth {self.bandwidth} and threshold_init {self.threshold_init} must both be positive."
             )
+        for name in ("batch_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} is {getattr(self, name)}; pass at least 1.")
+        if not 0 < self.lr < float("inf"):
+            raise ConfigError(f"lr {self.lr} is not a positive learning rate; pass one such as 1e-3.")
+        for name in ("sparsity_coef", "sparsity_c", "preact_coef"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} {getattr(self, name)} is negative or not finite; pass 0 or more.")
+        if not self.dist_timeout > 0:
+            raise ConfigError(f"dist_timeout {self.dist_timeout} is not a positive number of seconds.")
+        if self.block_tokens < self.batch_size:
+            raise ConfigError(
+                f"block_tokens {self.block_tokens} is smaller than batch_size {self.batch_size}; a shuffle "
+                "block holds whole batches: raise it."
+            )
         if not self.auxk_coef >= 0:
             raise ConfigError(f"auxk_coef {self.auxk_coef} is negative or NaN; pass 0 to turn AuxK off.")
         if not self.max_grad_norm >= 0:
@@ -209,18 +226,33 @@ def model_device(cfg: TrainConfig) -> str:
     return cfg.device
 
 
+def check_corpus(corpus: str) -> None:
+    """Refuse a corpus that no installed package provides and that is no file (one line)."""
+    if corpus in providers.corpus_names() or Path(corpus).is_file():
+        return
+    raise ConfigError(
+        f"corpus {corpus!r} is no file and no installed package provides it (provided: "
+        f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
+    )
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Refuse, before the model loads, a corpus that is not there and a run folder (`--out`, where the
+    checkpoints go) or `--save-to` folder that cannot be written: one line each, not a traceback at
+    the first checkpoint or after the whole run."""
+    check_corpus(cfg.corpus)
+    for folder in (cfg.out, cfg.save_to or Path(cfg.out) / "transcoders"):
+        check_output_folder(folder, ConfigError)
+
+
 def corpus_items(corpus: str, seed: int):
     """A provided corpus (attrgraph's endless "bundled" one; providers.py), or a file's texts / token-id
     lists."""
     provided = providers.corpus(corpus, seed)
     if provided is not None:
         return provided
+    check_corpus(corpus)
     path = Path(corpus)
-    if not path.is_file():
-        raise ConfigError(
-            f"corpus {corpus!r} is no file and no installed package provides it (provided: "
-            f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
-        )
     if path.suffix == ".npy":
         import numpy as np
 
@@ -234,6 +266,8 @@ def sequence_source(model: HookedTransformer, corpus: str, seed: int):
     n_ctx = model.cfg.n_ctx
     if corpus.endswith(".npy"):
         import numpy as np
+
+        check_corpus(corpus)
 
         arr = np.load(corpus, allow_pickle=False)
         if arr.ndim == 2 and arr.shape[1] == n_ctx:

@@ -75,9 +75,9 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 def run(args) -> int:
     from attrgraph.graph.neuronpedia import check_export_options, export_json
-    from attrgraph.graph.output_folder import check_output_folder
     from attrgraph.graph.store import list_graphs, load_graph, load_meta
     from attrgraph.graph.supernode_store import load_supernodes
+    from transcoders.output_folder import check_output_folder
 
     path, name = split_spec(args.file)
     out = Path(args.output)

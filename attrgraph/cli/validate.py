@@ -44,10 +44,10 @@ def run(args) -> int:
     from attrgraph.analysis.validation_report import write_report
     from attrgraph.bundled.loading import load_model
     from attrgraph.engine.replacement import ReplacementModel
-    from attrgraph.graph.output_folder import check_output_folder
     from attrgraph.graph.store import list_graphs, load_graph
     from transcoders import load_transcoders
     from transcoders.config import check_device
+    from transcoders.output_folder import check_output_folder
 
     check_device(args.device)  # before reading anything
     names = [args.name] if args.name else list_graphs(args.file)

@@ -12,5 +12,4 @@ dashboard_lookup.py    which dashboards describe a graph's features, per site (v
 fingerprint.py         the identity hash a graph's provenance records for its model and sets
 supernodes.py          groups of nodes and their adjacency
 supernode_store.py     supernodes in the HDF5 file
-output_folder.py       output folders (export, validation report) checked before the work
 """

@@ -87,10 +87,10 @@ from attrgraph.graph.neuronpedia_features import (
     feature_files,
     feature_index,
 )
-from attrgraph.graph.output_folder import check_output_folder
 from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import Supernode, node_key
+from transcoders.output_folder import check_output_folder
 
 if TYPE_CHECKING:
     from transcoders.dashboard_file import Dashboards

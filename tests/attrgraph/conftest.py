@@ -1,8 +1,6 @@
 """Fixtures for the attrgraph tests (helpers live in ag_helpers.py)."""
 
 import json
-import os
-import subprocess
 
 import pytest
 
@@ -76,25 +74,3 @@ def model_dir(tmp_path_factory):
     )
     save_transcoders(tiny_transcoders(model, "plt").to(torch.float32), root / "tc")
     return root
-
-
-@pytest.fixture
-def read_only_dir(tmp_path):
-    """A folder this process cannot create files in: mode 0555, or for root (who ignores modes) a
-    read-only tmpfs; skipped where neither is possible."""
-    where = tmp_path / "ro"
-    where.mkdir()
-    if os.geteuid() != 0:
-        where.chmod(0o555)
-        yield where
-        where.chmod(0o755)
-        return
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"root ignores file modes and cannot mount a read-only tmpfs here: {res.stderr.decode()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open

@@ -43,7 +43,8 @@ def test_a_nan_weight_is_caught_before_the_next_step_changes_anything(tmp_path):
     stop step 1 before its backward (no weight changes again), naming step 0; a checkpoint checks too."""
     from transcoders import NonFiniteError
 
-    cfg = small_cfg(tmp_path, n_tokens=256 * 12, checkpoint_every=10**9, lr=float("inf"))
+    cfg = small_cfg(tmp_path, n_tokens=256 * 12, checkpoint_every=10**9)
+    object.__setattr__(cfg, "lr", float("inf"))  # TrainConfig refuses it: forced, to break step 0
     trainer = Trainer(cfg, model=tiny_model(), sequences=random_sequences())
     batches = trainer.store.batches(0)
     trainer.step(*next(batches))

@@ -155,7 +155,7 @@ def test_nan_activations_stop_training_and_keep_checkpoint(tmp_path):
 
 
 def test_nan_weights_stop_training(tmp_path):
-    cfg = small_cfg(tmp_path, n_tokens=256 * 20, lr=float("inf"))
+    cfg = small_cfg(tmp_path, n_tokens=256 * 20, lr=1e30)
     with pytest.raises(NonFiniteError, match="last good checkpoint"):
         train(cfg, model=tiny_model(), sequences=random_sequences(), progress=False)
 

@@ -11,10 +11,10 @@ import torch
 
 from attrgraph.circuits.schema import read_schema
 from attrgraph.errors import ExportError, GraphFileError, SchemaError
-from attrgraph.graph.output_folder import check_output_folder
 from attrgraph.graph.store import save_graph
 from tests.attrgraph.ag_helpers import random_graph
 from tests.attrgraph.cli.test_cli import error_line, run
+from transcoders.output_folder import check_output_folder
 
 NO_MODEL = ["--model", "/nonexistent/model"]
 

@@ -1,4 +1,5 @@
-"""Output folders (an export, a validation report): refused before the work when they cannot be written.
+"""Output folders (a training run, an export, a validation report): refused before the work when they
+cannot be written (no attrgraph import: both packages ask it).
 
 1. A path that exists and is not a folder is refused.
 2. Otherwise its nearest existing folder (itself, or the first parent that exists) must be a folder
