@@ -30,6 +30,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from attrgraph.errors import OptionError
+
 NAMES = (
     "Mary John Alice Bob Tom James Sarah Emma David Michael Anna Laura Paul Mark Lucy Kate Peter "
     "Jack Jane Rose Sam Max Leo Mia Noah Liam Olivia Ava Ella Grace Chloe Ethan Lucas Henry Oscar "
@@ -282,7 +284,7 @@ DEFAULT_MIX = {
 def generate(task: str, n: int, seed: int = 0) -> list[Example]:
     """`n` examples of one task, reproducible from `seed`."""
     if task not in GENERATORS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        raise OptionError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     rng = random.Random(f"{task}-{seed}")
     return [GENERATORS[task](rng) for _ in range(n)]
 

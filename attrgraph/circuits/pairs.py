@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attrgraph.errors import ConstantMetricError, PairLengthError
+from attrgraph.errors import ConstantMetricError, OptionError, PairLengthError, PromptError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -46,7 +46,7 @@ class Pairs:
 
     def __post_init__(self):
         if self.kind not in METRIC_KINDS:
-            raise ValueError(f"metric kind {self.kind!r} is unknown; use one of {METRIC_KINDS}.")
+            raise OptionError(f"metric kind {self.kind!r} is unknown; use one of {METRIC_KINDS}.")
         if self.clean.shape != self.corrupt.shape:
             raise PairLengthError(
                 f"clean tokens have shape {tuple(self.clean.shape)} but corrupted tokens "
@@ -112,8 +112,9 @@ def _ids(model, words) -> list[int]:
     ids = tok.convert_tokens_to_ids(list(words))
     if tok.unk_token_id is not None and tok.unk_token_id in ids:
         bad = [w for w, i in zip(words, ids) if i == tok.unk_token_id]
-        raise ValueError(
-            f"words {bad[:3]} are not in the model's vocabulary; use the bundled model's tokenizer."
+        raise PromptError(
+            f"words {bad[:3]} of the bundled tasks are not in this model's vocabulary; the tasks are "
+            "written in the bundled model's words: run them on it (--model default)."
         )
     return [tok.bos_token_id, *ids]
 
@@ -135,5 +136,5 @@ def task_pairs(model: HookedTransformer, examples) -> Pairs:
             for n, tid in enumerate(years):
                 weights[i, tid] = 1.0 if n > ex.meta["yy"] else -1.0
         else:
-            raise ValueError(f"task {task!r} has no circuit metric; use 'ioi' or 'greater_than' examples.")
+            raise OptionError(f"task {task!r} has no circuit metric; use 'ioi' or 'greater_than' examples.")
     return make_pairs(clean, corrupt, weights, "logit" if task == "ioi" else "prob")

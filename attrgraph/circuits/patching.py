@@ -33,7 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.errors import UnsupportedModelError
+from attrgraph.errors import OptionError, UnsupportedModelError
 from transcoders.block_layout import BlockLayout
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def run_edges(
         q/k/v edges (query t, key t'); None keeps them all.
     """
     if (keep is not None or attn_keep is not None or input_alpha is not None) and corrupt is None:
-        raise ValueError("patching needs the corrupted run's activations; pass corrupt=record_run(...).")
+        raise OptionError("patching needs the corrupted run's activations; pass corrupt=record_run(...).")
     with component_hooks(model) as g:
         layout = BlockLayout.of(model.cfg)
         why = layout.unsupported("cross_position") if attn_keep is not None else None

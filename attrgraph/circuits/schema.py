@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from attrgraph.errors import SchemaError
+from attrgraph.errors import OptionError, SchemaError
 
 AGGREGATIONS = ("avg", "sum", "maxabs")
 
@@ -185,7 +185,7 @@ def aggregate(example, schema: Schema, how: str = "avg"):
     Returns (resid `[n_spans n_up n_down]`, attn `[n_layers n_heads 3 n_spans n_spans]`, attn_valid).
     """
     if how not in AGGREGATIONS:
-        raise ValueError(f"aggregation {how!r} is unknown; use one of {AGGREGATIONS}.")
+        raise OptionError(f"aggregation {how!r} is unknown; use one of {AGGREGATIONS}.")
     idx = schema.span_index
     B, T = example.resid.shape[:2]
     idx = idx[:, :T]

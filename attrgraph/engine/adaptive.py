@@ -51,6 +51,7 @@ from attrgraph.engine.linear_backward import linear_rows, rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.sources import Injection, feature_injections, node_table, target_values
 from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target, select_logit_targets
+from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
 
@@ -87,9 +88,9 @@ def attribute_adaptive(
     receives one dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the
     result; `meta["backward_gflop"]` counts the linear engine's products, as `attribute`'s does."""
     if max_feature_nodes < 0:
-        raise ValueError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
+        raise OptionError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
     if k < 1:
-        raise ValueError(f"k is {k}; pass the features to explore per step, 1 or more.")
+        raise OptionError(f"k is {k}; pass the features to explore per step, 1 or more.")
     run = run_prompt(model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding)  # step 1
     targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     explorer = _Explorer(run, targets, backend, batch_size)

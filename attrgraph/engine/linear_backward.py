@@ -100,6 +100,7 @@ from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.precision import compute_dtype, matmul_precision, numpy_dtype, walk_dtype
 from attrgraph.engine.threads import PARALLEL_FLOPS, threads_for, torch_threads
+from attrgraph.errors import OptionError
 from transcoders import sites
 from transcoders.block_layout import RESID_MID as RESID_MID  # defined there; re-exported
 from transcoders.block_layout import BlockLayout
@@ -833,7 +834,7 @@ def rows_engine(backend: str, rm: ReplacementModel, injections: list):
     """The rows function for `backend`: "linear" (this module), "autograd" (autograd_rows.backward_rows),
     or "auto" (linear when `unsupported_reason` is None, else autograd)."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend is {backend!r}; pass one of {BACKENDS}.")
+        raise OptionError(f"backend is {backend!r}; pass one of {BACKENDS}.")
     if backend == "autograd" or (backend == "auto" and unsupported_reason(rm, injections) is not None):
         return backward_rows
     return linear_rows

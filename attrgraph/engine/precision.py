@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from attrgraph.errors import OptionError
+
 HALF = (torch.bfloat16, torch.float16)
 """Model dtypes that attribution does not compute in (step 2)."""
 
@@ -52,7 +54,7 @@ The price of each against "fp32" is measured in benchmarks/results/precision.md.
 
 def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
-        raise ValueError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
+        raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
 
 
 def walk_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:

@@ -44,7 +44,7 @@ from torch import Tensor
 from attrgraph.engine.finite import check_state
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.sets import transcoder_sets
-from attrgraph.errors import UnsupportedModelError
+from attrgraph.errors import OptionError, UnsupportedModelError
 from transcoders import block_layout, sites
 from transcoders.block_layout import BlockLayout
 from transcoders.errors import TranscoderMismatchError
@@ -193,7 +193,7 @@ class ReplacementModel:
     ) -> ReplacementState:
         """One forward of the underlying model; records everything the frozen model needs."""
         if embedding not in EMBEDDING_MODES:
-            raise ValueError(f"embedding is {embedding!r}; pass one of {EMBEDDING_MODES}.")
+            raise OptionError(f"embedding is {embedding!r}; pass one of {EMBEDDING_MODES}.")
         cfg = self.tc.cfg
         names = (
             set(self.frozen_hooks)

@@ -5,6 +5,7 @@ that does not exist, whose own error would come first otherwise), with nothing w
 file that is not a schema is one `SchemaError` line."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -152,3 +153,41 @@ def test_an_output_folder_is_tried_for_real(tmp_path, read_only_dir):
         check_output_folder(read_only_dir / "new" / "deeper", ExportError)
     check_output_folder(tmp_path / "new" / "deeper", ExportError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
+
+
+def test_a_model_without_the_tasks_words_is_one_line(tmp_path, capsys):
+    """The bundled tasks are written in the bundled model's words; a model whose vocabulary lacks
+    them (here a word-level tokenizer of ten other words) was a bare `ValueError` traceback."""
+    from safetensors.torch import save_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from attrgraph.bundled.tokenizer import build_tokenizer
+
+    tok = build_tokenizer([f"w{i}" for i in range(10)], tmp_path / "m" / "tokenizer")
+    kwargs = dict(
+        n_layers=1, d_model=8, n_heads=2, d_head=4, d_mlp=16, d_vocab=len(tok), n_ctx=32, act_fn="gelu"
+    )
+    (tmp_path / "m" / "config.json").write_text(json.dumps(kwargs))
+    state = HookedTransformer(HookedTransformerConfig(**kwargs)).state_dict()
+    save_file(
+        {k: v for k, v in state.items() if not k.endswith((".mask", ".IGNORE"))},
+        tmp_path / "m" / "model.safetensors",
+    )
+    rc, _, err = run(capsys, "circuit", "--task", "ioi", "--model", tmp_path / "m", "--n", "2")
+    assert rc == 2 and "of the bundled tasks are not in this model's vocabulary" in error_line(err, "circuit")
+
+
+def test_engine_options_a_method_cannot_take_are_option_errors(make_tiny_model, make_tiny_transcoders):
+    """attribute_adaptive's negative budget and an unknown backend or embedding were bare ValueErrors."""
+    from attrgraph.engine.attribute import attribute
+    from attrgraph.errors import OptionError
+
+    model = make_tiny_model("gpt2")
+    tc = make_tiny_transcoders(model)
+    for kw, said in [
+        (dict(method="adaptive", max_feature_nodes=-1), "max_feature_nodes is -1; pass 0 or more."),
+        (dict(backend="fast"), "backend is 'fast'; pass one of"),
+        (dict(embedding="words"), "embedding is 'words'; pass one of"),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(said)):
+            attribute(model, tc, [1, 2, 3, 4], **kw)
