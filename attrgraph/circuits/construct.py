@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
+from attrgraph.errors import OptionError
 
 
 def edge_table(layout: EdgeLayout):
@@ -52,8 +53,14 @@ def edge_table(layout: EdgeLayout):
     return np.concatenate([parent, a_parent]), np.concatenate([child, a_child]), sink + 1, sources, sink
 
 
+def _check_size(n: int) -> None:
+    if n < 0:
+        raise OptionError(f"a circuit of {n} edges was asked for; pass 0 or more.")
+
+
 def top_n(scores: EdgeScores, n: int) -> Circuit:
     """The n edges of largest |score|."""
+    _check_size(n)
     flat = scores.flat().abs()
     keep = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
     keep[flat.topk(min(n, flat.numel())).indices] = True
@@ -62,6 +69,7 @@ def top_n(scores: EdgeScores, n: int) -> Circuit:
 
 def greedy(scores: EdgeScores, n: int) -> Circuit:
     """A circuit of (up to) n edges, every one on a path input -> logits (module docstring, step 3)."""
+    _check_size(n)
     parent, child, n_nodes, sources, sink = edge_table(scores.layout)
     mag = scores.flat().abs().cpu().numpy()
     order = np.argsort(child, kind="stable")

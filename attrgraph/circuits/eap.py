@@ -29,7 +29,7 @@ from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
-from attrgraph.errors import ConstantMetricError
+from attrgraph.errors import ConstantMetricError, OptionError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -62,6 +62,11 @@ def example_scores(
     batch_size: int = 32,
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
+    if ig_steps < 0 or batch_size < 1:
+        raise OptionError(
+            f"ig_steps is {ig_steps} and batch_size {batch_size}; pass ig_steps >= 0 (0: plain EAP) and "
+            "batch_size >= 1."
+        )
     graph = ComponentGraph.from_model(model)
     device = next(model.parameters()).device
     pairs = pairs.to(device)  # the pairs go to the model's device once; the scores come back once per batch

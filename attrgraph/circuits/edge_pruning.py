@@ -74,6 +74,14 @@ class PruneConfig:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise OptionError(f"{name} is {getattr(self, name)}; pass at least 1.")
+        for name in ("lr", "beta"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise OptionError(f"{name} is {getattr(self, name)}; pass a positive number.")
+        if not 0 <= self.lr_lambda < float("inf") or not abs(self.init_log_alpha) < float("inf"):
+            raise OptionError(
+                f"lr_lambda is {self.lr_lambda} and init_log_alpha {self.init_log_alpha}; pass lr_lambda >= 0 "
+                "and a finite init_log_alpha."
+            )
         if not 0.0 <= self.warmup <= 1.0:
             raise OptionError(f"warmup is {self.warmup}; pass a fraction of the steps in [0, 1].")
         if self.patience < 0:

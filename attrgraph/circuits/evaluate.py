@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from attrgraph.circuits.circuit import Circuit
+from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, last_logits, metric
 from attrgraph.circuits.patching import record_run, run_edges
+from attrgraph.errors import OptionError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -46,11 +48,24 @@ class Faithfulness(NamedTuple):
     """Edges in the circuit."""
 
 
+def check_fits(circuit: Circuit, model: HookedTransformer) -> None:
+    """Refuse a circuit found on a model of another component graph: its masks would be cut to this
+    model's edges without a word, patching edges it never held."""
+    ours, theirs = ComponentGraph.from_model(model), circuit.layout.graph
+    if ours != theirs:
+        say = lambda g: f"{g.n_layers} layers, {g.n_heads} heads, {'MLPs' if g.has_mlp else 'no MLPs'}"  # noqa: E731
+        raise OptionError(
+            f"the circuit is one of a model with {say(theirs)}, and this model has {say(ours)}; evaluate it "
+            "on the model it was found on."
+        )
+
+
 @torch.no_grad()
 def circuit_logits(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, corrupt=None, batch_size: int = 64
 ):
     """Next-token logits at each example's scored position with everything outside `circuit` ablated."""
+    check_fits(circuit, model)
     pairs = pairs.to(next(model.parameters()).device)
     out = []
     for i in range(0, len(pairs), batch_size):

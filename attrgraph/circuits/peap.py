@@ -18,8 +18,8 @@ from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
 from attrgraph.circuits.eap import ExampleScores, example_scores
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs
-from attrgraph.circuits.schema import aggregate
-from attrgraph.errors import SchemaError
+from attrgraph.circuits.schema import AGGREGATIONS, aggregate
+from attrgraph.errors import OptionError, SchemaError
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -40,7 +40,8 @@ def peap(
     aggregation: how positions within one span combine ("avg", "sum" or "maxabs").
     example: precomputed `example_scores(..., cross_position=True)`, to aggregate several ways.
     """
-
+    if aggregation not in AGGREGATIONS:  # before the scores, not after (without a schema it is unused)
+        raise OptionError(f"aggregation {aggregation!r} is unknown; use one of {AGGREGATIONS}.")
     graph = ComponentGraph.from_model(model)
     if schema is None and not bool((pairs.last == pairs.last[0]).all()):
         raise SchemaError(

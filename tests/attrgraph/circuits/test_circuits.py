@@ -1,6 +1,7 @@
 """Construction, evaluation, Edge Pruning, HAP, schemas, storage and bad input."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from attrgraph.circuits.schema import (
     write_schema_json,
 )
 from attrgraph.circuits.store import circuit_to_networkx, load_circuit, save_circuit
-from attrgraph.errors import ConstantMetricError, PairLengthError, SchemaError, SparsityError
+from attrgraph.errors import ConstantMetricError, OptionError, PairLengthError, SchemaError, SparsityError
 from tests.attrgraph.circuits.circuit_helpers import make_pairs, tiny_model
 
 
@@ -182,3 +183,28 @@ def test_bad_input_raises_one_clear_error(model, data):
     ragged = pad_pairs([[1, 2, 3, 4], [1, 2, 3]], [[1, 2, 9, 4], [1, 9, 3]], w)
     with pytest.raises(SchemaError, match="pass a schema"):
         peap(model, ragged)
+
+
+def test_bad_options_and_a_circuit_of_another_model_are_option_errors(model, data):
+    """Each was a bare TypeError / RuntimeError, or ran: a negative IG step count, circuit size or
+    learning rate, an unknown aggregation without a schema (it was never read), and a circuit of a
+    model with MLPs evaluated on an attention-only model (its masks were cut to the other graph's
+    edges without a word)."""
+    pairs, _, s_eap, _ = data
+    for call, said in [
+        (lambda: eap(model, pairs, ig_steps=-1), "ig_steps is -1"),
+        (lambda: greedy(s_eap, -5), "a circuit of -5 edges"),
+        (lambda: top_n(s_eap, -1), "a circuit of -1 edges"),
+        (lambda: peap(model, pairs, aggregation="median"), "aggregation 'median' is unknown"),
+        (lambda: PruneConfig(lr=-1.0), "lr is -1.0; pass a positive number."),
+        (lambda: PruneConfig(beta=0.0), "beta is 0.0"),
+        (lambda: PruneConfig(steps=0), "steps is 0; pass at least 1."),
+        (lambda: PruneConfig(warmup=2.0), "warmup is 2.0"),
+        (
+            lambda: evaluate(tiny_model(torch.float32, attn_only=True), pairs, greedy(s_eap, 5)),
+            "no MLPs; evaluate it",
+        ),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(said)):
+            call()
+    assert greedy(s_eap, 0).n_edges == 0  # an empty circuit is still one (the corrupted model)
