@@ -53,7 +53,10 @@ def check_fits(circuit: Circuit, model: HookedTransformer) -> None:
     model's edges without a word, patching edges it never held."""
     ours, theirs = ComponentGraph.from_model(model), circuit.layout.graph
     if ours != theirs:
-        say = lambda g: f"{g.n_layers} layers, {g.n_heads} heads, {'MLPs' if g.has_mlp else 'no MLPs'}"  # noqa: E731
+        say = lambda g: (  # noqa: E731
+            f"{g.n_layers} layers, {g.n_heads} heads, {'MLPs' if g.has_mlp else 'no MLPs'}"
+            + (", parallel blocks" if g.parallel else "")
+        )
         raise OptionError(
             f"the circuit is one of a model with {say(theirs)}, and this model has {say(ours)}; evaluate it "
             "on the model it was found on."
