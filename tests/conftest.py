@@ -118,6 +118,18 @@ def bundled_check():
 
 
 # ---------------------------------------------------------------------- folders
+def _tmpfs(where, options: str, refused: str):
+    """A real tmpfs mounted at `where` with `options` (root only), unmounted after; the test is
+    skipped with `refused` and mount's own words where mounting is refused."""
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"{refused}: {res.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A folder this process cannot create files in: mode 0555, or for root (who ignores modes) a
@@ -129,12 +141,14 @@ def read_only_dir(tmp_path):
         yield where
         where.chmod(0o755)
         return
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"root ignores file modes and cannot mount a read-only tmpfs here: {res.stderr.decode()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open
+    yield from _tmpfs(where, "ro,size=64k", "root ignores file modes and cannot mount a read-only tmpfs here")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 3 MB tmpfs (root only: mount it, unmount after); skipped where mounting is refused."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; the RLIMIT_FSIZE test covers a full disk here")
+    yield from _tmpfs(where, "size=3m", "cannot mount a tmpfs here")

@@ -64,22 +64,6 @@ def test_a_file_size_limit_during_a_save_is_one_error_and_keeps_the_old_file(tmp
     assert list_graphs(path) == ["small"]
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 3 MB tmpfs (root only: mount it, unmount after); skipped where mounting is refused."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; the RLIMIT_FSIZE test covers a full disk here")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "--lazy", str(where)], check=True)  # lazy: even if a file is still open
-
-
 def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_old_file(small_tmpfs):
     path = small_tmpfs / "g.h5"
     save_graph(random_graph(0), path, name="small")
