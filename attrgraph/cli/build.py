@@ -129,7 +129,9 @@ def _outside(value, low: float, high: float = math.inf) -> bool:
 
 def check_build_options(options: dict) -> None:
     """Refuse, before anything loads, the build options (as parsed by `add_build_options`) that
-    make no sense: each is one `OptionError` line naming the option and what to pass."""
+    make no sense, or that the method does not take: each is one `OptionError` line naming the
+    option and what to pass."""
+    from attrgraph.engine.methods import check_method
     from attrgraph.errors import OptionError
 
     for key in ("node_threshold", "edge_threshold"):
@@ -148,6 +150,8 @@ def check_build_options(options: dict) -> None:
     for key in ("max_logits", "batch_size", "max_feature_nodes", "threads"):
         if options[key] is not None and options[key] < 1:
             raise OptionError(f"--{key.replace('_', '-')} is {options[key]}; pass at least 1.")
+    method, kwargs = attribute_options(options, progress=False)
+    check_method(method, kwargs, cli=True)  # e.g. --tau without --method hierarchical
 
 
 def load_sets(options: dict):

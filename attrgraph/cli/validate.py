@@ -50,6 +50,12 @@ def run(args) -> int:
     from transcoders.output_folder import check_output_folder
 
     check_device(args.device)  # before reading anything
+    cfg = ValidateConfig(
+        max_features=args.max_features,
+        n_perturbations=args.n_perturbations,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     names = [args.name] if args.name else list_graphs(args.file)
     if not names:
         raise GraphFileError(
@@ -65,12 +71,6 @@ def run(args) -> int:
     tc = load_transcoders(tc_name, device=args.device)
     if attn_name:
         tc = [tc, load_transcoders(attn_name, device=args.device)]
-    cfg = ValidateConfig(
-        max_features=args.max_features,
-        n_perturbations=args.n_perturbations,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
     rm = ReplacementModel(model, tc)
     results = [validate_graph(model, rm, g, cfg, progress=not args.no_progress) for g in graphs]
     summary = write_report(results, names, out, title=f"validation of {args.file}")

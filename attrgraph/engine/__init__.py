@@ -10,6 +10,7 @@ linear_backward.py   the fast rows engine (the frozen backward as explicit matri
 csr_rows.py          the rows engines' sparse output
 finite.py            NaN and inf refused in a forward's activations and in edge values
 threads.py           thread counts chosen for the work (robust on a machine with other work on it)
+methods.py           the attribution methods and the options each takes (checked before any work)
 attribute.py         `attribute`: the full graph
 hierarchical.py      `attribute_hierarchical`: detach-during-backward from one root
 adaptive.py          `attribute_adaptive`: partial graphs within a feature budget

@@ -24,6 +24,7 @@ entry points; `attribute(method=...)` runs either, and refuses options the metho
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from attrgraph.engine.batch_plan import CPU_ROWS
 from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.hierarchical import attribute_hierarchical
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
+from attrgraph.engine.methods import check_method
 from attrgraph.engine.precision import PRECISIONS
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.replacement import ReplacementModel
@@ -62,14 +64,6 @@ if TYPE_CHECKING:
 
     from attrgraph.engine.sets import TranscoderSets
     from transcoders import SparseCoder
-
-METHODS = ("standard", "hierarchical", "adaptive")
-# the options each method takes beyond (model, transcoders, prompt, exclude_bos, embedding, batch_size, backend)
-_OPTIONS = {
-    "standard": {"max_n_logits", "desired_logit_prob", "targets", "progress", "precision"},
-    "hierarchical": {"targets", "tau"},
-    "adaptive": {"max_n_logits", "desired_logit_prob", "max_feature_nodes"},
-}
 
 
 @dataclass
@@ -176,8 +170,8 @@ def standard_setup(
 ) -> StandardSetup:
     """Steps 1-2 of `attribute` (same options): run the prompt (prompt_run.py), choose the targets,
     make the injections and the node table, and pick the rows engine."""
-    if batch_size is not None and batch_size < 1:
-        raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
+    if batch_size is not None and (not isinstance(batch_size, numbers.Integral) or batch_size < 1):
+        raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
     if precision not in PRECISIONS:
         raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
     run = run_prompt(
@@ -253,24 +247,16 @@ def attribute(
     `max_feature_nodes`. An option the method does not take raises `OptionError`. The graph's
     meta carries its replacement and completeness scores (scores.py) as `unpruned_*_score`.
     """
-    if method not in METHODS:
-        raise OptionError(f"method is {method!r}; pass one of {METHODS}.")
     given = dict(
-        precision=None if precision == "fp32" else precision,
+        precision=precision,
         max_n_logits=max_n_logits,
         desired_logit_prob=desired_logit_prob,
         targets=targets,
-        progress=progress or None,
+        progress=progress,
         tau=tau,
         max_feature_nodes=max_feature_nodes,
     )
-    wrong = sorted(k for k, v in given.items() if v is not None and k not in _OPTIONS[method])
-    if wrong:
-        takers = {k: " or ".join(repr(m) for m in METHODS if k in _OPTIONS[m]) for k in wrong}
-        raise OptionError(
-            f"method={method!r} does not take {', '.join(wrong)} "
-            f"({'; '.join(f'{k} is for method={m}' for k, m in takers.items())}); leave it out or change method."
-        )
+    check_method(method, given)
     common = dict(exclude_bos=exclude_bos, embedding=embedding, backend=backend, batch_size=batch_size)
     logits = dict(
         max_n_logits=MAX_N_LOGITS if max_n_logits is None else max_n_logits,
@@ -285,8 +271,6 @@ def attribute(
         common["batch_size"] = CPU_ROWS if batch_size is None else batch_size
         return attribute_hierarchical(model, transcoders, prompt, tau=tau or 0.0, root=root, **common)
     if method == "adaptive":
-        if max_feature_nodes is None:
-            raise OptionError("method='adaptive' needs max_feature_nodes, the most features to explore.")
         return attribute_adaptive(
             model, transcoders, prompt, max_feature_nodes=max_feature_nodes, **logits, **common
         )
