@@ -46,6 +46,33 @@ def check_device(device):
     return dev
 
 
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+}
+"""The dtype names the loaders take besides torch dtypes: TransformerLens's (`DTYPE_FROM_STRING`) and float64."""
+
+
+def check_dtype(dtype):
+    """`dtype` (a floating torch dtype, or a name of `DTYPE_NAMES`, with or without `torch.`) as a
+    torch dtype; `ConfigError` (one sentence) for anything else."""
+    import torch
+
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPE_NAMES:
+        return getattr(torch, DTYPE_NAMES[dtype.removeprefix("torch.")])
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise ConfigError(
+        f"dtype {dtype!r} is not a floating-point torch dtype; pass torch.float32 (or 'float32', 'bfloat16', "
+        "'float16', 'float64')."
+    )
+
+
 @dataclass(frozen=True)
 class TranscoderConfig:
     kind: str

@@ -41,6 +41,7 @@ from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
 from attrgraph.graph.fingerprint import fingerprint
+from attrgraph.graph.graph import check_graph
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -238,6 +239,7 @@ def head_loadings(
     (target node, source node) pairs, default the `top` strongest edges by |value| among feature
     and logit targets. Runs one forward per batch of `batch_size` distinct sources and one backward
     per batch of distinct targets; holds `model_lock(model)` while it does."""
+    check_graph(graph, "head_loadings")
     # another thread's sweep swaps `block.mlp` under this lock: read the model (and its fingerprint)
     # only while holding it
     with model_lock(model if not isinstance(transcoders, ReplacementModel) else transcoders.model):
@@ -247,6 +249,8 @@ def head_loadings(
         _check_graph(rm, graph)
     if batch_size < 1:
         raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
+    if edges is None and top < 0:
+        raise OptionError(f"top is {top}; pass 0 or more edges to explain.")
     edges = _pick_edges(graph, top) if edges is None else np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     n_nodes = len(graph.nodes.kind)
     if len(edges) and (edges.min() < 0 or edges.max() >= n_nodes):

@@ -37,6 +37,8 @@ Patching" and "Details of Interventions".
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -145,17 +147,23 @@ class PatchedRun(NamedTuple):
 
 # ---------------------------------------------------------------------------------- edits
 def _op(value) -> tuple[str, float]:
-    if isinstance(value, SetTo):
-        return "set", float(value.value)
-    if isinstance(value, Scale):
-        return "scale", float(value.factor)
-    if isinstance(value, Add):
-        return "add", float(value.delta)
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-        return "set", float(value)
-    raise InterventionError(
-        f"intervention value {value!r} is not a number, SetTo, Scale or Add; pass one of them."
-    )
+    op, v = {SetTo: "set", Scale: "scale", Add: "add"}.get(type(value), "set"), value
+    if isinstance(value, SetTo | Scale | Add):
+        v = value[0]
+    try:  # a number: Python's, numpy's or a one-element tensor
+        if isinstance(v, bool | str | bytes):
+            raise TypeError
+        v = float(v)
+    except (TypeError, ValueError, RuntimeError):
+        raise InterventionError(
+            f"intervention value {value!r} is not a number, SetTo, Scale or Add; pass one of them."
+        ) from None
+    if not math.isfinite(v):
+        raise InterventionError(
+            f"intervention value {value!r} is not finite; it would make every later activation NaN. "
+            "Pass a finite number."
+        )
+    return op, v
 
 
 def _members(key) -> list[NodeKey]:
@@ -179,6 +187,11 @@ def resolve_edits(
 ) -> list[Edit]:
     """The edits of an `interventions` mapping (module docstring, step 2), checked against the sizes
     (`d_attn`: features per layer of the attention set, None without one)."""
+    if not isinstance(interventions, Mapping):
+        raise InterventionError(
+            f"interventions is a {type(interventions).__name__}; pass a dict from nodes to values, such as "
+            "{(layer, position, feature): 0.0} ({} for none)."
+        )
     edits = []
     for key, value in interventions.items():
         op, v = _op(value)
@@ -471,8 +484,10 @@ def generate(
     Returns the prompt and the new tokens."""
     if n_tokens < 0:
         raise InterventionError(f"n_tokens is {n_tokens}; pass 0 or more.")
-    if temperature < 0:
-        raise InterventionError(f"temperature is {temperature}; pass 0 (greedy) or more.")
+    if not temperature >= 0 or temperature == math.inf:  # NaN too
+        raise InterventionError(f"temperature is {temperature}; pass 0 (greedy) or a finite number above it.")
+    if hold is not None and hold < 0:
+        raise InterventionError(f"hold is {hold}; pass 0 or more new tokens to hold the intervention for.")
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
     hold = n_tokens if hold is None else hold

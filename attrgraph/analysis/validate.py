@@ -49,7 +49,7 @@ from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.errors import ValidationError
 from attrgraph.graph.fingerprint import fingerprint
-from attrgraph.graph.graph import Graph
+from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.prune import normalize_matrix
 from transcoders.block_layout import BlockLayout
 
@@ -82,6 +82,16 @@ class ValidateConfig:
         if self.max_features < 1 or self.n_perturbations < 0 or self.batch_size < 1:
             raise ValidationError(
                 "max_features and batch_size must be >= 1 and n_perturbations >= 0; fix the config."
+            )
+        bad = [w for w in (*self.windows, self.ff_window) if w < 0]
+        if not self.windows or bad:
+            raise ValidationError(
+                f"windows {self.windows} and ff_window {self.ff_window} must be layer counts of 0 or more "
+                "(at least one window; 99 reaches the last layer); fix the config."
+            )
+        if not (math.isfinite(self.delta) and self.delta > 0):
+            raise ValidationError(
+                f"delta is {self.delta}; pass the perturbation's size, a finite number above 0 (the appendix uses 0.1)."
             )
 
 
@@ -323,6 +333,7 @@ def validate_graph(
 ) -> dict:
     """All three evaluations of one graph (module docstring); keys starting with `_` hold plot data.
     `progress=True` shows a tqdm bar on stderr counting the ablations and perturbations."""
+    check_graph(graph, "validate_graph")
     cfg = cfg or ValidateConfig()
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     fp = graph.meta.get("transcoder_fingerprint")

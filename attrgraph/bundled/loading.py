@@ -31,9 +31,10 @@ REBUILT_BUFFERS = (".mask", ".IGNORE", "rotary_sin", "rotary_cos")
 def load_model(
     name_or_path: str | os.PathLike = "default",
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
 ):
-    """Return a `HookedTransformer` with its tokenizer.
+    """Return a `HookedTransformer` with its tokenizer. `dtype`: a floating torch dtype or its
+    name, as TransformerLens takes it ("float32", "bfloat16", "bf16", ...).
 
     name_or_path: "default" (the bundled model, offline), a local model folder
         (see the module docstring), or a TransformerLens model name such as "gpt2"
@@ -41,9 +42,10 @@ def load_model(
     """
     from transformer_lens import HookedTransformer
 
-    from transcoders.config import check_device
+    from transcoders.config import check_device, check_dtype
 
     check_device(device)  # a device this machine lacks: one sentence, before anything loads
+    dtype = check_dtype(dtype)
 
     key = str(name_or_path)
     folder = BUNDLED.get(key, Path(key))

@@ -43,6 +43,7 @@ are inferred as `value_u - sum_s A[u, s]`, and then the identity holds by constr
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -62,7 +63,7 @@ from attrgraph.engine.sources import (
     target_values,
 )
 from attrgraph.engine.targets import Target, select_logit_targets
-from attrgraph.errors import GraphError, TargetError
+from attrgraph.errors import GraphError, OptionError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import NodeKey
@@ -296,6 +297,10 @@ def attribute_hierarchical(
     active on the prompt (an attention feature as `NodeKey("feature", layer, position, feature,
     "attn")`; `transcoders` may be `[mlp_set, attn_set]`). `backend` picks the rows engine as in `attribute` ("auto", "linear",
     "autograd")."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or math.isnan(tau):
+        raise OptionError(
+            f"tau is {tau!r}; pass a number (0 detaches what pushes the root down, -inf nothing)."
+        )
     checked = [root] if isinstance(root, Target) else None
     run = run_prompt(
         model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding, targets=checked

@@ -56,7 +56,7 @@ def transcoder_sets(model: HookedTransformer, sets) -> TranscoderSets:
     else:
         mlp, attn = sets, None
     for name, tc in (("MLP", mlp), ("attention", attn)):
-        if tc is not None and not hasattr(tc, "cfg"):
+        if (tc is not None or name == "MLP") and not hasattr(tc, "cfg"):
             raise TranscoderMismatchError(
                 f"the {name} set is a {type(tc).__name__}, not a transcoder set; load one with load_transcoders."
             )

@@ -232,7 +232,7 @@ def to_tokens(
         _check_known_words(model.tokenizer, prompt, tokens, strict)
         _check_special_tokens(model.tokenizer, prompt, tokens, strict)
     else:
-        tokens = torch.as_tensor(np.asarray(prompt), dtype=torch.long, device=model.cfg.device).flatten()
+        tokens = _token_ids(prompt).to(model.cfg.device)
     if tokens.numel() == 0:
         raise PromptError("prompt has 0 tokens; pass at least one.")
     n_ctx = model.cfg.n_ctx
@@ -257,6 +257,35 @@ def to_tokens(
             f"prompt has token ids outside [0, {model.cfg.d_vocab}); pass ids of this model's vocabulary."
         )
     return tokens
+
+
+def _token_ids(prompt) -> Int[Tensor, " n_pos"]:
+    """A prompt given as ids (a list, array or tensor of integers: one sequence, or a batch of one
+    as `model.to_tokens` returns it) as a flat long tensor; `PromptError` for anything else."""
+    if isinstance(prompt, Tensor):
+        ids = prompt.detach().cpu()
+    elif isinstance(prompt, list | tuple | range | np.ndarray):
+        try:
+            ids = torch.as_tensor(np.asarray(prompt), device="cpu")  # not the default device
+        except (TypeError, ValueError):  # strings, ragged lists, objects
+            ids = None
+    else:
+        ids = None
+    if ids is not None and ids.numel() == 0:
+        return torch.zeros(0, dtype=torch.long, device="cpu")  # to_tokens: "prompt has 0 tokens"
+    if ids is None or ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        what = type(prompt).__name__
+        if isinstance(prompt, list | tuple | range | np.ndarray | Tensor):
+            what += " of " + (str(ids.dtype).removeprefix("torch.") if ids is not None else "non-integers")
+        raise PromptError(
+            f"prompt has type {what}; pass text (a str) or token ids (integers: a list, array or tensor)."
+        )
+    if ids.ndim > 1 and ids.numel() > 0 and ids.shape[:-1].numel() != 1:
+        raise PromptError(
+            f"prompt ids have shape {tuple(ids.shape)}, {ids.shape[:-1].numel()} sequences; a graph is "
+            "one prompt's: pass one sequence of ids (or a batch of one)."
+        )
+    return ids.to(torch.long).flatten()
 
 
 def check_prompt_text(prompt: str) -> None:

@@ -108,6 +108,11 @@ def logit_difference(
 ) -> Target:
     """Target `logit_a - logit_b` at `position` (e.g. " Mary" minus " John")."""
     a, b = _token_id(model, token_a), _token_id(model, token_b)
+    if a == b:
+        raise TargetError(
+            f"logit_difference of {token_a!r} and {token_b!r} (both token {a}) is 0 whatever the input; "
+            "pass two different tokens."
+        )
     vec = torch.zeros(model.cfg.d_vocab_out, dtype=model.cfg.dtype, device=model.cfg.device)
     vec[a] += 1.0
     vec[b] -= 1.0
@@ -160,6 +165,13 @@ def check_targets(targets: list[Target], model: HookedTransformer, n_pos: int) -
         if t.vector.shape != (size,):
             raise TargetError(
                 f"target {t.name!r} has a vector of shape {tuple(t.vector.shape)}; it must be ({size},)."
+            )
+        if not bool(torch.isfinite(t.vector).all()):
+            raise TargetError(f"target {t.name!r} has NaN or inf in its vector; pass a finite direction.")
+        if not bool(t.vector.any()):
+            raise TargetError(
+                f"target {t.name!r} has a vector of zeros, so every edge into it would be 0; pass a "
+                "nonzero direction."
             )
 
 

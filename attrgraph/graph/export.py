@@ -13,11 +13,12 @@ from dataclasses import fields
 import networkx as nx
 import numpy as np
 
-from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.graph import Graph, Nodes, check_graph
 
 
 def to_networkx(graph: Graph) -> nx.DiGraph:
     """A DiGraph with node and edge attributes; edges point from source to target."""
+    check_graph(graph, "to_networkx")
     G = nx.DiGraph()
     G.graph.update(
         prompt_tokens=list(graph.prompt_tokens),

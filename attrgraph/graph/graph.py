@@ -121,6 +121,17 @@ class Nodes:
         return Nodes(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Nodes)})
 
 
+def check_graph(graph, who: str) -> None:
+    """`GraphError` naming `who` (a public function) unless `graph` is a `Graph`: a path or a
+    graph's name passed where the graph itself goes is the likely mistake, and says how to load it."""
+    if isinstance(graph, Graph):
+        return
+    hint = ""
+    if isinstance(graph, str | bytes) or hasattr(graph, "__fspath__"):
+        hint = f" ({graph!r} looks like a path or a name: load the graph with load_graph(path, name))"
+    raise GraphError(f"{who} takes a Graph, got a {type(graph).__name__}{hint}.")
+
+
 @dataclass
 class Graph:
     """An attribution graph: node table, signed adjacency (rows = targets), prompt and logits."""

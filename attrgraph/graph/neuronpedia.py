@@ -79,7 +79,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from attrgraph.errors import ExportError, GraphError, GraphFileError
-from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes
+from attrgraph.graph.graph import NODE_ORDER, Graph, Nodes, check_graph
 from attrgraph.graph.neuronpedia_features import (
     ATTN_INDEX_OFFSET,
     dashboard_labels,
@@ -214,6 +214,7 @@ def graph_to_json(
     `node_threshold`: the viewer's pruning default (metadata.node_threshold); `auto_labels`:
     clerps below supernode names (step 3); `feature_url`: where the export folder will be served
     (metadata.feature_details, step 4)."""
+    check_graph(graph, "graph_to_json")
     _check_slug(slug)
     share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
     graph, share = linked(graph, share)
@@ -379,6 +380,7 @@ def export_json(
     (neuronpedia_features.py), `attn_dashboards` (default: those of its attention set) its
     attention features'; `feature_url` is the URL the folder will be served from, for Neuronpedia
     (metadata.feature_details)."""
+    check_graph(graph, "export_json")
     out = Path(out_dir)
     check_output_folder(out, ExportError)
     _check_slug(slug)

@@ -48,7 +48,7 @@ from jaxtyping import Float
 from scipy.sparse.linalg import spsolve_triangular
 
 from attrgraph.errors import GraphError
-from attrgraph.graph.graph import Graph
+from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
 
 RULES: tuple[str, ...] = ("circuit-tracer", "appendix")
@@ -157,6 +157,7 @@ def prune_graph(
     `influence`: step 2 on `graph` when already computed on this very adjacency (a graph fresh
     from `attribute` carries it as `graph.nodes.influence`, float64), which saves one streamed pass
     over the full graph; by default that pass computes it. A graph already pruned is refused."""
+    check_graph(graph, "prune_graph")
     check_rule(rule)
     _check_thresholds(node_threshold, edge_threshold)
     check_unpruned(graph)

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from jaxtyping import Float
 
-from attrgraph.graph.graph import Graph
+from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
 
 
@@ -41,6 +41,7 @@ class GraphScores(NamedTuple):
 def compute_graph_scores(graph: Graph) -> GraphScores:
     """Replacement and completeness scores of `graph` (module docstring, steps 1-3), from one
     streamed pass over its rows (streamed_influence.logit_influence: no copy of the adjacency)."""
+    check_graph(graph, "compute_graph_scores")
     w = graph.logit_weights()
     kind = graph.nodes.kind
     pass_ = logit_influence(graph.adjacency, w, kind == "error")

@@ -58,7 +58,7 @@ import scipy.sparse as sp
 from tqdm import tqdm
 
 from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
-from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes
+from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes, check_graph
 from attrgraph.graph.scores import GraphScores, compute_graph_scores
 from transcoders import h5file
 from transcoders.h5file import remove_stale_temporaries as remove_stale_temporaries
@@ -257,6 +257,7 @@ def save_graphs(
     for name in graphs:
         check_name(name)
     for graph in graphs.values():
+        check_graph(graph, "save_graph")
         graph.validate()
     path = Path(path)
     check_output(path)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from transcoders.config import check_device, check_dtype
 from transcoders.errors import (
     CorruptTranscoderError,
     NonFiniteError,
@@ -75,14 +76,19 @@ def load_transcoders(
     name_or_path,
     format: str | None = None,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     **kwargs,
 ):
     """Return a transcoder set (`SAE`, `PerLayerTranscoder` or `CrossLayerTranscoder`); see the module docstring.
 
+    `dtype` is a floating torch dtype or its name as TransformerLens takes it ("float32", "bf16", ...:
+    `transcoders.config.check_dtype`); `device` one this machine has (`check_device`).
+
     Extra keyword arguments go to the format's reader (e.g. `input_hook=` for GemmaScope). The set is
     in eval mode (BatchTopK applies its per-token threshold; `.train()` switches to the batch rule).
     """
+    check_device(device)  # a device or dtype this machine cannot use: one sentence, before anything loads
+    dtype = check_dtype(dtype)
     tc = _load(name_or_path, format, device, dtype, **kwargs).eval()
     check_finite(tc, name_or_path)
     return tc

@@ -1,0 +1,229 @@
+"""Bad input, round 5 (docs/bad_inputs.md, "Round 5: the Python API"): what a researcher passes
+from Python by mistake. Each is one named exception of the package with one sentence, raised before
+any work, where it gave a foreign exception (TypeError, AttributeError, AssertionError, torch's
+RuntimeError) or, worse, ran: a graph of a prompt that was not meant, NaN activations, a zero target.
+The sentences are the spec; the cases that must keep working are beside them."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformer_lens.HookedTransformer import DTYPE_FROM_STRING
+
+from attrgraph.analysis.head_loadings import head_loadings
+from attrgraph.analysis.intervene import Add, Scale, SetTo, generate, intervene
+from attrgraph.analysis.validate import ValidateConfig, validate_graph
+from attrgraph.engine.attribute import attribute
+from attrgraph.engine.hierarchical import attribute_hierarchical
+from attrgraph.engine.sources import to_tokens
+from attrgraph.engine.targets import direction, logit_difference
+from attrgraph.errors import (
+    GraphError,
+    InterventionError,
+    OptionError,
+    PromptError,
+    TargetError,
+    UnsupportedModelError,
+    ValidationError,
+)
+from attrgraph.graph.export import to_networkx
+from attrgraph.graph.neuronpedia import export_json, graph_to_json
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.scores import compute_graph_scores
+from attrgraph.graph.store import save_graph
+from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
+from transcoders.config import check_dtype
+from transcoders.errors import ConfigError, TranscoderMismatchError
+from transcoders.formats import load_transcoders, save_transcoders
+
+TOKENS = [0, 5, 9, 3, 17]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = tiny_model("gpt2")
+    return model, tiny_transcoders(model)
+
+
+@pytest.mark.parametrize(
+    "prompt,said",
+    [
+        (123, "prompt has type int; pass text (a str) or token ids"),
+        (None, "prompt has type NoneType"),
+        (3.5, "prompt has type float"),
+        (b"ab", "prompt has type bytes"),
+        (["a", "b"], "prompt has type list of non-integers"),
+        ([[1, 2], [3]], "prompt has type list of non-integers"),
+        ([True, False], "prompt has type list of bool"),
+        (torch.tensor([1.0, 2.0]), "prompt has type Tensor of float32"),
+        (np.array([1.5, 2.0]), "prompt has type ndarray of float64"),
+        (
+            torch.tensor([[1, 2], [3, 4]]),
+            "prompt ids have shape (2, 2), 2 sequences; a graph is one prompt's",
+        ),
+        ([], "prompt has 0 tokens; pass at least one."),
+    ],
+)
+def test_a_prompt_that_is_neither_text_nor_one_sequence_of_ids_is_a_prompt_error(tiny, prompt, said):
+    """Before: 123 was taken for one token id and built its graph, a float tensor's ids were cut to
+    integers, a batch of two prompts became one prompt of their concatenation, and None, a list of
+    words or a ragged list were torch TypeErrors."""
+    model, tc = tiny
+    with pytest.raises(PromptError) as e:
+        to_tokens(model, prompt)
+    assert said in str(e.value)
+    with pytest.raises(PromptError):
+        attribute(model, tc, prompt)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [TOKENS, tuple(TOKENS), np.array(TOKENS, np.int32), torch.tensor(TOKENS), torch.tensor([TOKENS])],
+    ids=["list", "tuple", "int32 array", "tensor", "batch of one"],
+)
+def test_ids_in_any_integer_container_are_the_same_prompt(tiny, prompt):
+    assert to_tokens(tiny[0], prompt).tolist() == TOKENS
+
+
+def test_what_is_not_a_model_or_a_transcoder_set_is_said(tiny):
+    """Before: `'str' object has no attribute 'cfg'` (AttributeError) for both."""
+    model, tc = tiny
+    with pytest.raises(UnsupportedModelError, match=r"^the model is a str, not a TransformerLens "):
+        attribute("default", tc, TOKENS)
+    with pytest.raises(TranscoderMismatchError, match=r"^the MLP set is a NoneType, not a transcoder set"):
+        attribute(model, None, TOKENS)
+
+
+def test_a_zero_or_non_finite_target_is_refused(tiny):
+    """Before: a logit difference of a token with itself, and a direction of zeros, built a graph
+    whose every edge into the target is 0; a NaN direction built NaN rows."""
+    model, tc = tiny
+    with pytest.raises(TargetError, match=r"logit_difference of 3 and 3 \(both token 3\) is 0 whatever"):
+        logit_difference(model, 3, 3)
+    zero = direction("blocks.1.hook_resid_post", 2, torch.zeros(model.cfg.d_model, dtype=torch.float64))
+    with pytest.raises(TargetError, match=r"has a vector of zeros, so every edge into it would be 0"):
+        attribute(model, tc, TOKENS, targets=[zero])
+    nan = torch.ones(model.cfg.d_model, dtype=torch.float64)
+    nan[3] = math.nan
+    with pytest.raises(TargetError, match=r"has NaN or inf in its vector; pass a finite direction"):
+        attribute(model, tc, TOKENS, targets=[direction("blocks.1.hook_resid_post", 2, nan)])
+    graph = attribute(model, tc, TOKENS, targets=[logit_difference(model, 3, 4)])  # still works
+    assert graph.nodes.kind[-1] == "logit"
+
+
+def test_options_of_the_python_methods_that_make_no_sense(tiny):
+    model, tc = tiny
+    with pytest.raises(OptionError, match=r"^batch_size is 2\.5; pass a whole number, at least 1\.$"):
+        attribute(model, tc, TOKENS, batch_size=2.5)
+    with pytest.raises(OptionError, match=r"^tau is nan; pass a number"):  # before: everything detached
+        attribute_hierarchical(model, tc, TOKENS, tau=math.nan)
+    with pytest.raises(OptionError, match=r"^method='standard' does not take tau \(tau is for method="):
+        attribute(model, tc, TOKENS, tau=0.1)
+    with pytest.raises(OptionError, match=r"^method='adaptive' needs max_feature_nodes"):
+        attribute(model, tc, TOKENS, method="adaptive")
+    # a negative tau stays a choice (the seed's theorem: -inf detaches nothing), as does fp32
+    assert attribute_hierarchical(model, tc, TOKENS, tau=-math.inf).meta["tau"] == -math.inf
+    attribute(model, tc, TOKENS, method="hierarchical", precision="fp32", tau=0.0)
+
+
+@pytest.mark.parametrize(
+    "value,said",
+    [
+        (math.nan, "intervention value nan is not finite"),
+        (SetTo(math.inf), "intervention value SetTo(value=inf) is not finite"),
+        (Scale(math.inf), "intervention value Scale(factor=inf) is not finite"),
+        (Add(-math.inf), "intervention value Add(delta=-inf) is not finite"),
+        (SetTo("1"), "intervention value SetTo(value='1') is not a number, SetTo, Scale or Add"),
+        (torch.tensor([1.0, 2.0]), "is not a number, SetTo, Scale or Add"),
+    ],
+)
+def test_an_intervention_value_that_is_not_a_finite_number_is_refused(tiny, value, said):
+    """Before: NaN and inf ran, and every activation and logit after the edit came out NaN."""
+    model, tc = tiny
+    with pytest.raises(InterventionError) as e:
+        intervene(model, tc, TOKENS, {(0, 2, 1): value})
+    assert said in str(e.value)
+
+
+def test_interventions_that_are_no_mapping_and_generate_options(tiny):
+    model, tc = tiny
+    with pytest.raises(
+        InterventionError, match=r"^interventions is a list; pass a dict from nodes to values"
+    ):
+        intervene(model, tc, TOKENS, [])  # before: AttributeError, 'list' object has no attribute 'items'
+    with pytest.raises(InterventionError, match=r"^hold is -1; pass 0 or more"):  # before: ran
+        generate(model, tc, TOKENS, {}, n_tokens=2, hold=-1)
+    with pytest.raises(InterventionError, match=r"^temperature is nan; pass 0 \(greedy\) or a finite"):
+        generate(model, tc, TOKENS, {}, n_tokens=2, temperature=math.nan)  # before: torch RuntimeError
+    # a one-element tensor is a number, as float() reads it; the two ways give one output
+    as_tensor = intervene(model, tc, TOKENS, {(0, 2, 1): torch.tensor(0.0)}).logits
+    assert torch.equal(as_tensor, intervene(model, tc, TOKENS, {(0, 2, 1): 0.0}).logits)
+
+
+@pytest.mark.parametrize(
+    "options,said",
+    [
+        (dict(delta=math.nan), "delta is nan; pass the perturbation's size, a finite number above 0"),
+        (dict(delta=0.0), "delta is 0.0"),
+        (dict(windows=(-1,)), "windows (-1,) and ff_window 2 must be layer counts of 0 or more"),
+        (dict(windows=()), "(at least one window"),
+        (dict(ff_window=-2), "ff_window -2 must be"),
+    ],
+)
+def test_validate_config_values_that_make_no_sense(options, said):
+    """Before: a NaN delta validated to NaN correlations; a negative window was refused as a patch
+    range `layers=(0, -1)` the user never wrote; no window gave a report without ablations."""
+    with pytest.raises(ValidationError) as e:
+        ValidateConfig(**options)
+    assert said in str(e.value)
+
+
+def test_a_graph_argument_that_is_not_a_graph_names_the_function(tiny, tmp_path):
+    """Before: AttributeErrors (`'str' object has no attribute 'meta'`, `... 'validate'`, ...)."""
+    model, tc = tiny
+    calls = {
+        "prune_graph": lambda g: prune_graph(g),
+        "save_graph": lambda g: save_graph(g, tmp_path / "g.h5"),
+        "compute_graph_scores": compute_graph_scores,
+        "to_networkx": to_networkx,
+        "graph_to_json": graph_to_json,
+        "export_json": lambda g: export_json(g, tmp_path / "json"),
+        "validate_graph": lambda g: validate_graph(model, tc, g),
+        "head_loadings": lambda g: head_loadings(model, tc, g),
+    }
+    for who, call in calls.items():
+        with pytest.raises(GraphError, match=rf"^{who} takes a Graph, got a str \('g\.h5' looks like a path"):
+            call("g.h5")
+    with pytest.raises(GraphError, match=r"^prune_graph takes a Graph, got a dict\.$"):
+        prune_graph({})
+    assert not (tmp_path / "g.h5").exists() and not (tmp_path / "json").exists()
+    compute_graph_scores(random_graph(0))  # a Graph still passes
+
+
+def test_head_loadings_top_below_zero(tiny):
+    model, tc = tiny
+    graph = attribute(model, tc, TOKENS)
+    with pytest.raises(OptionError, match=r"^top is -1; pass 0 or more edges"):  # before: all but one
+        head_loadings(model, tc, graph, top=-1)
+
+
+def test_loaders_take_dtype_names_as_transformer_lens_does_and_refuse_devices_this_machine_lacks(
+    tiny, tmp_path
+):
+    """Before: `load_transcoders(device="cuda")` on a CPU-only torch was an AssertionError ("Torch not
+    compiled with CUDA enabled"), `device="bogus"` torch's RuntimeError, and `dtype="float16"` a
+    TypeError in both loaders, though TransformerLens takes these names."""
+    for name, dtype in DTYPE_FROM_STRING.items():  # the oracle: TransformerLens's own table
+        assert check_dtype(name) is dtype and check_dtype("torch." + name) is dtype
+    assert check_dtype(torch.float64) is torch.float64
+    for bad in ("int8", "half", torch.int64, None, 32):
+        with pytest.raises(ConfigError, match=r"is not a floating-point torch dtype; pass torch\.float32"):
+            check_dtype(bad)
+    save_transcoders(tiny[1], tmp_path / "tc")
+    assert load_transcoders(tmp_path / "tc", dtype="bf16").W_enc.dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match=r"^device 'bogus' is not a torch device"):
+        load_transcoders(tmp_path / "tc", device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^device 'cuda' was asked for, but CUDA is not available"):
+            load_transcoders(tmp_path / "tc", device="cuda")
