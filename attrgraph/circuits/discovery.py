@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -52,12 +53,9 @@ def check_discovery(
     (`OptionError`), a sparsity or kept fraction outside (0, 1) (`SparsityError`), a schema for
     another method or task than PEAP on IOI (`OptionError`) or a schema file that is not there
     (`SchemaError`); one line each."""
-    if task not in TASKS:
-        raise CircuitMethodError(f"task {task!r} is unknown; use one of {', '.join(TASKS)}.")
+    _check_task(task, n)
     if method not in METHODS:
         raise CircuitMethodError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}.")
-    if n < 1:
-        raise OptionError(f"n (--n) is {n}; pass at least 1 example (as many again are made to evaluate).")
     if method in ("eap", "eap-ig", "peap") and edges < 1:
         raise OptionError(f"edges (--edges) is {edges}; pass the circuit's size, at least 1 edge.")
     if method in ("ep", "hap"):
@@ -73,10 +71,18 @@ def check_discovery(
             raise SchemaError(f"schema file {schema_path} does not exist or is not a file.")
 
 
+def _check_task(task: str, n: int) -> None:
+    if task not in TASKS:
+        raise CircuitMethodError(f"task {task!r} is unknown; use one of {', '.join(TASKS)}.")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise OptionError(f"n (--n) is {n!r}; pass at least 1 example (as many again are made to evaluate).")
+
+
 def task_data(model: HookedTransformer, task: str, n: int, seed: int = 0):
     """(discovery pairs, evaluation pairs, discovery examples, evaluation examples) for 'ioi' or 'greater-than'."""
     from attrgraph.bundled.tasks import greater_than_pairs, ioi_pairs
 
+    _check_task(task, n)  # any other name was taken for greater-than
     make = ioi_pairs if task == "ioi" else greater_than_pairs
     train, test = make(n, seed=seed), make(n, seed=seed + 1)
     return task_pairs(model, train), task_pairs(model, test), train, test

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.errors import UnsupportedModelError
 from transcoders.block_layout import BlockLayout
 
@@ -58,6 +59,7 @@ class ComponentGraph:
 
     @classmethod
     def from_model(cls, model: HookedTransformer) -> ComponentGraph:
+        check_model(model)
         cfg = model.cfg
         why = BlockLayout.of(cfg).unsupported("circuits")
         if why is not None:

@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.engine.finite import check_state
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.sets import transcoder_sets
@@ -142,11 +143,7 @@ class ReplacementModel:
     and optionally an SAE set replacing its attention outputs (`[mlp_set, attn_set]`, sets.py)."""
 
     def __init__(self, model, transcoders):
-        if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
-            raise UnsupportedModelError(
-                f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; load one "
-                "with attrgraph.load_model('default') (or a folder, or a TransformerLens name)."
-            )
+        check_model(model)
         sets = transcoder_sets(model, transcoders)
         transcoders = sets.mlp
         sites.check_fits(model, transcoders)
