@@ -7,6 +7,7 @@ import torch
 from transcoders.base import SparseCoder
 from transcoders.clt import CrossLayerTranscoder
 from transcoders.config import TranscoderConfig
+from transcoders.errors import ConfigError
 from transcoders.plt import PerLayerTranscoder
 from transcoders.sae import SAE
 
@@ -15,6 +16,11 @@ CLASSES: dict[str, type[SparseCoder]] = {"sae": SAE, "plt": PerLayerTranscoder, 
 
 def build_transcoders(cfg: TranscoderConfig) -> SparseCoder:
     """An untrained (zero) set of the class `cfg.kind` names; call `.init_weights()` to initialize."""
+    if not isinstance(cfg, TranscoderConfig):
+        raise ConfigError(
+            f"cfg is a {type(cfg).__name__}, not a TranscoderConfig; pass TranscoderConfig(**fields) "
+            "(or TranscoderConfig.from_dict(d) for a saved config)."
+        )
     return CLASSES[cfg.kind](cfg)
 
 

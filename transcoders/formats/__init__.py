@@ -27,6 +27,7 @@ import torch
 
 from transcoders.config import check_device, check_dtype
 from transcoders.errors import (
+    ConfigError,
     CorruptTranscoderError,
     NonFiniteError,
     StaleLayersError,
@@ -36,6 +37,7 @@ from transcoders.errors import (
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
 from transcoders.formats.native import broken_json, is_native, load_native, save_native
+from transcoders.output_folder import check_output_folder
 from transcoders.paths import BUNDLED
 
 if TYPE_CHECKING:
@@ -141,8 +143,17 @@ def _load(name_or_path, format, device, dtype, **kwargs):
 
 def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "native") -> Path:
     """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens" or "gemmascope")."""
+    from transcoders.base import SparseCoder
     from transcoders.formats.sae_lens import save_sae_lens
 
+    if not isinstance(tc, SparseCoder):
+        raise ConfigError(
+            f"the set to save is a {type(tc).__name__}, not a transcoder set (SAE, PerLayerTranscoder or "
+            "CrossLayerTranscoder); pass one, as load_transcoders or build_transcoders returns it."
+        )
+    if format not in WRITE_FORMATS:
+        raise UnknownFormatError(f"format {format!r} is not one of {WRITE_FORMATS}; pick one of them.")
+    check_output_folder(path, ConfigError)  # a file there, or no write permission: before writing
     _check_no_stale_layers(Path(path), tc.cfg.n_layers)
     if format == "native":
         return save_native(tc, path)
@@ -150,10 +161,8 @@ def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "na
         return save_circuit_tracer(tc, path)
     if format == "sae-lens":
         return save_sae_lens(tc, path)
-    if format == "gemmascope":
-        save_gemmascope(tc, path)
-        return Path(path)
-    raise UnknownFormatError(f"format {format!r} is not one of {WRITE_FORMATS}; pick one of them.")
+    save_gemmascope(tc, path)
+    return Path(path)
 
 
 _LAYER_FILE = re.compile(r"(?:layer_|W_enc_|W_dec_)(\d+)(?:\.\w+)?")
