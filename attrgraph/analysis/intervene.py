@@ -147,9 +147,14 @@ class PatchedRun(NamedTuple):
 
 # ---------------------------------------------------------------------------------- edits
 def _op(value) -> tuple[str, float]:
-    op, v = {SetTo: "set", Scale: "scale", Add: "add"}.get(type(value), "set"), value
-    if isinstance(value, SetTo | Scale | Add):
-        v = value[0]
+    if isinstance(value, SetTo):
+        op, v = "set", value.value
+    elif isinstance(value, Scale):
+        op, v = "scale", value.factor
+    elif isinstance(value, Add):
+        op, v = "add", value.delta
+    else:
+        op, v = "set", value
     try:  # a number: Python's, numpy's or a one-element tensor
         if isinstance(v, bool | str | bytes):
             raise TypeError

@@ -175,6 +175,8 @@ def suggest_supernodes(
     themselves: they sit in a block of their own)."""
     if not 0.0 < threshold <= 1.0:
         raise SupernodeError(f"threshold is {threshold}; pass a cosine similarity in (0, 1].")
+    if min_size < 1:
+        raise SupernodeError(f"min_size is {min_size}; pass the fewest members of a group, 1 or more.")
     feats = np.flatnonzero(graph.nodes.mask("feature"))
     if by == "edges":
         An = _input_normalized(graph.adjacency)

@@ -20,7 +20,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from attrgraph.graph.graph import Graph
+from attrgraph.errors import OptionError
+from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.supernodes import Supernode
 from attrgraph.viewer.dashboards import find_dashboards
 from attrgraph.viewer.payload import graph_payload
@@ -85,6 +86,9 @@ def show(
     """The viewer for `graph` in a notebook (module docstring). `dashboards`: a dashboards file,
     a transcoder folder or a bundled set name, when the graph's own cannot be found;
     `attn_dashboards`: the same for its attention features."""
+    check_graph(graph, "show")
+    if isinstance(height, bool) or not isinstance(height, int) or height < 1:
+        raise OptionError(f"height is {height!r}; pass the view's height in pixels, such as 640.")
     source = find_dashboards(graph.meta, dashboards)
     attn = None if attn_dashboards is None else find_dashboards(graph.meta, attn_dashboards, "attn")
     payload = graph_payload(graph, name, supernodes, source, attn)
