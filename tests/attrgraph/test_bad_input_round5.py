@@ -227,3 +227,57 @@ def test_loaders_take_dtype_names_as_transformer_lens_does_and_refuse_devices_th
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"^device 'cuda' was asked for, but CUDA is not available"):
             load_transcoders(tmp_path / "tc", device="cuda")
+
+
+def test_an_unknown_task_is_refused_not_taken_for_greater_than(tiny):
+    """Before: `task_data(model, "xyz", n)` built greater-than pairs; n = 0 was an IndexError."""
+    from attrgraph.circuits import task_data
+    from attrgraph.errors import CircuitMethodError
+
+    with pytest.raises(CircuitMethodError, match=r"^task 'xyz' is unknown; use one of ioi, greater-than\.$"):
+        task_data(tiny[0], "xyz", 4)
+    for n in (0, "5"):
+        with pytest.raises(OptionError, match=r"^n \(--n\) is .*; pass at least 1 example"):
+            task_data(tiny[0], "ioi", n)
+
+
+def test_component_circuits_name_what_is_not_a_model():
+    """Before: `eap("default", pairs)` was `'str' object has no attribute 'cfg'`."""
+    from attrgraph.circuits.graph import ComponentGraph
+
+    with pytest.raises(UnsupportedModelError, match=r"^the model is a str, not a TransformerLens "):
+        ComponentGraph.from_model("default")
+
+
+def test_build_and_save_transcoders_refuse_what_they_cannot_take(tiny, tmp_path):
+    """Before: AttributeErrors for a dict config and a non-set, and a `FileExistsError` traceback for
+    a file where the folder goes."""
+    from transcoders.build import build_transcoders
+
+    with pytest.raises(ConfigError, match=r"^cfg is a dict, not a TranscoderConfig; pass TranscoderConfig"):
+        build_transcoders({"kind": "plt"})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"file is a file; pass a folder to write into"):
+        save_transcoders(tiny[1], tmp_path / "file")
+    with pytest.raises(ConfigError, match=r"^the set to save is a str, not a transcoder set"):
+        save_transcoders("tc", tmp_path / "tc")
+    from transcoders.errors import UnknownFormatError
+
+    with pytest.raises(UnknownFormatError, match=r"^format 'onnx' is not one of"):
+        save_transcoders(tiny[1], tmp_path / "onnx", format="onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written, no folder made
+
+
+def test_the_notebook_view_and_supernode_suggestions_refuse_nonsense():
+    from attrgraph.errors import SupernodeError
+    from attrgraph.graph.supernodes import suggest_supernodes
+    from attrgraph.viewer.notebook import show
+
+    with pytest.raises(GraphError, match=r"^show takes a Graph, got a str \('g\.h5' looks like a path"):
+        show("g.h5")  # before: AttributeError
+    with pytest.raises(OptionError, match=r"^height is -1; pass the view's height in pixels"):
+        show(random_graph(0), height=-1)  # before: a view of height -1
+    with pytest.raises(
+        SupernodeError, match=r"^min_size is 0; pass the fewest members of a group, 1 or more"
+    ):
+        suggest_supernodes(random_graph(0), min_size=0)
