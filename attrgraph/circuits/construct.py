@@ -53,14 +53,18 @@ def edge_table(layout: EdgeLayout):
     return np.concatenate([parent, a_parent]), np.concatenate([child, a_child]), sink + 1, sources, sink
 
 
-def _check_size(n: int) -> None:
+def _check_request(scores: EdgeScores, n: int) -> None:
+    if not isinstance(scores, EdgeScores):
+        raise OptionError(
+            f"scores is a {type(scores).__name__}, not EdgeScores; pass what eap or peap returns."
+        )
     if n < 0:
         raise OptionError(f"a circuit of {n} edges was asked for; pass 0 or more.")
 
 
 def top_n(scores: EdgeScores, n: int) -> Circuit:
     """The n edges of largest |score|."""
-    _check_size(n)
+    _check_request(scores, n)
     flat = scores.flat().abs()
     keep = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
     keep[flat.topk(min(n, flat.numel())).indices] = True
@@ -69,7 +73,7 @@ def top_n(scores: EdgeScores, n: int) -> Circuit:
 
 def greedy(scores: EdgeScores, n: int) -> Circuit:
     """A circuit of (up to) n edges, every one on a path input -> logits (module docstring, step 3)."""
-    _check_size(n)
+    _check_request(scores, n)
     parent, child, n_nodes, sources, sink = edge_table(scores.layout)
     mag = scores.flat().abs().cpu().numpy()
     order = np.argsort(child, kind="stable")

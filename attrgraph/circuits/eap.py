@@ -27,7 +27,7 @@ from torch import Tensor
 from attrgraph.circuits.attention_edges import attention_edge_scores
 from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.circuits.pairs import Pairs, last_logits, metric
+from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
 from attrgraph.errors import ConstantMetricError, OptionError
 
@@ -68,6 +68,7 @@ def example_scores(
             "batch_size >= 1."
         )
     graph = ComponentGraph.from_model(model)
+    check_pairs(pairs)
     device = next(model.parameters()).device
     pairs = pairs.to(device)  # the pairs go to the model's device once; the scores come back once per batch
     valid = graph.valid.to(device)

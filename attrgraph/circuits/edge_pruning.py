@@ -32,7 +32,7 @@ from torch import Tensor
 
 from attrgraph.circuits.circuit import Circuit, EdgeLayout
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.circuits.pairs import Pairs, last_logits
+from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
 from attrgraph.errors import OptionError, SparsityError
 
@@ -130,6 +130,7 @@ def prune_edges(
     graph = ComponentGraph.from_model(model)
     layout = EdgeLayout(graph)
     n = graph.n_edges
+    check_pairs(pairs)
     device = next(model.parameters()).device  # the gates train on the model's device
     pairs = pairs.to(device)
     allowed = torch.ones(n, dtype=torch.bool, device=device) if allowed is None else allowed.bool().to(device)

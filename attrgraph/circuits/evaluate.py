@@ -19,7 +19,7 @@ import torch
 
 from attrgraph.circuits.circuit import Circuit
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.circuits.pairs import Pairs, last_logits, metric
+from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits, metric
 from attrgraph.circuits.patching import record_run, run_edges
 from attrgraph.errors import OptionError
 
@@ -86,6 +86,7 @@ def evaluate(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, batch_size: int = 64
 ) -> Faithfulness:
     """Faithfulness of `circuit` on `pairs` (module docstring). Positional circuits over spans need `schema`."""
+    check_pairs(pairs)
     pairs = pairs.to(next(model.parameters()).device)
     full, corr_logits = [], []
     for i in range(0, len(pairs), batch_size):

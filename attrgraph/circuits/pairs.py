@@ -119,8 +119,24 @@ def _ids(model, words) -> list[int]:
     return [tok.bos_token_id, *ids]
 
 
+def check_pairs(pairs) -> None:
+    """`OptionError` unless `pairs` is a `Pairs` (the circuit methods' first read of it)."""
+    if not isinstance(pairs, Pairs):
+        raise OptionError(
+            f"pairs is a {type(pairs).__name__}, not Pairs; make them with task_pairs(model, examples) or "
+            "task_data(model, task, n), or Pairs(clean, corrupt, last, weights)."
+        )
+
+
 def task_pairs(model: HookedTransformer, examples) -> Pairs:
     """`Pairs` for IOI (logit difference IO - S) or greater-than (probability difference) examples."""
+    from attrgraph.bundled.tasks import Example
+
+    if isinstance(examples, str) or not examples or not all(isinstance(e, Example) for e in examples):
+        raise OptionError(
+            f"examples are {type(examples).__name__} {str(examples)[:60]!r}, not the bundled tasks' examples; "
+            "pass a non-empty list such as attrgraph.bundled.tasks.ioi_pairs(n) or greater_than_pairs(n)."
+        )
     task = examples[0].task
     clean, corrupt = [], []
     weights = torch.zeros(len(examples), model.cfg.d_vocab, device="cpu")

@@ -17,7 +17,7 @@ import torch
 from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
 from attrgraph.circuits.eap import ExampleScores, example_scores
 from attrgraph.circuits.graph import ComponentGraph
-from attrgraph.circuits.pairs import Pairs
+from attrgraph.circuits.pairs import Pairs, check_pairs
 from attrgraph.circuits.schema import AGGREGATIONS, aggregate
 from attrgraph.errors import OptionError, SchemaError
 
@@ -43,6 +43,7 @@ def peap(
     if aggregation not in AGGREGATIONS:  # before the scores, not after (without a schema it is unused)
         raise OptionError(f"aggregation {aggregation!r} is unknown; use one of {AGGREGATIONS}.")
     graph = ComponentGraph.from_model(model)
+    check_pairs(pairs)
     if schema is None and not bool((pairs.last == pairs.last[0]).all()):
         raise SchemaError(
             "the prompts differ in length, so positions do not align across examples; "
