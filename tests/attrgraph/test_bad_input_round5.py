@@ -281,3 +281,28 @@ def test_the_notebook_view_and_supernode_suggestions_refuse_nonsense():
         SupernodeError, match=r"^min_size is 0; pass the fewest members of a group, 1 or more"
     ):
         suggest_supernodes(random_graph(0), min_size=0)
+
+
+def test_circuit_methods_name_pairs_scores_and_examples_that_are_not_theirs():
+    """Before: AttributeErrors (`'NoneType' object has no attribute 'to'`, `... 'layout'`,
+    `'str' object has no attribute 'task'`)."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.circuits import PruneConfig, evaluate_circuit, greedy, prune_edges, task_pairs, top_n
+    from attrgraph.circuits.eap import eap
+    from attrgraph.circuits.peap import peap
+
+    model = load_model("default")
+    for call in (
+        lambda: eap(model, None),
+        lambda: peap(model, "ioi"),
+        lambda: prune_edges(model, [], PruneConfig()),
+        lambda: evaluate_circuit(model, None, None),
+    ):
+        with pytest.raises(OptionError, match=r"^pairs is a (NoneType|str|list), not Pairs; make them with"):
+            call()
+    for call in (lambda: greedy(None, 5), lambda: top_n("eap", 5)):
+        with pytest.raises(OptionError, match=r"^scores is a (NoneType|str), not EdgeScores"):
+            call()
+    for examples in (["a b"], [], "ioi"):
+        with pytest.raises(OptionError, match=r"not the bundled tasks' examples; pass a non-empty list"):
+            task_pairs(model, examples)
