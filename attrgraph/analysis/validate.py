@@ -79,10 +79,13 @@ class ValidateConfig:
     """Seed of the faithfulness samples."""
 
     def __post_init__(self):
-        if self.max_features < 1 or self.n_perturbations < 0 or self.batch_size < 1:
-            raise ValidationError(
-                "max_features and batch_size must be >= 1 and n_perturbations >= 0; fix the config."
-            )
+        low = {"max_features": 1, "batch_size": 1, "n_perturbations": 0}
+        for name, least in low.items():
+            if getattr(self, name) < least:
+                raise ValidationError(
+                    f"{name} is {getattr(self, name)}; max_features and batch_size must be >= 1 and "
+                    "n_perturbations >= 0; fix the config."
+                )
         bad = [w for w in (*self.windows, self.ff_window) if w < 0]
         if not self.windows or bad:
             raise ValidationError(

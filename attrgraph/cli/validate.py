@@ -9,7 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attrgraph.analysis.validate import ValidateConfig
-from attrgraph.errors import GraphFileError, OptionError
+from attrgraph.errors import GraphFileError, OptionError, ValidationError
+
+_SIZES = ("max_features", "n_perturbations", "batch_size")
+"""ValidateConfig's sizes, each a flag of the same name."""
 
 
 def add_parser(sub) -> None:
@@ -35,8 +38,20 @@ def add_parser(sub) -> None:
     )
     p.add_argument("-o", "--out", default=None, help="report folder (default: FILE's name + '_validation')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one per graph, on stderr)")
-    for f in ("max_features", "n_perturbations", "batch_size", "seed"):
+    for f in (*_SIZES, "seed"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(ValidateConfig, f))
+
+
+def _config(args) -> ValidateConfig:
+    """The config from the flags; a size it refuses is named by its flag, before anything loads."""
+    given = {f: getattr(args, f) for f in (*_SIZES, "seed")}
+    try:
+        return ValidateConfig(**given)
+    except ValidationError as e:
+        msg = str(e)
+        for f in _SIZES:
+            msg = msg.replace(f, "--" + f.replace("_", "-"))
+        raise OptionError(msg.replace("fix the config", "fix the flag")) from None
 
 
 def run(args) -> int:
@@ -50,12 +65,7 @@ def run(args) -> int:
     from transcoders.output_folder import check_output_folder
 
     check_device(args.device)  # before reading anything
-    cfg = ValidateConfig(
-        max_features=args.max_features,
-        n_perturbations=args.n_perturbations,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
+    cfg = _config(args)
     names = [args.name] if args.name else list_graphs(args.file)
     if not names:
         raise GraphFileError(

@@ -49,6 +49,7 @@ import importlib.metadata
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
@@ -239,6 +240,7 @@ def save_graph(
     folders, or extended; a graph of the same name is replaced). Returns the name used (`"graph"`
     by default). `progress=True` shows a bar for the edges. `scores`: the graph's scores when
     already computed (as `attribute` does); by default one streamed pass over its edges."""
+    check_graph(graph, "save_graph")
     name = DEFAULT_NAME if name is None else str(name)
     save_graphs({name: graph}, path, progress, {name: scores})
     return name
@@ -254,10 +256,13 @@ def save_graphs(
     file holds all of them or, after any failure (a full disk, Ctrl-C), none: `build --full`'s
     pruned graph and its unpruned NAME_full. Graphs of those names are replaced. `scores`: the
     scores already computed for some of the graphs (see `save_graph`)."""
+    if not isinstance(graphs, Mapping):
+        hint = " (one graph: save_graph(graph, path, name))" if isinstance(graphs, Graph) else ""
+        raise GraphError(f"save_graphs takes a {{name: Graph}} mapping, got a {type(graphs).__name__}{hint}.")
     for name in graphs:
         check_name(name)
     for graph in graphs.values():
-        check_graph(graph, "save_graph")
+        check_graph(graph, "save_graphs")
         graph.validate()
     path = Path(path)
     check_output(path)

@@ -31,7 +31,7 @@ from attrgraph.graph.export import to_networkx
 from attrgraph.graph.neuronpedia import export_json, graph_to_json
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.scores import compute_graph_scores
-from attrgraph.graph.store import save_graph
+from attrgraph.graph.store import save_graph, save_graphs
 from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
 from transcoders.config import check_dtype
 from transcoders.errors import ConfigError, TranscoderMismatchError
@@ -169,6 +169,8 @@ def test_interventions_that_are_no_mapping_and_generate_options(tiny):
         (dict(windows=(-1,)), "windows (-1,) and ff_window 2 must be layer counts of 0 or more"),
         (dict(windows=()), "(at least one window"),
         (dict(ff_window=-2), "ff_window -2 must be"),
+        (dict(max_features=0), "max_features is 0; max_features and batch_size must be >= 1"),
+        (dict(n_perturbations=-3), "n_perturbations is -3; "),
     ],
 )
 def test_validate_config_values_that_make_no_sense(options, said):
@@ -185,6 +187,7 @@ def test_a_graph_argument_that_is_not_a_graph_names_the_function(tiny, tmp_path)
     calls = {
         "prune_graph": lambda g: prune_graph(g),
         "save_graph": lambda g: save_graph(g, tmp_path / "g.h5"),
+        "save_graphs": lambda g: save_graphs({"a": random_graph(0), "b": g}, tmp_path / "g.h5"),
         "compute_graph_scores": compute_graph_scores,
         "to_networkx": to_networkx,
         "graph_to_json": graph_to_json,
@@ -197,6 +200,10 @@ def test_a_graph_argument_that_is_not_a_graph_names_the_function(tiny, tmp_path)
             call("g.h5")
     with pytest.raises(GraphError, match=r"^prune_graph takes a Graph, got a dict\.$"):
         prune_graph({})
+    with pytest.raises(
+        GraphError, match=r"^save_graphs takes a \{name: Graph\} mapping, got a Graph \(one graph: save_graph"
+    ):
+        save_graphs(random_graph(0), tmp_path / "g.h5")  # before: TypeError, 'Graph' object is not iterable
     assert not (tmp_path / "g.h5").exists() and not (tmp_path / "json").exists()
     compute_graph_scores(random_graph(0))  # a Graph still passes
 

@@ -67,13 +67,14 @@ def test_build_still_takes_each_methods_own_options(model_dir, tmp_path, capsys)
 @pytest.mark.parametrize(
     "args,said",
     [
-        (["--max-features", "0"], "max_features and batch_size must be >= 1"),
-        (["--batch-size", "0"], "max_features and batch_size must be >= 1"),
-        (["--n-perturbations", "-1"], "n_perturbations >= 0"),
+        (["--max-features", "0"], "--max-features is 0; --max-features and --batch-size must be >= 1"),
+        (["--batch-size", "0"], "--batch-size is 0; --max-features and --batch-size must be >= 1"),
+        (["--n-perturbations", "-1"], "--n-perturbations is -1; "),
     ],
 )
 def test_validate_settings_are_refused_before_the_model_loads(tmp_path, capsys, args, said):
-    """Before: the same line, after the graphs were read and the model and transcoders loaded."""
+    """Before: the config's line, naming fields, after the graphs were read and the model and
+    transcoders loaded. Now the flag and its value, before anything loads."""
     save_graph(random_graph(0), tmp_path / "g.h5")
     rc, out, err = run(capsys, "validate", tmp_path / "g.h5", *NO_MODEL, *args)
     assert rc == 2 and out == ""
