@@ -23,6 +23,7 @@ the pairs kept, not by the corpus.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,8 +38,25 @@ DENSE_LIMIT = 1 << 24
 """Above this many (source, target) cells a chunk's products stay sparse while the pairs are gathered."""
 
 
+def _check_coders(coders) -> list:
+    if hasattr(coders, "cfg") or not isinstance(coders, Sequence):
+        raise ConfigError(
+            f"coders is a {type(coders).__name__}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set]."
+        )
+    return list(coders)
+
+
+def _check_index(name: str, value, n: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < n:
+        raise ConfigError(f"{name} is {value!r}; pass an integer in [0, {n}).")
+
+
 def flat_index(coders: Sequence, which: int, layer: int, feature: int) -> int:
     """The flat index of (set number `which`, layer, feature) among `coders` (module docstring)."""
+    coders = _check_coders(coders)
+    _check_index("which", which, len(coders))
+    _check_index("layer", layer, coders[which].cfg.n_layers)
+    _check_index("feature", feature, coders[which].cfg.d_sae)
     offset = sum(c.cfg.n_layers * c.cfg.d_sae for c in coders[:which])
     return offset + layer * coders[which].cfg.d_sae + feature
 
@@ -76,7 +94,15 @@ class CoactivationAccumulator:
     """The streamed state for a fixed list of pairs; `update(acts)` per chunk, `result()` at the end."""
 
     def __init__(self, pairs, n_features: int):
-        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        given = np.asarray(pairs)
+        if given.shape == (2,):  # one (source, target) pair
+            given = given[None]
+        if given.ndim != 2 or given.shape[1] != 2 or (given.size and given.dtype.kind not in "iu"):
+            raise ConfigError(
+                f"pairs is a {given.dtype} array of shape {given.shape}; pass [n_pairs, 2] integer "
+                "(source, target) flat feature indices (flat_index)."
+            )
+        pairs = given.astype(np.int64)
         if len(pairs) and (pairs.min() < 0 or pairs.max() >= n_features):
             raise ConfigError(f"pairs name features outside [0, {n_features}); pass flat feature indices.")
         self.pairs, self.n_features = pairs, n_features
@@ -146,6 +172,19 @@ def flat_activations(model, coders: Sequence, tokens: Tensor) -> Tensor:
     return torch.cat(out, -1)
 
 
+def _token_batch(tokens, d_vocab: int) -> Tensor:
+    """A chunk of sequences as [B, n_ctx] int64 ids, or `ConfigError` (floats, ids outside the vocabulary)."""
+    tokens = torch.as_tensor(tokens)
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ConfigError(f"sequences hold {tokens.dtype} values; pass integer token ids.")
+    if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < d_vocab):
+        raise ConfigError(
+            f"sequences hold token ids in [{int(tokens.min())}, {int(tokens.max())}]; the model's vocabulary is [0, {d_vocab})."
+        )
+    tokens = tokens.long()
+    return tokens[None] if tokens.dim() == 1 else tokens
+
+
 def compute_coactivation(
     model,
     coders: Sequence,
@@ -161,22 +200,28 @@ def compute_coactivation(
     `pairs` may be a list of pair arrays (e.g. one sampled feature set's outputs and its inputs):
     each gets its own accumulator, so that a chunk's products cover only that block; a list of
     results comes back."""
-    coders = list(coders)
+    coders = _check_coders(coders)
+    for name, value, least in (("chunk_seqs", chunk_seqs, 1), ("skip_first", skip_first, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ConfigError(f"{name} is {value!r}; pass an integer of at least {least}.")
     for c in coders:
         c.eval()
     n_features = sum(c.cfg.n_layers * c.cfg.d_sae for c in coders)
     many = isinstance(pairs, list) and len(pairs) > 0 and np.asarray(pairs[0]).ndim == 2
     accs = [CoactivationAccumulator(p, n_features) for p in (pairs if many else [pairs])]
     batches = (
-        torch.as_tensor(sequences).long().split(chunk_seqs)
+        torch.as_tensor(sequences).split(chunk_seqs)  # each chunk checked as a batch of ids
         if isinstance(sequences, Tensor | np.ndarray)
         else sequences
     )
     for tokens in batches:
-        tokens = torch.as_tensor(tokens).long()
-        tokens = tokens[None] if tokens.dim() == 1 else tokens
+        tokens = _token_batch(tokens, model.cfg.d_vocab)
         a = flat_activations(model, coders, tokens)[:, skip_first:].reshape(-1, n_features)
         for acc in accs:
             acc.update(a)
+    if accs[0].n_positions == 0:
+        raise ConfigError(
+            f"no position was counted (skip_first {skip_first}, or no sequences); pass sequences longer than skip_first."
+        )
     out = [acc.result() for acc in accs]
     return out if many else out[0]

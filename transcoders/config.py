@@ -7,6 +7,8 @@ TransformerLens templates with `{layer}`; `transcoders.sites` gives them meaning
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 
 from transcoders.block_layout import ATTN_OUTPUT as ATTN_OUTPUT  # defined there; re-exported for sites.py
@@ -121,9 +123,13 @@ class TranscoderConfig:
                 f"activation {self.activation!r} is not one of {tuple(NONLINEARITIES)}; pick one of them."
             )
         for name in ("n_layers", "d_model", "d_sae"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} is {getattr(self, name)}; it must be a positive integer.")
-        if NONLINEARITIES[self.activation].uses_k and not 0 < self.k <= self.d_sae:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ConfigError(f"{name} is {value!r}; it must be a positive integer.")
+        uses_k = NONLINEARITIES[self.activation].uses_k
+        if uses_k and (isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral)):
+            raise ConfigError(f"k is {self.k!r}; pass an integer number of features.")
+        if uses_k and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
         widths = tuple(int(w) for w in self.matryoshka_widths)
         object.__setattr__(self, "matryoshka_widths", widths)  # a JSON list read back is a tuple again
@@ -136,8 +142,10 @@ class TranscoderConfig:
         # rank's slice holds fewer features than the global widths count)
         if widths and not all(a < b for a, b in zip((0, *widths), widths, strict=False)):
             raise ConfigError(f"matryoshka_widths {list(widths)} must be positive and increase strictly.")
-        if self.bandwidth <= 0:
-            raise ConfigError(f"bandwidth is {self.bandwidth}; it must be positive.")
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):  # NaN too
+            raise ConfigError(
+                f"bandwidth is {self.bandwidth}; it must be a finite number above 0 (the appendix uses 1.0)."
+            )
         for name in ("input_hook", "output_hook"):
             if "{layer}" not in getattr(self, name):
                 raise ConfigError(

@@ -40,6 +40,7 @@ above plus `after=0` brought the bundled files under 400 kB (README, "Feature da
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 from pathlib import Path
@@ -245,13 +246,27 @@ def _write_user_labels(f, labels: dict[tuple[int, int], str]) -> None:
 _NODE = re.compile(r"^L(\d+)/F(\d+)$")
 
 
+def _is_index(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_feature(layer, feature, n_layers: int, d_sae: int) -> tuple[int, int]:
+    """(layer, feature) as ints, or `DashboardFileError` unless both are integers inside the set
+    (a negative index would read another feature's row)."""
+    if not (_is_index(layer) and _is_index(feature) and 0 <= layer < n_layers and 0 <= feature < d_sae):
+        raise DashboardFileError(
+            f"feature L{layer}/F{feature} is outside this set ({n_layers} layers x {d_sae} features); pass one inside."
+        )
+    return int(layer), int(feature)
+
+
 def feature_key(key) -> tuple[int, int]:
     """(layer, feature) from a (layer, feature) pair or a node name like "L1/F254"."""
     if isinstance(key, str):
         m = _NODE.match(key.split("@")[0])
         if m:
             return int(m[1]), int(m[2])
-    elif isinstance(key, tuple | list) and len(key) == 2:
+    elif isinstance(key, tuple | list) and len(key) == 2 and all(_is_index(v) for v in key):
         return int(key[0]), int(key[1])
     raise DashboardFileError(
         f"feature {key!r} is neither (layer, feature) nor a name like 'L1/F254'; pass one."
@@ -266,11 +281,7 @@ def set_labels(path: str | os.PathLike, labels: dict) -> None:
         n_layers, d_sae = int(f.attrs["n_layers"]), int(f.attrs["d_sae"])
     current = read_user_labels(path)
     for key, label in labels.items():
-        l, i = feature_key(key)
-        if not (0 <= l < n_layers and 0 <= i < d_sae):
-            raise DashboardFileError(
-                f"feature L{l}/F{i} is outside this set ({n_layers} layers x {d_sae} features); pass one inside."
-            )
+        l, i = check_feature(*feature_key(key), n_layers, d_sae)
         if label is None or str(label) == "":
             current.pop((l, i), None)
         else:
@@ -324,6 +335,7 @@ class Dashboards:
 
     def label(self, layer: int, feature: int) -> str:
         """The user's label if set, else the automatic one."""
+        layer, feature = check_feature(layer, feature, self.n_layers, self.d_sae)
         return self.user_labels.get((layer, feature)) or str(self.data["labels/auto"][layer, feature])
 
     def labels(self) -> np.ndarray:
@@ -360,7 +372,7 @@ class Dashboards:
 
     def feature(self, layer: int, feature: int) -> dict:
         """One feature's dashboard as plain Python values (JSON-ready)."""
-        l, i = layer, feature
+        l, i = check_feature(layer, feature, self.n_layers, self.d_sae)
         d = self.data
         q = d["quantile/act"].shape[-2]
         return {
@@ -398,6 +410,11 @@ def dashboard_text(d: dict, n_examples: int = 4, n_logits: int = 4, name: str | 
     terminals: a header (name, label, share of tokens it is active on, largest activation), its top
     examples with the active token in [brackets] and each token's activation after it when nonzero,
     and the top and bottom logits of its direct path."""
+    if not (isinstance(d, dict) and {"layer", "feature", "top", "top_logits"} <= d.keys()):
+        raise DashboardFileError(
+            f"dashboard_text takes one feature's dashboard, got a {type(d).__name__}; "
+            "pass load_dashboards(path).feature(layer, feature)."
+        )
     head = name or f"L{d['layer']}/F{d['feature']}"
     lines = [f"{head}  {d['label']!r}  active on {100 * d['frequency']:.2f}% of tokens, max {d['max']:.3g}"]
     for e in d["top"][:n_examples]:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass
@@ -89,6 +91,10 @@ class DashboardConfig:
 
     def __post_init__(self):
         positive = ("n_tokens", "chunk_seqs", "n_top", "n_quantiles", "n_per_quantile", "n_logits", "n_bins")
+        for name in (*positive, "reservoir", "before", "after", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{name} is {value!r}; pass an integer.")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; it must be at least 1.")
@@ -99,9 +105,9 @@ class DashboardConfig:
             )
         if self.before < 0 or self.after < 0:
             raise ConfigError("before and after must be >= 0; pass context lengths.")
-        if not 0 < self.hist_min < self.hist_max:
+        if not 0 < self.hist_min < self.hist_max < math.inf:  # NaN too
             raise ConfigError(
-                f"histogram range [{self.hist_min}, {self.hist_max}] is empty; pass 0 < min < max."
+                f"histogram range [{self.hist_min}, {self.hist_max}] is empty or not finite; pass finite 0 < min < max."
             )
 
     @property

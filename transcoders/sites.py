@@ -125,6 +125,16 @@ def collect(
 
 def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
     """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
+    from transcoders.base import SparseCoder
+
+    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
+        raise TranscoderMismatchError(
+            f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; pass the loaded model."
+        )
+    if not isinstance(tc, SparseCoder):
+        raise TranscoderMismatchError(
+            f"the transcoders are a {type(tc).__name__}, not a set; pass load_transcoders(...)'s result."
+        )
     cfg: TranscoderConfig = tc.cfg
     mcfg = model.cfg
     if cfg.d_model != mcfg.d_model:

@@ -36,6 +36,7 @@ every read is linear, so the weight of the residual path from a source feature s
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -316,6 +317,17 @@ def _connections(parts: list[tuple[str, int, Tensor]]) -> Connections:
     )
 
 
+def feature_key(feature) -> tuple[str, int, int]:
+    """`feature` as (site, layer, index), or `OptionError` naming what it is instead."""
+    ok = isinstance(feature, tuple | list) and len(feature) == 3 and isinstance(feature[0], str)
+    ok = ok and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in feature[1:])
+    if not ok:
+        raise OptionError(
+            f"feature is {feature!r}; pass (site, layer, index) such as ('mlp', 1, 42), layer and index integers."
+        )
+    return str(feature[0]), int(feature[1]), int(feature[2])
+
+
 def virtual_weights(
     model: HookedTransformer,
     transcoders,
@@ -336,8 +348,8 @@ def virtual_weights(
     Stream Norms Growth". Build a `GlobalWeights` once to query many features."""
     if direction not in ("output", "input"):
         raise OptionError(f"direction is {direction!r}; pass 'output' or 'input'.")
+    site, layer, index = feature_key(feature)
     gw = GlobalWeights(model, transcoders, scales)
-    site, layer, index = feature
     got = (gw.output_weights if direction == "output" else gw.input_weights)(site, int(layer), int(index))
     return got if top_k is None else got.top(top_k)
 
@@ -352,8 +364,8 @@ def output_logit_weights(
     """A feature's output weights over the vocabulary: its decoders (every layer, for a CLT) through
     the final norm and the unembedding (circuit-tracing appendix, "Number Output Weights for Select
     Features"). Subtract the mean to get its effect on the graph's demeaned logits."""
+    site, layer, index = feature_key(feature)
     gw = GlobalWeights(model, transcoders, scales)
-    site, layer, index = feature
     return gw.vocab_weights(site, int(layer), int(index))
 
 

@@ -20,6 +20,7 @@ features). No peer offers this for features that did not fire.
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -86,6 +87,10 @@ def preactivation_target(
 ) -> tuple[Target, float]:
     """The target of step 1 and its constant offset (`h = target value + offset`)."""
     cfg = transcoders.cfg
+    given = dict(layer=layer, position=position, feature=feature)
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TargetError(f"{name} is {value!r}; pass an integer index.")
     if not 0 <= layer < cfg.n_layers or not 0 <= feature < cfg.d_sae:
         raise TargetError(
             f"feature L{layer}/F{feature} does not exist; the transcoders have {cfg.n_layers} layers of {cfg.d_sae}."

@@ -493,11 +493,15 @@ def generate(
         raise InterventionError(f"temperature is {temperature}; pass 0 (greedy) or a finite number above it.")
     if hold is not None and hold < 0:
         raise InterventionError(f"hold is {hold}; pass 0 or more new tokens to hold the intervention for.")
+    if mode not in MODES:  # also without interventions, where no patched forward would check it
+        raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
     rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
     tokens = to_tokens(model, prompt)
     hold = n_tokens if hold is None else hold
     g = torch.Generator(device=tokens.device).manual_seed(seed)  # multinomial samples on the model's device
     L, S = rm.cfg.n_layers, rm.tc.cfg.d_sae
+    if layers is not None:
+        _layer_range(layers, [], L)
     for step in range(n_tokens):
         if tokens.numel() >= model.cfg.n_ctx:
             break

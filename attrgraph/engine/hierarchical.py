@@ -239,6 +239,10 @@ def hierarchical_attribution(
         if not len(logits):
             raise GraphError("the graph has no logit node; pass root= the index of the node to attribute.")
         root = int(logits[0])
+    if isinstance(root, bool) or not (isinstance(root, numbers.Integral) and 0 <= root < len(kinds)):
+        raise GraphError(
+            f"root is {root!r}; pass a node index in 0..{len(kinds) - 1} (a logit or feature node)."
+        )
     if kinds[root] not in ("logit", "feature"):
         raise GraphError(f"node {root} is a {kinds[root]} node; the root must be a logit or feature node.")
     A = sp.csr_array(graph.adjacency, dtype=np.float64)
@@ -248,6 +252,12 @@ def hierarchical_attribution(
         bias = np.asarray(bias, np.float64)
         if bias.shape != (N,):
             raise GraphError(f"bias has shape {bias.shape}; pass one constant term per node, shape ({N},).")
+    if keep is not None:
+        keep = np.asarray(keep)
+        if keep.shape != (N,) or keep.dtype != bool:
+            raise GraphError(
+                f"keep is a {keep.dtype} array of shape {keep.shape}; pass one bool per node, shape ({N},)."
+            )
     attribution = np.zeros(N)
     kept = (kinds == "embedding") | (kinds == "error")
     kept[root] = True
@@ -262,7 +272,7 @@ def hierarchical_attribution(
         idx = feats[rank == r]
         attr = acc[idx]
         attribution[idx] = attr
-        ok = _detach(attr, tau, absolute) if keep is None else (np.asarray(keep)[idx] & (attr != 0))
+        ok = _detach(attr, tau, absolute) if keep is None else (keep[idx] & (attr != 0))
         detached += float(attr[~ok].sum())
         idx, attr = idx[ok], attr[ok]
         kept[idx] = True

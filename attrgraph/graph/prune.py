@@ -73,6 +73,10 @@ def normalize_matrix(adjacency: sp.sparray | np.ndarray) -> sp.csr_array:
 
     The sparsity pattern is that of `adjacency` without explicit zeros, entry for entry; a canonical
     CSR input (sorted, no duplicates, no explicit zeros) shares its index arrays with the result."""
+    if len(getattr(adjacency, "shape", ())) != 2 or adjacency.shape[0] != adjacency.shape[1]:
+        raise GraphError(
+            f"the adjacency has shape {getattr(adjacency, 'shape', None)}; pass a square matrix [n_nodes, n_nodes]."
+        )
     A = sp.csr_array(adjacency)
     if not A.has_canonical_format or (A.data == 0).any():
         A = A.copy()

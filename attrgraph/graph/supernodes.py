@@ -18,6 +18,7 @@ Storage in the graph's HDF5 file: supernode_store.py.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -55,6 +56,8 @@ class Supernode:
     """The grouped nodes."""
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise SupernodeError(f"a supernode's name is {self.name!r}; give it a label to show, such as 'Texas'.")
         if not self.members:
             raise SupernodeError(f"supernode {self.name!r} has no members; give it at least one node.")
 
@@ -80,7 +83,13 @@ def node_key(graph: Graph, i: int) -> NodeKey:
 
 def supernode(graph: Graph, name: str, node_ids: Sequence[int]) -> Supernode:
     """A supernode of the given node indices of `graph` (by hand)."""
-    ids = [int(i) for i in node_ids]
+    if isinstance(node_ids, str | bytes) or not hasattr(node_ids, "__iter__"):
+        raise SupernodeError(f"node_ids is {node_ids!r}; pass a list of node indices.")
+    ids = list(node_ids)
+    odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    if odd:
+        raise SupernodeError(f"node ids {odd} are not integers; pass node indices.")
+    ids = [int(i) for i in ids]
     bad = [i for i in ids if not 0 <= i < graph.n_nodes]
     if bad:
         raise SupernodeError(

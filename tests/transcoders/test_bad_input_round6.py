@@ -1,0 +1,174 @@
+"""Bad input, round 6 (docs/bad_inputs.md, "Round 6: indices and analysis calls"), the transcoders
+package: coactivation statistics, dashboards and set configs. Each is one named exception with one
+sentence, where it gave a foreign exception (torch's RuntimeError, numpy's IndexError, TypeError) or
+ran: a negative `skip_first` that counted only the last position, float token ids cut to integers,
+`feature(-1, 0)` read as the last layer's dashboard, a histogram up to infinity."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.transcoders.tc_helpers import random_set, tiny_model
+from transcoders.coactivation import compute_coactivation, flat_index
+from transcoders.config import TranscoderConfig
+from transcoders.dashboard_file import dashboard_text, load_dashboards, set_labels
+from transcoders.dashboards import DashboardConfig
+from transcoders.errors import ConfigError, DashboardFileError, TranscoderMismatchError
+from transcoders.sites import check_fits
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "data" / "default-plt" / "dashboards.h5"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model()
+    tc = random_set(activation="relu", n_layers=model.cfg.n_layers, d_model=model.cfg.d_model, d_sae=8).eval()
+    seqs = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=torch.Generator().manual_seed(0))
+    return model, tc, seqs
+
+
+@pytest.mark.parametrize(
+    "call,said",
+    [
+        (lambda tc: flat_index([tc], 1, 0, 0), "which is 1; pass an integer in [0, 1)."),
+        (lambda tc: flat_index([tc], 0, 5, 0), "layer is 5; pass an integer in [0, 2)."),
+        (lambda tc: flat_index([tc], 0, 0, 8), "feature is 8; pass an integer in [0, 8)."),
+        (lambda tc: flat_index([tc], 0, 0, -1), "feature is -1; pass an integer in [0, 8)."),
+        (lambda tc: flat_index([tc], 0, 0.5, 0), "layer is 0.5; pass an integer in [0, 2)."),
+        (lambda tc: flat_index(tc, 0, 0, 0), "coders is a PerLayerTranscoder; pass a list of sets"),
+    ],
+)
+def test_flat_index_of_a_feature_outside_the_sets(setup, call, said):
+    """Before: `IndexError: list index out of range`, or a flat index of another set's feature."""
+    with pytest.raises(ConfigError) as e:
+        call(setup[1])
+    assert str(e.value).startswith(said)
+
+
+@pytest.mark.parametrize(
+    "change,said",
+    [
+        (lambda kw: dict(chunk_seqs=0), "chunk_seqs is 0; pass an integer of at least 1."),
+        (lambda kw: dict(skip_first=-1), "skip_first is -1; pass an integer of at least 0."),
+        (lambda kw: dict(skip_first=6), "no position was counted (skip_first 6, or no sequences)"),
+        (
+            lambda kw: dict(pairs=np.array([0, 1, 2])),
+            "pairs is a int64 array of shape (3,); pass [n_pairs, 2] integer",
+        ),
+        (lambda kw: dict(pairs=np.array([[0.0, 1.0]])), "pairs is a float64 array of shape (1, 2)"),
+        (
+            lambda kw: dict(sequences=kw["sequences"].float() + 0.5),
+            "sequences hold torch.float32 values; pass integer",
+        ),
+        (
+            lambda kw: dict(sequences=torch.tensor([[0, 1000]])),
+            "sequences hold token ids in [0, 1000]; the model's vo",
+        ),
+        (lambda kw: dict(coders=kw["coders"][0]), "coders is a PerLayerTranscoder; pass a list of sets"),
+    ],
+)
+def test_coactivation_arguments_that_make_no_sense(setup, change, said):
+    """Before: torch's `split_size can only be 0 ...`; `skip_first=-1` counted the last position
+    only, `skip_first` past the sequences counted nothing and returned zeros; float ids were cut to
+    integers and ids outside the vocabulary were torch's IndexError; a 1-D pairs array was numpy's
+    reshape error and one set not in a list a TypeError."""
+    model, tc, seqs = setup
+    kw = dict(coders=[tc], sequences=seqs, pairs=np.array([[0, 1]]))
+    kw.update(change(kw))
+    with pytest.raises(ConfigError) as e:
+        compute_coactivation(model, kw.pop("coders"), kw.pop("sequences"), kw.pop("pairs"), **kw)
+    assert str(e.value).startswith(said)
+
+
+def test_coactivation_of_one_pair_counts_against_brute_force(setup):
+    """One (source, target) pair as a plain tuple still works, and counts what a loop counts."""
+    model, tc, seqs = setup
+    got = compute_coactivation(model, [tc], seqs, (flat_index([tc], 0, 0, 1), flat_index([tc], 0, 1, 2)))
+    from transcoders.sites import collect
+
+    x, _ = collect(model, seqs, tc.cfg)
+    acts = tc.activation(tc.encode(x))[:, 1:]  # [B, P - 1, L, S], the BOS left out
+    s, t = acts[..., 0, 1] > 0, acts[..., 1, 2] > 0
+    assert got.n_positions == seqs.shape[0] * (seqs.shape[1] - 1) and 0 < int(s.sum()) < s.numel()
+    assert (int(got.n_both[0]), int(got.n_source[0]), int(got.n_target[0])) == (
+        int((s & t).sum()),
+        int(s.sum()),
+        int(t.sum()),
+    )
+
+
+def test_dashboard_lookups_outside_the_set():
+    """Before: `feature(-1, 0)` gave the last layer's dashboard labelled layer -1 (numpy's negative
+    index), a float index numpy's IndexError; dashboard_text of the Dashboards object a TypeError."""
+    d = load_dashboards(DASHBOARDS)
+    for key, name in (((-1, 0), "L-1/F0"), ((0, -1), "L0/F-1"), ((4, 0), "L4/F0"), ((1.0, 0), "L1.0/F0")):
+        for call in (d.feature, d.label):
+            with pytest.raises(
+                DashboardFileError, match=rf"^feature {name} is outside this set \(4 layers x 1024"
+            ):
+                call(*key)
+    with pytest.raises(
+        DashboardFileError, match=r"^dashboard_text takes one feature's dashboard, got a Dashboards"
+    ):
+        dashboard_text(d)
+    assert dashboard_text(d.feature(np.int64(0), 1)).startswith("L0/F1")
+
+
+def test_set_labels_refuses_a_float_feature_before_writing(tmp_path):
+    """Before: `(0, 1.5)` labelled feature 1."""
+    path = tmp_path / "dashboards.h5"
+    path.write_bytes(DASHBOARDS.read_bytes())
+    with pytest.raises(
+        DashboardFileError, match=r"^feature \(0, 1\.5\) is neither \(layer, feature\) nor a name"
+    ):
+        set_labels(path, {(0, 1.5): "x"})
+    assert path.read_bytes() == DASHBOARDS.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "fields,said",
+    [
+        (dict(d_sae=1.5), "d_sae is 1.5; it must be a positive integer."),
+        (dict(n_layers=True), "n_layers is True; it must be a positive integer."),
+        (dict(activation="topk", k=2.5), "k is 2.5; pass an integer number of features."),
+        (dict(bandwidth=math.nan), "bandwidth is nan; it must be a finite number above 0"),
+        (dict(bandwidth=math.inf), "bandwidth is inf; it must be a finite number above 0"),
+    ],
+)
+def test_transcoder_config_numbers(fields, said):
+    """Before: a d_sae of 1.5 passed the check (`int(1.5)` is 1), and k 2.5 too; a NaN or infinite
+    bandwidth was accepted, a straight-through kernel of no width or of all of it."""
+    with pytest.raises(ConfigError) as e:
+        TranscoderConfig(**{"kind": "plt", "n_layers": 2, "d_model": 8, "d_sae": 4, **fields})
+    assert str(e.value).startswith(said)
+
+
+@pytest.mark.parametrize(
+    "fields,said",
+    [
+        (dict(hist_max=math.inf), "histogram range [0.001, inf] is empty or not finite"),
+        (dict(hist_min=math.nan), "histogram range [nan, 1000.0] is empty or not finite"),
+        (dict(n_tokens=2.5), "n_tokens is 2.5; pass an integer."),
+        (dict(before=1.5), "before is 1.5; pass an integer."),
+    ],
+)
+def test_dashboard_config_numbers(fields, said):
+    """Before: accepted; log-spaced bins up to infinity, a window of 1.5 tokens."""
+    with pytest.raises(ConfigError) as e:
+        DashboardConfig(**fields)
+    assert str(e.value).startswith(said)
+
+
+def test_check_fits_names_what_is_not_a_model_or_a_set(setup):
+    """Before: `AttributeError: 'str' object has no attribute 'cfg'`."""
+    model, tc, _ = setup
+    with pytest.raises(
+        TranscoderMismatchError, match=r"^the model is a str, not a TransformerLens HookedTransformer"
+    ):
+        check_fits("default", tc)
+    with pytest.raises(TranscoderMismatchError, match=r"^the transcoders are a str, not a set"):
+        check_fits(model, "default-plt")
+    check_fits(model, tc)
