@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 METHODS = ("eap", "eap-ig", "peap", "ep", "hap")
 TASKS = ("ioi", "greater-than")
+OPTIONS = {
+    "eap": ("edges",),
+    "eap-ig": ("edges",),
+    "peap": ("edges", "aggregation", "schema_path"),
+    "ep": ("sparsity", "steps"),
+    "hap": ("sparsity", "steps", "keep_frac"),
+}
+"""The options of `discover` each method reads beyond (task, n, seed); the others it ignores."""
 
 
 class Discovery(NamedTuple):

@@ -1,0 +1,69 @@
+"""Bad input, round 6 (docs/bad_inputs.md, "Round 6"): `attrgraph circuit` given an option its method
+does not read. Before, `--method eap --sparsity 0.5` (or `--steps`, `--keep-frac`, `--aggregation`)
+ran and ignored it, so the user believed a setting was in force that was not. Now one line before the
+model loads, in the words `build` uses for `--tau` without `--method hierarchical`; an option the
+method reads still reaches it, and one not given keeps `discover`'s default."""
+
+import inspect
+
+import pytest
+
+from attrgraph.circuits.discovery import OPTIONS, discover
+from attrgraph.circuits.store import load_circuit
+from tests.attrgraph.cli.test_cli import error_line, run
+
+NO_MODEL = ["--model", "/nonexistent/model"]
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (
+            ["--method", "eap", "--sparsity", "0.5"],
+            "--method eap does not take --sparsity (--sparsity is for --method ep, hap); leave it out or "
+            "change --method.",
+        ),
+        (
+            ["--method", "eap-ig", "--steps", "5", "--keep-frac", "0.5"],
+            "--method eap-ig does not take --steps, --keep-frac (--steps is for --method ep, hap; "
+            "--keep-frac is for --method hap)",
+        ),
+        (["--method", "ep", "--edges", "5"], "--method ep does not take --edges (--edges is for --method eap, eap-ig, peap)"),
+        (["--method", "hap", "--aggregation", "sum"], "--method hap does not take --aggregation (--aggregation is for --method peap)"),
+        (["--method", "peap", "--keep-frac", "0.2"], "--method peap does not take --keep-frac"),
+    ],
+)  # fmt: skip
+def test_an_option_the_method_does_not_read_is_refused_before_the_model_loads(tmp_path, capsys, args, said):
+    rc, out, err = run(capsys, "circuit", "--task", "ioi", *NO_MODEL, *args, "--out", tmp_path / "c.h5")
+    assert rc == 2 and out == ""
+    assert said in error_line(err, "circuit")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_options_a_method_reads_reach_it(capsys, tmp_path):
+    """`--aggregation maxabs` reaches PEAP (its scores are named by it); PEAP without the flag gets
+    discover's default, "avg"; the stored circuit is named by its construction and its scores."""
+    out = tmp_path / "c.h5"
+    for extra, method in ((["--aggregation", "maxabs"], "peap-maxabs"), ([], "peap-avg")):
+        name = method
+        args = ["--task", "ioi", "--method", "peap", "--n", "2", "--edges", "3", "--out", out, "--name", name]
+        rc, _, err = run(capsys, "circuit", *args, *extra)
+        assert rc == 0, err
+        assert load_circuit(out, name)[0].method == "greedy:" + method  # greedy construction on those scores
+
+
+def test_the_help_states_discovers_defaults():
+    """The flags are absent unless given, so their help says the default; it must be discover's."""
+    import argparse
+
+    from attrgraph.cli.circuit import METHOD_OPTIONS, add_parser
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    helps = {a.dest: a.help for a in sub.choices["circuit"]._actions}
+    defaults = inspect.signature(discover).parameters
+    for name in ("edges", "sparsity", "steps", "keep_frac", "aggregation"):
+        assert helps[name].endswith(f"(default {defaults[name].default})") or helps[name].endswith(
+            f"; default {defaults[name].default})"
+        ), helps[name]
+    assert set().union(*OPTIONS.values()) == set(METHOD_OPTIONS)  # every method option is checked
