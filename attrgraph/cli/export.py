@@ -109,7 +109,7 @@ def run(args) -> int:
         result = export_json(
             graph,
             out,
-            slug=args.slug or graph_name,
+            slug=graph_name if args.slug is None else args.slug,  # "" is refused as any non-name
             scan=args.scan,
             supernodes=load_supernodes(path, graph_name),
             node_threshold=args.node_threshold,

@@ -67,3 +67,15 @@ def test_the_help_states_discovers_defaults():
             f"; default {defaults[name].default})"
         ), helps[name]
     assert set().union(*OPTIONS.values()) == set(METHOD_OPTIONS)  # every method option is checked
+
+
+def test_export_refuses_an_empty_slug(tmp_path, capsys):
+    """Before: `--slug ""` (an unset shell variable) silently fell back to the graph's name."""
+    from attrgraph.graph.store import save_graph
+    from tests.attrgraph.ag_helpers import random_graph
+
+    save_graph(random_graph(0), tmp_path / "g.h5")
+    rc, out, err = run(capsys, "export", tmp_path / "g.h5", "-o", tmp_path / "site", "--slug", "")
+    assert rc == 2 and out == ""
+    assert "slug '' is not a plain name; use letters, digits" in error_line(err, "export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
