@@ -193,11 +193,38 @@ def default_path(transcoders: str) -> Path:
     return BUNDLED.get(transcoders, Path(transcoders)) / FILE_NAME
 
 
+def check_output(path: str | os.PathLike) -> None:
+    """Refuse, before the work, a dashboards file `path` that cannot be written or would replace
+    something else: a folder, a file that is not a dashboards file (a graph file, say: the write
+    replaces the whole file), or a folder to create it in that cannot be written. A dashboards file
+    of any schema version is replaced, its user labels kept."""
+    from transcoders.output_folder import check_output_folder
+
+    path = Path(path)
+    if path.is_dir():
+        raise DashboardFileError(
+            f"{path} is a folder; pass a file name to write, such as {path / 'dashboards.h5'}."
+        )
+    if path.exists():
+        try:
+            with _h5py().File(path, "r") as f:
+                fmt = f.attrs.get("format")
+        except OSError:
+            fmt = None
+        if fmt != FORMAT:
+            raise DashboardFileError(
+                f"{path} exists and is not a dashboards file, and writing would replace it; pass another "
+                "file name, or move it away."
+            )
+    check_output_folder(path.parent, DashboardFileError)
+
+
 def write_dashboards(path: str | os.PathLike, data: dict, attrs: dict) -> Path:
     """Write `data` ({"group/name": array}, as `DashboardAccumulator.result` and friends give
     them; `encode` turns them into the stored form) and root `attrs` atomically, keeping the user
-    labels of any dashboards file already at `path`."""
+    labels of any dashboards file already at `path` (`check_output` first)."""
     path = Path(path)
+    check_output(path)
     data = encode(data)
     user = read_user_labels(path) if path.exists() else {}
     with atomic_h5(path) as f:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from transcoders.config_cli import add_fields
-from transcoders.dashboard_file import default_path, write_dashboards
+from transcoders.dashboard_file import check_output, default_path, write_dashboards
 from transcoders.errors import ConfigError
 
 LOW32 = (1 << 32) - 1
@@ -391,6 +391,8 @@ def compute_dashboards(
     [n_seq, n_ctx] or an iterable of token-id lists); `out` overrides `cfg.out`."""
     cfg = dataclasses.replace(cfg or DashboardConfig(), **kw)
     t0 = time.time()
+    out = Path(out or cfg.out or default_path(cfg.transcoders))
+    check_output(out)  # a folder, a graph file or an unwritable place: before anything loads
     if model is None:
         from transcoders.train import load_any_model
 
@@ -405,7 +407,6 @@ def compute_dashboards(
         from transcoders.train import sequence_source
 
         sequences = sequence_source(model, cfg.corpus, cfg.seed)
-    out = Path(out or cfg.out or default_path(cfg.transcoders))
     acc = accumulate(model, tc, sequences, cfg)
     data, counts = acc.result()
     vocab = vocab_strings(model)

@@ -91,6 +91,10 @@ def run(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port {args.port} is not a port; pass 0 to 65535 (0: any free port).")
+    if not args.host.strip():  # "" would bind every interface while the URL printed says 127.0.0.1
+        raise ServeError(
+            "--host is empty; pass an address to listen on: 127.0.0.1 (this machine, the default) or 0.0.0.0 (every interface)."
+        )
     server = make_server(
         args.file,
         args.host,

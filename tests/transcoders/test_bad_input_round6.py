@@ -172,3 +172,37 @@ def test_check_fits_names_what_is_not_a_model_or_a_set(setup):
     with pytest.raises(TranscoderMismatchError, match=r"^the transcoders are a str, not a set"):
         check_fits(model, "default-plt")
     check_fits(model, tc)
+
+
+def test_dashboards_never_replace_a_file_that_is_not_dashboards(setup, tmp_path):
+    """Before: `python -m transcoders.dashboards --out g.h5` on an attribution graph file replaced
+    the whole file by dashboards (the graphs were lost); `--out DIR` was h5py's errno-21 message of
+    several lines. Now one sentence, before the model or the set load (the set named does not exist,
+    and its own error would come first otherwise), the file byte for byte as it was."""
+    import h5py
+
+    from transcoders.dashboards import compute_dashboards
+
+    graphs = tmp_path / "g.h5"
+    with h5py.File(graphs, "w") as f:  # what attrgraph's store writes: /graphs/<name>/...
+        f.create_group("graphs/graph").create_dataset("x", data=np.arange(3))
+    before = graphs.read_bytes()
+    text = tmp_path / "notes.txt"
+    text.write_text("not HDF5")
+    for out, said in (
+        (graphs, f"{graphs} exists and is not a dashboards file, and writing would replace it"),
+        (text, f"{text} exists and is not a dashboards file"),
+        (
+            tmp_path,
+            f"{tmp_path} is a folder; pass a file name to write, such as {tmp_path / 'dashboards.h5'}.",
+        ),
+    ):
+        with pytest.raises(DashboardFileError) as e:
+            compute_dashboards(transcoders=str(tmp_path / "no-such-set"), out=out)
+        assert str(e.value).startswith(said)
+    assert graphs.read_bytes() == before and text.read_text() == "not HDF5"
+    model, tc, seqs = setup
+    again = tmp_path / "d.h5"  # a dashboards file is replaced, as before
+    for _ in range(2):
+        compute_dashboards(model=model, tc=tc, sequences=seqs, out=again, n_tokens=18, progress=False)
+    assert load_dashboards(again).n_layers == 2

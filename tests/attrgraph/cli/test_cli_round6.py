@@ -79,3 +79,16 @@ def test_export_refuses_an_empty_slug(tmp_path, capsys):
     assert rc == 2 and out == ""
     assert "slug '' is not a plain name; use letters, digits" in error_line(err, "export")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.h5"]
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+def test_serve_refuses_an_empty_host(tmp_path, capsys, host):
+    """Before: `--host ""` bound every interface (the empty address) while the warning read
+    "listening on ," and the URL printed said 127.0.0.1."""
+    from attrgraph.graph.store import save_graph
+    from tests.attrgraph.ag_helpers import random_graph
+
+    save_graph(random_graph(0), tmp_path / "g.h5")
+    rc, out, err = run(capsys, "serve", tmp_path / "g.h5", "--host", host, "--port", "0")
+    assert rc == 2 and out == ""
+    assert "--host is empty; pass an address to listen on: 127.0.0.1" in error_line(err, "serve")
