@@ -202,6 +202,12 @@ def check_output(path: str | os.PathLike, kind: str = "graph") -> None:
                 f"{path} exists and is not an HDF5 file, so no {kind} can be added to it; pass a new file "
                 f"name or a {kind} file written by attrgraph."
             )
+        fmt = _format(path)
+        if fmt not in (None, "attrgraph"):  # e.g. a dashboards file: writing would relabel it
+            raise GraphFileError(
+                f"{path} is not a graph file (its format is {fmt!r}), so no {kind} can be added to it without "
+                f"relabelling it; pass a new file name or a {kind} file written by attrgraph."
+            )
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -220,6 +226,17 @@ def check_name(name, kind: str = "graph") -> None:
         raise GraphFileError(
             f"{kind} name {name!r} is empty, '.' or contains '/'; pass a plain name such as 'ioi_1'."
         )
+
+
+def _format(path: Path) -> str | None:
+    """The root `format` attribute of the HDF5 file `path` (None without one, or unreadable: the
+    save then says what is wrong)."""
+    try:
+        with h5py.File(path, "r") as f:
+            fmt = f.attrs.get("format")
+    except _H5_ERRORS:
+        return None
+    return fmt.decode() if isinstance(fmt, bytes) else None if fmt is None else str(fmt)
 
 
 def _is_hdf5(path: Path) -> bool:

@@ -5,7 +5,9 @@ model loads, in the words `build` uses for `--tau` without `--method hierarchica
 method reads still reaches it, and one not given keeps `discover`'s default."""
 
 import inspect
+import re
 
+import numpy as np
 import pytest
 
 from attrgraph.circuits.discovery import OPTIONS, discover
@@ -92,3 +94,32 @@ def test_serve_refuses_an_empty_host(tmp_path, capsys, host):
     rc, out, err = run(capsys, "serve", tmp_path / "g.h5", "--host", host, "--port", "0")
     assert rc == 2 and out == ""
     assert "--host is empty; pass an address to listen on: 127.0.0.1" in error_line(err, "serve")
+
+
+def test_a_dashboards_file_is_not_turned_into_a_graph_file(tmp_path, capsys):
+    """Before: `build -o dashboards.h5` (and `circuit --out`, `save_graph`) added /graphs to a
+    dashboards file and relabelled its root `format` "attrgraph": load_dashboards then refused it.
+    Now one line before the work, the file byte for byte as it was; an HDF5 file without a format
+    (a user's own) still takes graphs beside its data."""
+    import h5py
+
+    from attrgraph.errors import GraphFileError
+    from attrgraph.graph.store import list_graphs, save_graph
+    from tests.attrgraph.ag_helpers import random_graph
+
+    boards = tmp_path / "dashboards.h5"
+    with h5py.File(boards, "w") as f:
+        f.attrs["format"] = "attrgraph-dashboards"
+        f.create_dataset("stats/max", data=np.ones(3))
+    before = boards.read_bytes()
+    said = f"{boards} is not a graph file (its format is 'attrgraph-dashboards'), so no graph can be added"
+    with pytest.raises(GraphFileError, match=re.escape(said)):
+        save_graph(random_graph(0), boards)
+    rc, out, err = run(capsys, "circuit", "--task", "ioi", *NO_MODEL, "--out", boards)
+    assert rc == 2 and "so no circuit can be added to it without relabelling it" in error_line(err, "circuit")
+    assert boards.read_bytes() == before
+    own = tmp_path / "own.h5"
+    with h5py.File(own, "w") as f:
+        f.create_dataset("mine", data=np.arange(4))
+    save_graph(random_graph(0), own)
+    assert list_graphs(own) == ["graph"]
