@@ -57,7 +57,9 @@ class Supernode:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
-            raise SupernodeError(f"a supernode's name is {self.name!r}; give it a label to show, such as 'Texas'.")
+            raise SupernodeError(
+                f"a supernode's name is {self.name!r}; give it a label to show, such as 'Texas'."
+            )
         if not self.members:
             raise SupernodeError(f"supernode {self.name!r} has no members; give it at least one node.")
 
@@ -122,6 +124,13 @@ def _input_normalized(adjacency) -> sp.csr_array:
 
 def supernode_adjacency(graph: Graph, supernodes: Sequence[Supernode]) -> SupernodeGraph:
     """The supernode graph of step 3 over `supernodes` plus every other node as a singleton."""
+    given = supernodes
+    supernodes = [] if isinstance(given, Supernode | str) or not hasattr(given, "__iter__") else list(given)
+    if (given and not supernodes) or not all(isinstance(sn, Supernode) for sn in supernodes):
+        raise SupernodeError(
+            f"supernodes is a {type(given).__name__} ({str(given)[:60]}); pass a list of Supernode "
+            "(supernode(graph, name, node_ids), suggest_supernodes(graph))."
+        )
     n = graph.n_nodes
     group_of = np.full(n, -1, np.int64)
     groups, names = [], []

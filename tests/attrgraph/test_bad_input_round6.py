@@ -112,3 +112,28 @@ def test_a_feature_key_as_list_or_numpy_ints_still_works(tiny):
     a = virtual_weights(model, tc, ("mlp", 0, 3))
     b = virtual_weights(model, tc, ["mlp", np.int64(0), np.int32(3)])
     np.testing.assert_array_equal(a.weight, b.weight)
+
+
+def test_graph_label_of_a_node_not_in_the_graph():
+    """Before: `ValueError: -1 is not in list` (the logit branch), numpy's IndexError."""
+    g = random_graph(0)
+    for i in (-1, g.n_nodes, 1.0):
+        with pytest.raises(
+            GraphError, match=rf"^node {i!r} is not in this graph; pass an index in 0\.\.{g.n_nodes - 1}\.$"
+        ):
+            g.label(i)
+    assert g.label(np.int64(0)).startswith("emb@")
+
+
+def test_supernode_adjacency_takes_a_list_of_supernodes():
+    """Before: `AttributeError: 'str' object has no attribute 'members'` (a string, a list of ids, one
+    Supernode not in a list)."""
+    from attrgraph.graph.supernodes import supernode_adjacency
+
+    g = random_graph(0)
+    one = supernode(g, "pair", [1, 2])
+    for bad in ("abc", [1, 2], one, 5):
+        with pytest.raises(SupernodeError, match=r"^supernodes is a \w+ \(.*\); pass a list of Supernode"):
+            supernode_adjacency(g, bad)
+    as_list, as_generator = supernode_adjacency(g, [one]), supernode_adjacency(g, (s for s in [one]))
+    assert as_list.names == as_generator.names and "pair" in as_list.names
