@@ -14,6 +14,7 @@ tokens come from; train.py (the command) and trainer.py (the loop) both read it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,6 +144,19 @@ class TrainConfig:
             raise ConfigError(
                 f"bandwidth {self.bandwidth} and threshold_init {self.threshold_init} must both be positive."
             )
+        for name in ("d_sae", "n_tokens", "batch_size", "k", "block_tokens", "seed", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                whole = isinstance(value, float) and value.is_integer()  # 4e6 written for 4_000_000
+                raise ConfigError(
+                    f"{name} is {value!r}; pass an integer{f' ({int(value)})' if whole else ''}."
+                )
+        if isinstance(self.splice_with, str):
+            raise ConfigError(
+                f"splice_with is the string {self.splice_with!r}; pass a tuple of set names, e.g. ({self.splice_with!r},)."
+            )
+        if not str(self.model).strip():
+            raise ConfigError("model is empty; pass 'default', a model folder or a TransformerLens name.")
         for name in ("batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} is {getattr(self, name)}; pass at least 1.")

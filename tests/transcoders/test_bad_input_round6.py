@@ -206,3 +206,29 @@ def test_dashboards_never_replace_a_file_that_is_not_dashboards(setup, tmp_path)
     for _ in range(2):
         compute_dashboards(model=model, tc=tc, sequences=seqs, out=again, n_tokens=18, progress=False)
     assert load_dashboards(again).n_layers == 2
+
+
+@pytest.mark.parametrize(
+    "fields,said",
+    [
+        (dict(n_tokens=1e6), "n_tokens is 1000000.0; pass an integer (1000000)."),
+        (dict(batch_size=2.5), "batch_size is 2.5; pass an integer."),
+        (dict(checkpoint_every=1.5), "checkpoint_every is 1.5; pass an integer."),
+        (dict(seed=0.5), "seed is 0.5; pass an integer."),
+        (dict(splice_with="default-attn-sae"), "splice_with is the string 'default-attn-sae'; pass a tuple of set names, e.g. ('default-attn-sae',)."),
+        (dict(model=""), "model is empty; pass 'default', a model folder or a TransformerLens name."),
+    ],
+)  # fmt: skip
+def test_train_config_values_python_writes_by_mistake(fields, said):
+    """Before: accepted: a float `n_tokens=4e6` (Python's usual spelling), a batch size of 2.5, a
+    seed of 0.5; `splice_with="default-attn-sae"` would be read letter by letter as set names at the
+    evaluation after the whole run (train.py iterates it); an empty model name failed only when it
+    loaded."""
+    from transcoders.train_config import TrainConfig
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**fields)
+    assert str(e.value) == said
+    TrainConfig(
+        splice_with=["default-attn-sae"], n_tokens=2048, batch_size=256, block_tokens=1024
+    )  # still fine
