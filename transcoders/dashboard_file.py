@@ -193,11 +193,13 @@ def default_path(transcoders: str) -> Path:
     return BUNDLED.get(transcoders, Path(transcoders)) / FILE_NAME
 
 
-def check_output(path: str | os.PathLike) -> None:
+def check_output(path: str | os.PathLike, shape: tuple[str, int, int] | None = None) -> None:
     """Refuse, before the work, a dashboards file `path` that cannot be written or would replace
     something else: a folder, a file that is not a dashboards file (a graph file, say: the write
-    replaces the whole file), or a folder to create it in that cannot be written. A dashboards file
-    of any schema version is replaced, its user labels kept."""
+    replaces the whole file), a folder to create it in that cannot be written, or, given the set's
+    `shape` (kind, n_layers, d_sae), the dashboards of a set of another shape (its user labels,
+    which a recompute keeps, would land on other features). A dashboards file of the same set (any
+    schema version, the set retrained) is replaced, its user labels kept."""
     from transcoders.output_folder import check_output_folder
 
     path = Path(path)
@@ -208,13 +210,21 @@ def check_output(path: str | os.PathLike) -> None:
     if path.exists():
         try:
             with _h5py().File(path, "r") as f:
-                fmt = f.attrs.get("format")
+                attrs = {k: f.attrs.get(k) for k in ("format", "kind", "n_layers", "d_sae")}
         except OSError:
-            fmt = None
-        if fmt != FORMAT:
+            attrs = {"format": None}
+        if attrs["format"] != FORMAT:
             raise DashboardFileError(
                 f"{path} exists and is not a dashboards file, and writing would replace it; pass another "
                 "file name, or move it away."
+            )
+        known = None not in (attrs["kind"], attrs["n_layers"], attrs["d_sae"])
+        theirs = (str(attrs["kind"]), int(attrs["n_layers"]), int(attrs["d_sae"])) if known else None
+        if shape is not None and known and theirs != tuple(shape):
+            raise DashboardFileError(
+                f"{path} holds the dashboards of another set ({theirs[0]}, {theirs[1]} layers x {theirs[2]} "
+                f"features; this one is {shape[0]}, {shape[1]} x {shape[2]}); pass another file name, or "
+                "move it away."
             )
     check_output_folder(path.parent, DashboardFileError)
 
@@ -224,7 +234,8 @@ def write_dashboards(path: str | os.PathLike, data: dict, attrs: dict) -> Path:
     them; `encode` turns them into the stored form) and root `attrs` atomically, keeping the user
     labels of any dashboards file already at `path` (`check_output` first)."""
     path = Path(path)
-    check_output(path)
+    shape = tuple(attrs.get(k) for k in ("kind", "n_layers", "d_sae"))
+    check_output(path, None if None in shape else shape)
     data = encode(data)
     user = read_user_labels(path) if path.exists() else {}
     with atomic_h5(path) as f:

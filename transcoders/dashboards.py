@@ -402,6 +402,9 @@ def compute_dashboards(
 
         tc = load_transcoders(cfg.transcoders)
         check_fits(model, tc)
+    check_output(
+        out, (tc.cfg.kind, tc.cfg.n_layers, tc.cfg.d_sae)
+    )  # another set's dashboards: before the pass
     tc.eval()
     if sequences is None:
         from transcoders.train import sequence_source

@@ -232,3 +232,28 @@ def test_train_config_values_python_writes_by_mistake(fields, said):
     TrainConfig(
         splice_with=["default-attn-sae"], n_tokens=2048, batch_size=256, block_tokens=1024
     )  # still fine
+
+
+def test_dashboards_of_another_set_are_not_replaced(setup, tmp_path):
+    """Before: recomputing into another set's dashboards file (`--out` of the CLT's for the PLT, say)
+    replaced them and kept their user labels, which then named other features. Now one sentence
+    after the set loads and before the pass; the same set (retrained) is still recomputed in place
+    with its labels."""
+    from transcoders.dashboards import compute_dashboards
+
+    model, tc, seqs = setup
+    path = tmp_path / "d.h5"
+    kw = dict(model=model, sequences=seqs, out=path, n_tokens=18, progress=False)
+    compute_dashboards(tc=tc, **kw)
+    set_labels(path, {(1, 3): "mine"})
+    before = path.read_bytes()
+    wider = random_set(activation="relu", n_layers=2, d_model=model.cfg.d_model, d_sae=16, seed=1).eval()
+    with pytest.raises(
+        DashboardFileError,
+        match=r"holds the dashboards of another set \(plt, 2 layers x 8 features; this one is plt, 2 x 16\)",
+    ):
+        compute_dashboards(tc=wider, **kw)
+    assert path.read_bytes() == before
+    retrained = random_set(activation="relu", n_layers=2, d_model=model.cfg.d_model, d_sae=8, seed=2).eval()
+    compute_dashboards(tc=retrained, **kw)
+    assert load_dashboards(path).label(1, 3) == "mine"
