@@ -27,6 +27,13 @@ def make_tiny_transcoders():
     return tiny_transcoders
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny GPT-2-style model and its per-layer transcoders (the bad-input rounds' subject)."""
+    model = tiny_model("gpt2")
+    return model, tiny_transcoders(model)
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run a test with one torch thread (restored after): tiny models are fastest that way, and on a

@@ -32,18 +32,12 @@ from attrgraph.graph.neuronpedia import export_json, graph_to_json
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.store import save_graph, save_graphs
-from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import random_graph
 from transcoders.config import check_dtype
 from transcoders.errors import ConfigError, TranscoderMismatchError
 from transcoders.formats import load_transcoders, save_transcoders
 
 TOKENS = [0, 5, 9, 3, 17]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_model("gpt2")
-    return model, tiny_transcoders(model)
 
 
 @pytest.mark.parametrize(

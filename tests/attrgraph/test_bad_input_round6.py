@@ -14,15 +14,9 @@ from attrgraph.engine.hierarchical import hierarchical_attribution
 from attrgraph.errors import GraphError, InterventionError, OptionError, SupernodeError, TargetError
 from attrgraph.graph.prune import normalize_matrix
 from attrgraph.graph.supernodes import Supernode, supernode
-from tests.attrgraph.ag_helpers import random_graph, tiny_model, tiny_transcoders
+from tests.attrgraph.ag_helpers import random_graph
 
 TOKENS = [0, 5, 9, 3, 17]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_model("gpt2")
-    return model, tiny_transcoders(model)
 
 
 @pytest.mark.parametrize(
