@@ -251,7 +251,18 @@ def head_loadings(
         raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
     if edges is None and top < 0:
         raise OptionError(f"top is {top}; pass 0 or more edges to explain.")
-    edges = _pick_edges(graph, top) if edges is None else np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    if edges is not None:
+        given = np.asarray(edges)
+        if given.shape == (2,) or given.size == 0:  # one (target, source) pair; none
+            given = given.reshape(-1, 2).astype(np.int64)
+        if given.ndim != 2 or given.shape[1] != 2 or (given.size and given.dtype.kind not in "iu"):
+            raise OptionError(
+                f"edges is a {given.dtype} array of shape {given.shape}; pass (target, source) node index pairs, "
+                "shape [n_edges, 2]."
+            )
+        edges = given.astype(np.int64)
+    else:
+        edges = _pick_edges(graph, top)
     n_nodes = len(graph.nodes.kind)
     if len(edges) and (edges.min() < 0 or edges.max() >= n_nodes):
         raise OptionError(f"edges name nodes outside [0, {n_nodes}); pass node indices of this graph.")

@@ -38,6 +38,7 @@ goes to the host and the steps run there, as on the CPU.
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,9 @@ def attribute_adaptive(
     the targets of a backward (default: the rows engine's plan, batch_plan.py). `trace`, when given,
     receives one dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the
     result; `meta["backward_gflop"]` counts the linear engine's products, as `attribute`'s does."""
+    for name, value in (("max_feature_nodes", max_feature_nodes), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise OptionError(f"{name} is {value!r}; pass a whole number.")
     if max_feature_nodes < 0:
         raise OptionError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
     if k < 1:

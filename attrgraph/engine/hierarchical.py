@@ -311,6 +311,7 @@ def attribute_hierarchical(
         raise OptionError(
             f"tau is {tau!r}; pass a number (0 detaches what pushes the root down, -inf nothing)."
         )
+    _check_root(root)
     checked = [root] if isinstance(root, Target) else None
     run = run_prompt(
         model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding, targets=checked
@@ -344,6 +345,18 @@ class _Root(NamedTuple):
     targets: list[Target]
     name: str
     const: _ConstantTerms
+
+
+def _check_root(root) -> None:
+    """`TargetError` unless `root` is None, a `Target`, a `NodeKey` or (layer, position, feature)
+    integers: before the prompt runs."""
+    if root is None or isinstance(root, Target | NodeKey):
+        return
+    triple = isinstance(root, tuple | list) and len(root) == 3
+    if not (triple and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in root)):
+        raise TargetError(
+            f"root is {root!r}; pass None (the top logit), a Target, or an active feature (layer, position, feature)."
+        )
 
 
 def _root(run: PromptRun, root) -> _Root:

@@ -30,7 +30,7 @@ from torch import Tensor
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
-from attrgraph.errors import PromptError, PromptWarning
+from attrgraph.errors import OptionError, PromptError, PromptWarning
 from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Nodes
 
@@ -373,6 +373,10 @@ def resolve_exclude_bos(model: HookedTransformer, tokens: Tensor, exclude_bos: b
     """`exclude_bos`, or when it is None whether position 0 holds the tokenizer's BOS token
     (circuit-tracer's convention: no feature or error nodes there)."""
     if exclude_bos is not None:
+        if not isinstance(exclude_bos, bool | np.bool_):  # "no" or "false" would read as True
+            raise OptionError(
+                f"exclude_bos is {exclude_bos!r}; pass True, False or None (exclude position 0 when it holds BOS)."
+            )
         return bool(exclude_bos)
     bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
     return bos is not None and int(tokens[0]) == int(bos)

@@ -65,8 +65,8 @@ def select_logit_targets(
     tokenizer=None,
 ) -> list[Target]:
     """Demeaned-logit targets for the smallest top-K past `desired_logit_prob`, K <= `max_n_logits`."""
-    if max_n_logits < 1:
-        raise TargetError(f"max_n_logits is {max_n_logits}; pass at least 1.")
+    if isinstance(max_n_logits, bool) or not isinstance(max_n_logits, numbers.Integral) or max_n_logits < 1:
+        raise TargetError(f"max_n_logits is {max_n_logits!r}; pass a whole number, at least 1.")
     if not 0.0 < desired_logit_prob <= 1.0:
         raise TargetError(f"desired_logit_prob is {desired_logit_prob}; pass a probability in (0, 1].")
     probs = torch.softmax(logits.double(), dim=-1)

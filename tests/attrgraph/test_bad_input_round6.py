@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from attrgraph.analysis.global_weights import output_logit_weights, virtual_weights
+from attrgraph.analysis.head_loadings import head_loadings
 from attrgraph.analysis.inactive import attribute_inactive
 from attrgraph.analysis.intervene import generate
-from attrgraph.engine.hierarchical import hierarchical_attribution
+from attrgraph.engine.adaptive import attribute_adaptive
+from attrgraph.engine.attribute import attribute
+from attrgraph.engine.hierarchical import attribute_hierarchical, hierarchical_attribution
 from attrgraph.errors import GraphError, InterventionError, OptionError, SupernodeError, TargetError
 from attrgraph.graph.prune import normalize_matrix
 from attrgraph.graph.supernodes import Supernode, supernode
@@ -131,3 +134,40 @@ def test_supernode_adjacency_takes_a_list_of_supernodes():
             supernode_adjacency(g, bad)
     as_list, as_generator = supernode_adjacency(g, [one]), supernode_adjacency(g, (s for s in [one]))
     assert as_list.names == as_generator.names and "pair" in as_list.names
+
+
+@pytest.mark.parametrize(
+    "call,error,said",
+    [
+        (lambda m, tc: attribute(m, tc, TOKENS, exclude_bos="no"), OptionError, "exclude_bos is 'no'; pass True, False or None"),
+        (lambda m, tc: attribute(m, tc, TOKENS, max_n_logits=2.5), TargetError, "max_n_logits is 2.5; pass a whole number, at least 1."),
+        (lambda m, tc: attribute_adaptive(m, tc, TOKENS, max_feature_nodes=2.5), OptionError, "max_feature_nodes is 2.5; pass a whole number."),
+        (lambda m, tc: attribute_adaptive(m, tc, TOKENS, max_feature_nodes=4, k=1.5), OptionError, "k is 1.5; pass a whole number."),
+        (lambda m, tc: attribute_hierarchical(m, tc, TOKENS, root=10**6), TargetError, "root is 1000000; pass None (the top logit), a Target, or an active feature"),
+        (lambda m, tc: attribute_hierarchical(m, tc, TOKENS, root=(1, 2.5, 3)), TargetError, "root is (1, 2.5, 3); pass None"),
+    ],
+)  # fmt: skip
+def test_engine_options_of_the_wrong_type(tiny, call, error, said):
+    """Before: `exclude_bos="no"` ran as True (any non-empty string is); torch's `TypeError: topk():
+    argument 'k' must be int, not float`; `slice indices must be integers`; `'int' object is not
+    iterable` (a bare int as the hierarchical root), after the prompt ran."""
+    model, tc = tiny
+    with pytest.raises(error) as e:
+        call(model, tc)
+    assert str(e.value).startswith(said)
+    assert (
+        attribute(model, tc, TOKENS, exclude_bos=np.bool_(True)).meta["exclude_bos"] is True
+    )  # a stored flag
+
+
+def test_head_loadings_edges_must_be_pairs(tiny):
+    """Before: numpy's `cannot reshape array of size 3 into shape (2)`; float pairs were cut to
+    integers."""
+    model, tc = tiny
+    graph = attribute(model, tc, TOKENS)
+    for edges in (np.array([1, 2, 3]), [(1.5, 2)], np.ones((2, 3), int)):
+        with pytest.raises(
+            OptionError, match=r"^edges is a \w+ array of shape .*; pass \(target, source\) node index pairs"
+        ):
+            head_loadings(model, tc, graph, edges=edges)
+    assert len(head_loadings(model, tc, graph, edges=[]).edges) == 0  # none asked, none explained
