@@ -133,18 +133,29 @@ def read_prompts(path: str | os.PathLike, full: bool = False) -> tuple[list[dict
     unknown keys, a bad name or target, a name used before, with `full` a name that is or has
     another prompt's NAME_full). Blank lines are skipped."""
     path = Path(path)
+    if path.is_dir():
+        raise OptionError(f"prompts file {str(path)!r} is a folder; pass a JSONL file of {{'prompt': ...}}.")
     if not path.is_file():
         raise OptionError(
             f"prompts file {str(path)!r} does not exist; pass a JSONL file of {{'prompt': ...}}."
         )
     items, failures, seen = [], [], {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    n_json = 0  # lines that parse as JSON
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
             name, error = f"prompt_{n}", None
             try:
-                row = json.loads(line)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line, error = (
+                    "?",
+                    f"line is not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8.",
+                )
+            if not line.strip():
+                continue
+            try:
+                row = None if error else json.loads(line)
+                n_json += error is None
             except json.JSONDecodeError as e:
                 row, error = None, f"line is not JSON ({e.msg}); write one JSON object per line."
             if error is None and not isinstance(row, dict):
@@ -173,6 +184,16 @@ def read_prompts(path: str | os.PathLike, full: bool = False) -> tuple[list[dict
                 continue
             seen[name] = n
             items.append({"line": n, "name": name, "prompt": row["prompt"], "target": target})
+    if not items and not failures:
+        raise OptionError(
+            f"prompts file {str(path)!r} holds no prompts; write one {{'prompt': ...}} per line."
+        )
+    if not items and n_json == 0:  # plain text, say: one line for the file, not one failure per line
+        raise OptionError(
+            f"prompts file {str(path)!r} is not JSONL: line {failures[0]['line']} "
+            f"{failures[0]['error'].split(';')[0].removeprefix('line ')}; write one JSON object per line, "
+            'such as {"prompt": "When Mary and John went to the store"}.'
+        )
     return items, failures
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from attrgraph.circuits.discovery import OPTIONS, discover
 from attrgraph.circuits.store import load_circuit
+from attrgraph.errors import OptionError
 from tests.attrgraph.cli.test_cli import error_line, run
 
 NO_MODEL = ["--model", "/nonexistent/model"]
@@ -123,3 +124,38 @@ def test_a_dashboards_file_is_not_turned_into_a_graph_file(tmp_path, capsys):
         f.create_dataset("mine", data=np.arange(4))
     save_graph(random_graph(0), own)
     assert list_graphs(own) == ["graph"]
+
+
+@pytest.mark.parametrize(
+    "content,said",
+    [
+        (b"", "holds no prompts; write one {'prompt': ...} per line."),
+        (b"\n  \n", "holds no prompts"),
+        (b"When Mary and John went\nThe cat sat\n", "is not JSONL: line 1 is not JSON (Expecting value); write one JSON"),
+        (b"\xff\xfe bad\n", "is not JSONL: line 1 is not UTF-8 text (invalid start byte at byte 0); write one"),
+    ],
+)  # fmt: skip
+def test_build_many_prompts_files_that_hold_no_prompts(tmp_path, capsys, content, said):
+    """Before: an empty file "built 0" with exit 0; a plain-text file one failure per line in a
+    sidecar, exit 1; a byte that is not UTF-8 a `UnicodeDecodeError` traceback. Now one line, exit
+    2, before Ray starts, nothing written."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(content)
+    rc, out, err = run(capsys, "build-many", prompts, "-o", tmp_path / "g.h5", *NO_MODEL, "--no-progress")
+    assert rc == 2 and out == ""
+    assert f"prompts file '{prompts}' {said}" in error_line(err, "build-many")
+    assert [p.name for p in tmp_path.iterdir()] == ["prompts.jsonl"]
+
+
+def test_a_line_that_is_not_utf8_is_one_failure_among_good_lines(tmp_path):
+    from attrgraph.cli.build_many import read_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "When Mary and John went"}\n\xff bad\n{"prompt": "The cat"}\n')
+    items, failures = read_prompts(prompts)
+    assert [i["line"] for i in items] == [1, 3]
+    assert failures == [
+        {"line": 2, "name": "prompt_2", "error": "line is not UTF-8 text (invalid start byte at byte 0); save the file as UTF-8."}
+    ]  # fmt: skip
+    with pytest.raises(OptionError, match=r"^prompts file '.*' is a folder; pass a JSONL file"):
+        read_prompts(tmp_path)
