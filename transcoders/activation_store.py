@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from transcoders.config import TranscoderConfig
-from transcoders.errors import NonFiniteError
+from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.sites import collect
 
 
@@ -75,17 +75,23 @@ def sequence_width(
     by `n_ctx` from shorter sequences came out short, and its last batches empty."""
     if isinstance(sequences, Tensor):
         if sequences.ndim != 2:
-            raise ValueError(f"token sequences must be [n_seq, n_ctx], not {list(sequences.shape)}")
+            raise ConfigError(f"token sequences must be [n_seq, n_ctx], not {list(sequences.shape)}.")
         width = sequences.shape[1]
     else:
         first = next(iter(sequences()), None)
         if first is None:
-            raise ValueError("the token source yields no sequences")
+            raise ConfigError(
+                f"the corpus yields no sequence of {n_ctx} tokens (all of it together is shorter); pass a longer one."
+            )
         width = len(first)
     if width > n_ctx:
-        raise ValueError(f"sequences of {width} tokens are longer than the model's context ({n_ctx} tokens)")
+        raise ConfigError(
+            f"sequences of {width} tokens are longer than the model's context ({n_ctx} tokens); cut them."
+        )
     if width <= int(skip_bos):
-        raise ValueError(f"sequences of {width} tokens leave no token after the BOS position")
+        raise ConfigError(
+            f"sequences of {width} tokens leave no token after the BOS position; pass longer ones."
+        )
     return width
 
 

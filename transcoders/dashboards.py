@@ -393,6 +393,10 @@ def compute_dashboards(
     t0 = time.time()
     out = Path(out or cfg.out or default_path(cfg.transcoders))
     check_output(out)  # a folder, a graph file or an unwritable place: before anything loads
+    if sequences is None:
+        from transcoders.train_config import check_corpus
+
+        check_corpus(cfg.corpus)  # no file, no token ids, no text: before the model loads
     if model is None:
         from transcoders.train import load_any_model
 
@@ -412,6 +416,10 @@ def compute_dashboards(
         sequences = sequence_source(model, cfg.corpus, cfg.seed)
     acc = accumulate(model, tc, sequences, cfg)
     data, counts = acc.result()
+    if counts["n_tokens"] == 0:  # nothing to show: no file of empty dashboards
+        raise ConfigError(
+            f"the corpus gave no sequence of {model.cfg.n_ctx} tokens (corpus {cfg.corpus!r}); pass a longer one."
+        )
     vocab = vocab_strings(model)
     data["vocab"] = vocab
     data.update(direct_logits(tc, model.W_U.detach(), cfg.n_logits))

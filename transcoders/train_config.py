@@ -241,13 +241,62 @@ def model_device(cfg: TrainConfig) -> str:
 
 
 def check_corpus(corpus: str) -> None:
-    """Refuse a corpus that no installed package provides and that is no file (one line)."""
-    if corpus in providers.corpus_names() or Path(corpus).is_file():
+    """Refuse, in one line, a corpus that no installed package provides and that is no file, a .npy
+    that holds no integer token ids ([n_docs, n_tokens] or one stream [n_tokens]), and a text file
+    without a line of text (read up to its first one)."""
+    if corpus in providers.corpus_names():
         return
-    raise ConfigError(
-        f"corpus {corpus!r} is no file and no installed package provides it (provided: "
-        f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
-    )
+    path = Path(corpus)
+    if not path.is_file():
+        raise ConfigError(
+            f"corpus {corpus!r} is no file and no installed package provides it (provided: "
+            f"{providers.corpus_names()}); pass a .npy or .txt file, or (re)install attrgraph (pip install -e .) for 'bundled'."
+        )
+    if path.suffix == ".npy":
+        _token_array(path)
+    elif next(_text_lines(path), None) is None:
+        raise ConfigError(f"corpus {corpus!r} holds no text; pass a file of one text per line.")
+
+
+def _token_array(path: Path, d_vocab: int | None = None):
+    """The .npy corpus `path` as a 2-D integer array (memory-mapped; a 1-D stream is one document),
+    its ids checked against `d_vocab` when given; `ConfigError` otherwise."""
+    import numpy as np
+
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise ConfigError(
+            f"corpus {str(path)!r} is not a readable .npy of token ids ({e}); pass one."
+        ) from None
+    if arr.dtype.kind not in "iu" or arr.ndim not in (1, 2) or arr.size == 0:
+        raise ConfigError(
+            f"corpus {str(path)!r} holds a {arr.dtype} array of shape {arr.shape}; pass integer token ids, "
+            "[n_docs, n_tokens] or one stream [n_tokens]."
+        )
+    arr = arr.reshape(1, -1) if arr.ndim == 1 else arr
+    if d_vocab is not None:
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0 or high >= d_vocab:
+            raise ConfigError(
+                f"corpus {str(path)!r} holds token ids in [{low}, {high}]; the model's vocabulary is [0, {d_vocab}): "
+                "tokenize it with this model's tokenizer."
+            )
+    return arr
+
+
+def _text_lines(path: Path):
+    """The non-blank lines of a text corpus; `ConfigError` naming the first that is not UTF-8."""
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\n")
+            except UnicodeDecodeError as e:
+                raise ConfigError(
+                    f"corpus {str(path)!r} line {n} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8."
+                ) from None
+            if line.strip():
+                yield line
 
 
 def check_paths(cfg: TrainConfig) -> None:
@@ -268,23 +317,18 @@ def corpus_items(corpus: str, seed: int):
     check_corpus(corpus)
     path = Path(corpus)
     if path.suffix == ".npy":
-        import numpy as np
-
-        return (row.tolist() for row in np.load(path, allow_pickle=False))
-    return (line.rstrip("\n") for line in path.open() if line.strip())
+        return (row.tolist() for row in _token_array(path))
+    return _text_lines(path)
 
 
 def sequence_source(model: HookedTransformer, corpus: str, seed: int):
     """A callable returning a fresh iterator of `n_ctx`-token sequences (activation_store step 1)."""
     tok = model.tokenizer
     n_ctx = model.cfg.n_ctx
-    if corpus.endswith(".npy"):
-        import numpy as np
-
+    if corpus.endswith(".npy") and corpus not in providers.corpus_names():
         check_corpus(corpus)
-
-        arr = np.load(corpus, allow_pickle=False)
-        if arr.ndim == 2 and arr.shape[1] == n_ctx:
+        arr = _token_array(Path(corpus), model.cfg.d_vocab)
+        if arr.shape[1] == n_ctx:
             return torch.from_numpy(arr.astype("int64"))
 
     vocab = tok.get_vocab()

@@ -257,3 +257,62 @@ def test_dashboards_of_another_set_are_not_replaced(setup, tmp_path):
     retrained = random_set(activation="relu", n_layers=2, d_model=model.cfg.d_model, d_sae=8, seed=2).eval()
     compute_dashboards(tc=retrained, **kw)
     assert load_dashboards(path).label(1, 3) == "mine"
+
+
+@pytest.mark.parametrize(
+    "write,said",
+    [
+        (lambda p: np.save(p, np.random.default_rng(0).random((4, 16))), "holds a float64 array of shape (4, 16); pass integer token ids"),
+        (lambda p: np.save(p, np.zeros((0, 16), np.int64)), "holds a int64 array of shape (0, 16); pass integer token ids"),
+        (lambda p: np.save(p, np.zeros((2, 2, 2), np.int64)), "holds a int64 array of shape (2, 2, 2)"),
+        (lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True), "is not a readable .npy of token ids"),
+        (lambda p: p.with_suffix(".txt").write_bytes(b"\n\n"), "holds no text; pass a file of one text per line."),
+        (lambda p: p.with_suffix(".txt").write_bytes(b"fine\n\xff bad\n"), "line 2 is not UTF-8 text (invalid start byte at byte 0)"),
+    ],
+)  # fmt: skip
+def test_corpus_files_that_hold_no_tokens(tmp_path, write, said):
+    """Before (`--corpus` of train and dashboards): a float array or an empty one gave dashboards of
+    no tokens, written as if fine; a 1-D or object array and a byte that is not UTF-8 tracebacks
+    (`TypeError: 'int' object is not iterable`, numpy's `ValueError`, `UnicodeDecodeError`)."""
+    from transcoders.train_config import check_corpus, corpus_items
+
+    path = tmp_path / "corpus.npy"
+    write(path)
+    corpus = str(path if path.exists() else path.with_suffix(".txt"))
+    with pytest.raises(ConfigError) as e:
+        check_corpus(corpus)
+        list(corpus_items(corpus, 0))  # a bad line past the first is met while reading
+    assert str(e.value).startswith(f"corpus {corpus!r} {said}")
+
+
+def test_corpus_token_ids_are_checked_against_the_model_and_a_stream_is_one_document(setup, tmp_path):
+    from transcoders.train_config import corpus_items, sequence_source
+
+    model = setup[0]
+    path = tmp_path / "ids.npy"
+    np.save(path, np.full((2, model.cfg.n_ctx), model.cfg.d_vocab))
+    with pytest.raises(
+        ConfigError, match=r"holds token ids in \[50, 50\]; the model's vocabulary is \[0, 50\)"
+    ):
+        sequence_source(model, str(path), 0)
+    np.save(path, np.arange(7))  # one stream of token ids
+    assert list(corpus_items(str(path), 0)) == [list(range(7))]
+
+
+def test_a_corpus_shorter_than_one_sequence(setup, tmp_path):
+    """Before: dashboards of no tokens were written as if fine; training stopped on the activation
+    store's bare `ValueError: the token source yields no sequences`."""
+    from transcoders.activation_store import sequence_width
+    from transcoders.dashboards import compute_dashboards
+
+    model, tc, _ = setup
+    with pytest.raises(
+        ConfigError, match=r"^the corpus yields no sequence of 32 tokens \(all of it together is shorter\)"
+    ):
+        sequence_width(lambda: iter(()), 32)
+    out = tmp_path / "d.h5"
+    with pytest.raises(ConfigError, match=r"^the corpus gave no sequence of 32 tokens"):
+        compute_dashboards(
+            model=model, tc=tc, sequences=lambda: iter(()), out=out, n_tokens=64, progress=False
+        )
+    assert not out.exists()
