@@ -35,7 +35,7 @@ from jaxtyping import Float
 
 from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.replacement import ReplacementModel
-from attrgraph.engine.sources import Injection, build_sources, to_tokens
+from attrgraph.engine.sources import Injection, build_sources, resolve_exclude_bos, to_tokens
 from attrgraph.errors import QKError
 from transcoders.block_layout import BlockLayout
 
@@ -127,9 +127,7 @@ def qk_attribution(
         raise QKError(
             f"positions ({query_position}, {key_position}) are not a causal pair in a {P}-token prompt; pass key <= query."
         )
-    if exclude_bos is None:
-        bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
-        exclude_bos = bos is not None and int(tokens[0]) == int(bos)
+    exclude_bos = resolve_exclude_bos(model, tokens, exclude_bos)  # attribute's rule and check
     why = rm.layout.unsupported("qk")
     if why is not None:
         raise QKError(f"QK attribution cannot run on this model: {why}.")

@@ -11,6 +11,7 @@ from attrgraph.analysis.global_weights import output_logit_weights, virtual_weig
 from attrgraph.analysis.head_loadings import head_loadings
 from attrgraph.analysis.inactive import attribute_inactive
 from attrgraph.analysis.intervene import generate
+from attrgraph.analysis.qk import qk_attribution
 from attrgraph.engine.adaptive import attribute_adaptive
 from attrgraph.engine.attribute import attribute
 from attrgraph.engine.hierarchical import attribute_hierarchical, hierarchical_attribution
@@ -140,6 +141,7 @@ def test_supernode_adjacency_takes_a_list_of_supernodes():
     "call,error,said",
     [
         (lambda m, tc: attribute(m, tc, TOKENS, exclude_bos="no"), OptionError, "exclude_bos is 'no'; pass True, False or None"),
+        (lambda m, tc: qk_attribution(m, tc, TOKENS, 1, 0, 3, 1, exclude_bos="no"), OptionError, "exclude_bos is 'no'"),
         (lambda m, tc: attribute(m, tc, TOKENS, max_n_logits=2.5), TargetError, "max_n_logits is 2.5; pass a whole number, at least 1."),
         (lambda m, tc: attribute_adaptive(m, tc, TOKENS, max_feature_nodes=2.5), OptionError, "max_feature_nodes is 2.5; pass a whole number."),
         (lambda m, tc: attribute_adaptive(m, tc, TOKENS, max_feature_nodes=4, k=1.5), OptionError, "k is 1.5; pass a whole number."),
