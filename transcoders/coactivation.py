@@ -23,7 +23,6 @@ the pairs kept, not by the corpus.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from transcoders.config import is_whole
 from transcoders.errors import ConfigError
 
 DENSE_LIMIT = 1 << 24
@@ -47,7 +47,7 @@ def _check_coders(coders) -> list:
 
 
 def _check_index(name: str, value, n: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < n:
+    if not is_whole(value) or not 0 <= value < n:
         raise ConfigError(f"{name} is {value!r}; pass an integer in [0, {n}).")
 
 
@@ -202,7 +202,7 @@ def compute_coactivation(
     results comes back."""
     coders = _check_coders(coders)
     for name, value, least in (("chunk_seqs", chunk_seqs, 1), ("skip_first", skip_first, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        if not is_whole(value) or value < least:
             raise ConfigError(f"{name} is {value!r}; pass an integer of at least {least}.")
     for c in coders:
         c.eval()

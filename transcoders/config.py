@@ -18,6 +18,12 @@ from transcoders.errors import ConfigError
 KINDS = ("sae", "plt", "clt")
 
 
+def is_whole(value) -> bool:
+    """Whether `value` is an integer, Python's or numpy's, and not a bool (True is an int to Python,
+    and 2.0 or 4e6 is a float to it): the one test of counts and indices in both packages."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_device(device):
     """`device` as a `torch.device` this machine can use; `ConfigError` (one sentence) when it cannot:
     not a device name, or CUDA / MPS (or that CUDA index) absent here."""
@@ -124,10 +130,10 @@ class TranscoderConfig:
             )
         for name in ("n_layers", "d_model", "d_sae"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            if not is_whole(value) or value < 1:
                 raise ConfigError(f"{name} is {value!r}; it must be a positive integer.")
         uses_k = NONLINEARITIES[self.activation].uses_k
-        if uses_k and (isinstance(self.k, bool) or not isinstance(self.k, numbers.Integral)):
+        if uses_k and not is_whole(self.k):
             raise ConfigError(f"k is {self.k!r}; pass an integer number of features.")
         if uses_k and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")

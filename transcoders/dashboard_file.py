@@ -40,13 +40,13 @@ above plus `after=0` brought the bundled files under 400 kB (README, "Feature da
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import re
 from pathlib import Path
 
 import numpy as np
 
+from transcoders.config import is_whole
 from transcoders.errors import DashboardFileError
 from transcoders.h5file import edit_h5
 
@@ -284,14 +284,10 @@ def _write_user_labels(f, labels: dict[tuple[int, int], str]) -> None:
 _NODE = re.compile(r"^L(\d+)/F(\d+)$")
 
 
-def _is_index(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def check_feature(layer, feature, n_layers: int, d_sae: int) -> tuple[int, int]:
     """(layer, feature) as ints, or `DashboardFileError` unless both are integers inside the set
     (a negative index would read another feature's row)."""
-    if not (_is_index(layer) and _is_index(feature) and 0 <= layer < n_layers and 0 <= feature < d_sae):
+    if not (is_whole(layer) and is_whole(feature) and 0 <= layer < n_layers and 0 <= feature < d_sae):
         raise DashboardFileError(
             f"feature L{layer}/F{feature} is outside this set ({n_layers} layers x {d_sae} features); pass one inside."
         )
@@ -304,7 +300,7 @@ def feature_key(key) -> tuple[int, int]:
         m = _NODE.match(key.split("@")[0])
         if m:
             return int(m[1]), int(m[2])
-    elif isinstance(key, tuple | list) and len(key) == 2 and all(_is_index(v) for v in key):
+    elif isinstance(key, tuple | list) and len(key) == 2 and all(is_whole(v) for v in key):
         return int(key[0]), int(key[1])
     raise DashboardFileError(
         f"feature {key!r} is neither (layer, feature) nor a name like 'L1/F254'; pass one."

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import numbers
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transcoders.config import is_whole
 from transcoders.config_cli import add_fields
 from transcoders.dashboard_file import check_output, default_path, write_dashboards
 from transcoders.errors import ConfigError
@@ -93,7 +93,7 @@ class DashboardConfig:
         positive = ("n_tokens", "chunk_seqs", "n_top", "n_quantiles", "n_per_quantile", "n_logits", "n_bins")
         for name in (*positive, "reservoir", "before", "after", "seed"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_whole(value):
                 raise ConfigError(f"{name} is {value!r}; pass an integer.")
         for name in positive:
             if getattr(self, name) < 1:

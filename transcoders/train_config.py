@@ -14,7 +14,6 @@ tokens come from; train.py (the command) and trainer.py (the loop) both read it.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +24,7 @@ from transcoders import distributed as tdist
 from transcoders import providers
 from transcoders.activation_store import pack_sequences
 from transcoders.block_layout import ATTN_OUTPUT
-from transcoders.config import TranscoderConfig, check_device
+from transcoders.config import TranscoderConfig, check_device, is_whole
 from transcoders.errors import ConfigError
 from transcoders.losses import PREACT_FORMS
 from transcoders.nonlinearity import PENALTIES
@@ -146,7 +145,7 @@ class TrainConfig:
             )
         for name in ("d_sae", "n_tokens", "batch_size", "k", "block_tokens", "seed", "checkpoint_every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_whole(value):
                 whole = isinstance(value, float) and value.is_integer()  # 4e6 written for 4_000_000
                 raise ConfigError(
                     f"{name} is {value!r}; pass an integer{f' ({int(value)})' if whole else ''}."

@@ -36,7 +36,6 @@ every read is linear, so the weight of the residual path from a source feature s
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,6 +49,7 @@ from attrgraph.engine.sets import TranscoderSets, transcoder_sets
 from attrgraph.errors import OptionError
 from transcoders import sites
 from transcoders.block_layout import RESID_MID, BlockLayout, is_residual_norm_scale
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -320,7 +320,7 @@ def _connections(parts: list[tuple[str, int, Tensor]]) -> Connections:
 def feature_key(feature) -> tuple[str, int, int]:
     """`feature` as (site, layer, index), or `OptionError` naming what it is instead."""
     ok = isinstance(feature, tuple | list) and len(feature) == 3 and isinstance(feature[0], str)
-    ok = ok and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in feature[1:])
+    ok = ok and all(map(is_whole, feature[1:]))
     if not ok:
         raise OptionError(
             f"feature is {feature!r}; pass (site, layer, index) such as ('mlp', 1, 42), layer and index integers."

@@ -20,7 +20,6 @@ features). No peer offers this for features that did not fire.
 
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -33,6 +32,7 @@ from attrgraph.engine.targets import Target, direction
 from attrgraph.errors import TargetError
 from attrgraph.graph.graph import Graph
 from transcoders import sites
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -89,7 +89,7 @@ def preactivation_target(
     cfg = transcoders.cfg
     given = dict(layer=layer, position=position, feature=feature)
     for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_whole(value):
             raise TargetError(f"{name} is {value!r}; pass an integer index.")
     if not 0 <= layer < cfg.n_layers or not 0 <= feature < cfg.d_sae:
         raise TargetError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -17,6 +16,7 @@ from attrgraph.circuits.pairs import task_pairs
 from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import ioi_schema, read_schema
 from attrgraph.errors import CircuitMethodError, OptionError, SchemaError
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -82,7 +82,7 @@ def check_discovery(
 def _check_task(task: str, n: int) -> None:
     if task not in TASKS:
         raise CircuitMethodError(f"task {task!r} is unknown; use one of {', '.join(TASKS)}.")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+    if not is_whole(n) or n < 1:
         raise OptionError(f"n (--n) is {n!r}; pass at least 1 example (as many again are made to evaluate).")
 
 

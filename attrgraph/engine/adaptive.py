@@ -38,7 +38,6 @@ goes to the host and the steps run there, as on the CPU.
 
 from __future__ import annotations
 
-import numbers
 import time
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,7 @@ from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target, s
 from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence, streamed_influence_rows
+from transcoders.config import is_whole
 
 EXPLORE_STEP = 2048
 """Step 3's default `k`: circuit-tracer's `attribute(max_feature_nodes=...)` ranks the unexplored
@@ -89,7 +89,7 @@ def attribute_adaptive(
     receives one dict per step (`n_explored`, `seconds`). Influence on the logits is filled in on the
     result; `meta["backward_gflop"]` counts the linear engine's products, as `attribute`'s does."""
     for name, value in (("max_feature_nodes", max_feature_nodes), ("k", k)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_whole(value):
             raise OptionError(f"{name} is {value!r}; pass a whole number.")
     if max_feature_nodes < 0:
         raise OptionError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")

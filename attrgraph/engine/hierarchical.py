@@ -67,6 +67,7 @@ from attrgraph.errors import GraphError, OptionError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import NodeKey
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -239,7 +240,7 @@ def hierarchical_attribution(
         if not len(logits):
             raise GraphError("the graph has no logit node; pass root= the index of the node to attribute.")
         root = int(logits[0])
-    if isinstance(root, bool) or not (isinstance(root, numbers.Integral) and 0 <= root < len(kinds)):
+    if not (is_whole(root) and 0 <= root < len(kinds)):
         raise GraphError(
             f"root is {root!r}; pass a node index in 0..{len(kinds) - 1} (a logit or feature node)."
         )
@@ -353,7 +354,7 @@ def _check_root(root) -> None:
     if root is None or isinstance(root, Target | NodeKey):
         return
     triple = isinstance(root, tuple | list) and len(root) == 3
-    if not (triple and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in root)):
+    if not (triple and all(map(is_whole, root))):
         raise TargetError(
             f"root is {root!r}; pass None (the top logit), a Target, or an active feature (layer, position, feature)."
         )

@@ -26,6 +26,7 @@ from torch import Tensor
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.errors import TargetError
 from transcoders.block_layout import hook_layer
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -65,7 +66,7 @@ def select_logit_targets(
     tokenizer=None,
 ) -> list[Target]:
     """Demeaned-logit targets for the smallest top-K past `desired_logit_prob`, K <= `max_n_logits`."""
-    if isinstance(max_n_logits, bool) or not isinstance(max_n_logits, numbers.Integral) or max_n_logits < 1:
+    if not is_whole(max_n_logits) or max_n_logits < 1:
         raise TargetError(f"max_n_logits is {max_n_logits!r}; pass a whole number, at least 1.")
     if not 0.0 < desired_logit_prob <= 1.0:
         raise TargetError(f"desired_logit_prob is {desired_logit_prob}; pass a probability in (0, 1].")

@@ -27,13 +27,13 @@ logit node, and the L2 norm of the output vector for embedding and error nodes.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import scipy.sparse as sp
 
 from attrgraph.errors import GraphError
+from transcoders.config import is_whole
 
 NODE_ORDER: tuple[str, ...] = ("embedding", "error", "feature", "logit")
 """Kinds in the order their nodes appear in `Graph.nodes` and the adjacency (see module docstring)."""
@@ -196,7 +196,7 @@ class Graph:
     def label(self, i: int) -> str:
         """A short human-readable name of node `i`."""
         n = self.nodes
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(n):
+        if not is_whole(i) or not 0 <= i < len(n):
             raise GraphError(f"node {i!r} is not in this graph; pass an index in 0..{len(n) - 1}.")
         kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
         if kind == "embedding":

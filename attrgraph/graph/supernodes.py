@@ -18,7 +18,6 @@ Storage in the graph's HDF5 file: supernode_store.py.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -29,6 +28,7 @@ from jaxtyping import Float
 
 from attrgraph.errors import SupernodeError
 from attrgraph.graph.graph import Graph
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -88,7 +88,7 @@ def supernode(graph: Graph, name: str, node_ids: Sequence[int]) -> Supernode:
     if isinstance(node_ids, str | bytes) or not hasattr(node_ids, "__iter__"):
         raise SupernodeError(f"node_ids is {node_ids!r}; pass a list of node indices.")
     ids = list(node_ids)
-    odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    odd = [i for i in ids if not is_whole(i)]
     if odd:
         raise SupernodeError(f"node ids {odd} are not integers; pass node indices.")
     ids = [int(i) for i in ids]
