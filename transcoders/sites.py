@@ -123,11 +123,17 @@ def collect(
     return x, y
 
 
+def is_hooked_model(model) -> bool:
+    """Whether `model` is what both packages read: a TransformerLens `HookedTransformer`, by its
+    `cfg` and hooks (a name or path passed where the loaded model goes is the likely mistake)."""
+    return hasattr(model, "cfg") and hasattr(model, "hook_dict")
+
+
 def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
     """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
     from transcoders.base import SparseCoder
 
-    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
+    if not is_hooked_model(model):
         raise TranscoderMismatchError(
             f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; pass the loaded model."
         )

@@ -23,6 +23,7 @@ import torch
 from attrgraph.bundled.paths import BUNDLED
 from attrgraph.errors import ChecksumError, CorruptWeightsError, ModelNotFoundError, UnsupportedModelError
 from transcoders.manifest import verify_manifest  # one check for models and transcoders
+from transcoders.sites import is_hooked_model
 
 # Buffers TransformerLens rebuilds from the config; a state dict need not carry them.
 REBUILT_BUFFERS = (".mask", ".IGNORE", "rotary_sin", "rotary_cos")
@@ -32,7 +33,7 @@ def check_model(model) -> None:
     """`UnsupportedModelError` unless `model` is a model as `load_model` returns it (a TransformerLens
     `HookedTransformer`, read by its `cfg` and hooks): a name or path passed where the loaded model
     goes is the likely mistake."""
-    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
+    if not is_hooked_model(model):
         raise UnsupportedModelError(
             f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; load one "
             "with attrgraph.load_model('default') (or a folder, or a TransformerLens name)."
