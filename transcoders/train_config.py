@@ -289,7 +289,7 @@ def _text_lines(path: Path):
     with path.open("rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8").rstrip("\n")
+                line = raw.decode("utf-8").rstrip("\r\n")  # as text mode read a Windows file
             except UnicodeDecodeError as e:
                 raise ConfigError(
                     f"corpus {str(path)!r} line {n} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8."

@@ -254,7 +254,7 @@ def head_loadings(
     if edges is not None:
         given = np.asarray(edges)
         if given.shape == (2,) or given.size == 0:  # one (target, source) pair; none
-            given = given.reshape(-1, 2).astype(np.int64)
+            given = given.reshape(-1, 2)
         if given.ndim != 2 or given.shape[1] != 2 or (given.size and given.dtype.kind not in "iu"):
             raise OptionError(
                 f"edges is a {given.dtype} array of shape {given.shape}; pass (target, source) node index pairs, "

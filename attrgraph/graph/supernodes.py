@@ -122,15 +122,23 @@ def _input_normalized(adjacency) -> sp.csr_array:
     return A
 
 
+def _supernode_list(supernodes) -> list[Supernode]:
+    """`supernodes` (any iterable of `Supernode`; None: none) as a list, or `SupernodeError`."""
+    if supernodes is None:
+        return []
+    if not isinstance(supernodes, Supernode | str) and hasattr(supernodes, "__iter__"):
+        out = list(supernodes)
+        if all(isinstance(sn, Supernode) for sn in out):
+            return out
+    raise SupernodeError(
+        f"supernodes is a {type(supernodes).__name__} ({str(supernodes)[:60]}); pass a list of Supernode "
+        "(supernode(graph, name, node_ids), suggest_supernodes(graph))."
+    )
+
+
 def supernode_adjacency(graph: Graph, supernodes: Sequence[Supernode]) -> SupernodeGraph:
     """The supernode graph of step 3 over `supernodes` plus every other node as a singleton."""
-    given = supernodes
-    supernodes = [] if isinstance(given, Supernode | str) or not hasattr(given, "__iter__") else list(given)
-    if (given and not supernodes) or not all(isinstance(sn, Supernode) for sn in supernodes):
-        raise SupernodeError(
-            f"supernodes is a {type(given).__name__} ({str(given)[:60]}); pass a list of Supernode "
-            "(supernode(graph, name, node_ids), suggest_supernodes(graph))."
-        )
+    supernodes = _supernode_list(supernodes)
     n = graph.n_nodes
     group_of = np.full(n, -1, np.int64)
     groups, names = [], []

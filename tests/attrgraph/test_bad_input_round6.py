@@ -135,6 +135,9 @@ def test_supernode_adjacency_takes_a_list_of_supernodes():
             supernode_adjacency(g, bad)
     as_list, as_generator = supernode_adjacency(g, [one]), supernode_adjacency(g, (s for s in [one]))
     assert as_list.names == as_generator.names and "pair" in as_list.names
+    none = supernode_adjacency(g, [])
+    for empty in ((s for s in []), np.array([]), None):  # no supernodes, however given
+        assert supernode_adjacency(g, empty).names == none.names
 
 
 @pytest.mark.parametrize(
@@ -164,10 +167,10 @@ def test_engine_options_of_the_wrong_type(tiny, call, error, said):
 
 def test_head_loadings_edges_must_be_pairs(tiny):
     """Before: numpy's `cannot reshape array of size 3 into shape (2)`; float pairs were cut to
-    integers."""
+    integers (a single pair `(1.5, 2.0)` too)."""
     model, tc = tiny
     graph = attribute(model, tc, TOKENS)
-    for edges in (np.array([1, 2, 3]), [(1.5, 2)], np.ones((2, 3), int)):
+    for edges in (np.array([1, 2, 3]), [(1.5, 2)], (1.5, 2.0), np.ones((2, 3), int)):
         with pytest.raises(
             OptionError, match=r"^edges is a \w+ array of shape .*; pass \(target, source\) node index pairs"
         ):

@@ -285,6 +285,16 @@ def test_corpus_files_that_hold_no_tokens(tmp_path, write, said):
     assert str(e.value).startswith(f"corpus {corpus!r} {said}")
 
 
+def test_a_text_corpus_reads_windows_line_ends_as_text_mode_did(tmp_path):
+    """The lines are decoded one by one (to name one that is not UTF-8); a CRLF file still gives
+    its texts without the carriage return, as Python's text mode gave them before."""
+    from transcoders.train_config import corpus_items
+
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"When Mary went\r\n\r\nThe cat\n")
+    assert list(corpus_items(str(path), 0)) == ["When Mary went", "The cat"]
+
+
 def test_corpus_token_ids_are_checked_against_the_model_and_a_stream_is_one_document(setup, tmp_path):
     from transcoders.train_config import corpus_items, sequence_source
 
