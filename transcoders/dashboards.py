@@ -406,9 +406,8 @@ def compute_dashboards(
 
         tc = load_transcoders(cfg.transcoders)
         check_fits(model, tc)
-    check_output(
-        out, (tc.cfg.kind, tc.cfg.n_layers, tc.cfg.d_sae)
-    )  # another set's dashboards: before the pass
+    # another set's dashboards there: refused before the pass
+    check_output(out, (tc.cfg.kind, tc.cfg.n_layers, tc.cfg.d_sae))
     tc.eval()
     if sequences is None:
         from transcoders.train import sequence_source

@@ -350,7 +350,7 @@ def virtual_weights(
         raise OptionError(f"direction is {direction!r}; pass 'output' or 'input'.")
     site, layer, index = feature_key(feature)
     gw = GlobalWeights(model, transcoders, scales)
-    got = (gw.output_weights if direction == "output" else gw.input_weights)(site, int(layer), int(index))
+    got = (gw.output_weights if direction == "output" else gw.input_weights)(site, layer, index)
     return got if top_k is None else got.top(top_k)
 
 
@@ -366,7 +366,7 @@ def output_logit_weights(
     Features"). Subtract the mean to get its effect on the graph's demeaned logits."""
     site, layer, index = feature_key(feature)
     gw = GlobalWeights(model, transcoders, scales)
-    return gw.vocab_weights(site, int(layer), int(index))
+    return gw.vocab_weights(site, layer, index)
 
 
 __all__ = [

@@ -50,7 +50,8 @@ def check_options(method: str, given: dict) -> None:
     from attrgraph.circuits.discovery import METHODS, OPTIONS
     from attrgraph.errors import OptionError
 
-    wrong = [k for k in given if k != "schema_path" and method in OPTIONS and k not in OPTIONS[method]]
+    # argparse's choices keep `method` inside OPTIONS
+    wrong = [k for k in given if k != "schema_path" and k not in OPTIONS[method]]
     if wrong:
         flag = {k: "--" + k.replace("_", "-") for k in wrong}
         takers = {k: ", ".join(m for m in METHODS if k in OPTIONS[m]) for k in wrong}
@@ -67,7 +68,7 @@ def run(args) -> int:
     from attrgraph.circuits.store import save_circuit
     from attrgraph.graph.store import check_name, check_output
 
-    given = {k: getattr(args, k) for k in METHOD_OPTIONS[:-1] if hasattr(args, k)}
+    given = {k: getattr(args, k) for k in METHOD_OPTIONS if hasattr(args, k)}  # the flags given
     if args.schema is not None:
         given["schema_path"] = args.schema
     check_options(args.method, given)

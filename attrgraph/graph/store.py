@@ -236,7 +236,9 @@ def _format(path: Path) -> str | None:
             fmt = f.attrs.get("format")
     except _H5_ERRORS:
         return None
-    return fmt.decode() if isinstance(fmt, bytes) else None if fmt is None else str(fmt)
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    return None if fmt is None else str(fmt)
 
 
 def _is_hdf5(path: Path) -> bool:
