@@ -24,6 +24,11 @@ def is_whole(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_real(value) -> bool:
+    """Whether `value` is a real number, Python's or numpy's, and not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_device(device):
     """`device` as a `torch.device` this machine can use; `ConfigError` (one sentence) when it cannot:
     not a device name, or CUDA / MPS (or that CUDA index) absent here."""
@@ -120,6 +125,12 @@ class TranscoderConfig:
     """Name of the model the set was trained for (informational)."""
 
     def __post_init__(self):
+        for name in ("kind", "activation", "input_hook", "output_hook", "model_name"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} is {getattr(self, name)!r}; it must be a string.")
+        for name in ("skip", "ste_to_input", "output_before_post_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} is {getattr(self, name)!r}; it must be true or false.")
         if self.kind not in KINDS:
             raise ConfigError(f"kind {self.kind!r} is not one of {KINDS}; pick one of them.")
         from transcoders.nonlinearity import NONLINEARITIES  # the one list of activations (and torch)
@@ -137,6 +148,12 @@ class TranscoderConfig:
             raise ConfigError(f"k is {self.k!r}; pass an integer number of features.")
         if uses_k and not 0 < self.k <= self.d_sae:
             raise ConfigError(f"k is {self.k} with d_sae {self.d_sae}; pass 0 < k <= d_sae.")
+        if not isinstance(self.matryoshka_widths, list | tuple) or not all(
+            is_whole(w) for w in self.matryoshka_widths
+        ):
+            raise ConfigError(
+                f"matryoshka_widths is {self.matryoshka_widths!r}; it must be a list of integer feature counts."
+            )
         widths = tuple(int(w) for w in self.matryoshka_widths)
         object.__setattr__(self, "matryoshka_widths", widths)  # a JSON list read back is a tuple again
         if NONLINEARITIES[self.activation].nested != bool(widths):
@@ -148,7 +165,7 @@ class TranscoderConfig:
         # rank's slice holds fewer features than the global widths count)
         if widths and not all(a < b for a, b in zip((0, *widths), widths, strict=False)):
             raise ConfigError(f"matryoshka_widths {list(widths)} must be positive and increase strictly.")
-        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):  # NaN too
+        if not (is_real(self.bandwidth) and math.isfinite(self.bandwidth) and self.bandwidth > 0):  # NaN too
             raise ConfigError(
                 f"bandwidth is {self.bandwidth}; it must be a finite number above 0 (the appendix uses 1.0)."
             )

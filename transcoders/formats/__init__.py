@@ -111,6 +111,25 @@ def check_finite(tc: SparseCoder, source) -> None:
             )
 
 
+READER_OPTIONS = {
+    "native": (),
+    "circuit-tracer": (),
+    "sae-lens": ("output_hook", "model_name"),
+    "gemmascope": ("input_hook", "output_hook", "model_name"),
+}
+"""The keyword arguments each format's reader takes beyond device and dtype (what its files do not say)."""
+
+
+def _check_options(fmt: str, kwargs: dict) -> None:
+    extra = sorted(set(kwargs) - set(READER_OPTIONS[fmt]))
+    if extra:
+        takes = ", ".join(READER_OPTIONS[fmt]) or "none"
+        raise ConfigError(
+            f"load_transcoders got {', '.join(f'{k}=' for k in extra)} which the {fmt} reader does not "
+            f"take (it takes {takes}); leave {'it' if len(extra) == 1 else 'them'} out."
+        )
+
+
 def _load(name_or_path, format, device, dtype, **kwargs):
     from transcoders.formats import sae_lens as sl
 
@@ -118,6 +137,13 @@ def _load(name_or_path, format, device, dtype, **kwargs):
         raise UnknownFormatError(f"format {format!r} is not one of {READ_FORMATS}; pick one or leave it out.")
     if isinstance(name_or_path, list | tuple) or _is_sae_lens_object(name_or_path):
         items = list(name_or_path) if isinstance(name_or_path, list | tuple) else [name_or_path]
+        bad = [x for x in items if not (isinstance(x, str | os.PathLike) or _is_sae_lens_object(x))]
+        if not items or bad:
+            raise ConfigError(
+                f"a list of transcoders holds {type(bad[0]).__name__ if bad else 'nothing'}; pass one sae_lens "
+                "SAE (or its directory, or a GemmaScope params.npz) per layer, in layer order."
+            )
+        _check_options(format or "sae-lens", kwargs)
         if format == "gemmascope":
             return load_gemmascope(items, device=device, dtype=dtype, **kwargs)
         return sl.load_sae_lens(items, device=device, dtype=dtype, **kwargs)
@@ -129,9 +155,11 @@ def _load(name_or_path, format, device, dtype, **kwargs):
         )
     if folder.is_file():
         if folder.suffix == ".npz":
+            _check_options("gemmascope", kwargs)
             return load_gemmascope([folder], device=device, dtype=dtype, **kwargs)
         raise UnknownFormatError(f"{folder} is a file; pass the directory that holds it (and its config).")
     fmt = format or detect_format(folder)
+    _check_options(fmt, kwargs)
     if fmt == "native":
         return load_native(folder, device=device, dtype=dtype)
     if fmt == "circuit-tracer":

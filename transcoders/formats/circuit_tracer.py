@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from transcoders.block_layout import MLP_INPUT, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
-from transcoders.formats.native import read_safetensors
+from transcoders.formats.native import check_floating, read_safetensors
 from transcoders.nonlinearity import Nonlinearity, stored_with
 
 if TYPE_CHECKING:
@@ -96,12 +96,30 @@ def nonlinearity_with(threshold: bool) -> type[Nonlinearity]:
 
 
 def read_yaml(folder: Path) -> dict:
+    """`config.yaml` as a mapping ({} when absent or empty); `CorruptTranscoderError` when it is not
+    UTF-8 YAML holding a mapping, or names a hook or kind by anything but a string."""
     import yaml
 
     path = folder / "config.yaml"
     if not path.exists():
         return {}
-    return yaml.safe_load(path.read_text()) or {}
+    try:
+        meta = yaml.safe_load(path.read_bytes().decode()) or {}
+    except (UnicodeDecodeError, yaml.YAMLError, IsADirectoryError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" ({e.problem} at line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise CorruptTranscoderError(
+            f"{path} is not UTF-8 YAML text{where}; fix it or write the set again with save_transcoders."
+        ) from e
+    if not isinstance(meta, dict):
+        raise CorruptTranscoderError(
+            f"{path} holds a {type(meta).__name__}, not a mapping of model_kind, feature_input_hook, ...; "
+            "fix it or write the set again with save_transcoders."
+        )
+    for key in ("model_kind", "feature_input_hook", "feature_output_hook"):
+        if key in meta and not isinstance(meta[key], str):
+            raise CorruptTranscoderError(f"{path}: {key} is {meta[key]!r}; it must be a string.")
+    return meta
 
 
 def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
@@ -166,29 +184,56 @@ def _get(d: dict, key: str, source) -> torch.Tensor:
         raise CorruptTranscoderError(
             f"{source} has no tensor {key!r}; it is not a circuit-tracer transcoder file."
         )
+    check_floating(key, d[key], source)
     return d[key].float()
+
+
+def _stack(tensors: list[torch.Tensor], key: str, files: list[Path], transpose: bool = False) -> torch.Tensor:
+    """The layers' tensors `key` (as the files hold them) stacked, each transposed when asked, once
+    each has layer 0's shape (else the file that differs)."""
+    for t, f in zip(tensors, files, strict=True):
+        if t.shape != tensors[0].shape:
+            raise CorruptTranscoderError(
+                f"{f}: {key} has shape {tuple(t.shape)}, layer 0's has {tuple(tensors[0].shape)}; every "
+                "layer needs the same d_model and d_sae."
+            )
+    return torch.stack([t.T for t in tensors] if transpose else tensors)
+
+
+def _same_presence(layers: list[dict], keys: list[str], files: list[Path]) -> None:
+    """Refuse an optional tensor (a threshold, a skip) that some layers' files hold and others lack:
+    one nonlinearity and one skip serve the whole set."""
+    for i, (d, key) in enumerate(zip(layers, keys, strict=True)):
+        if (key in d) != (keys[0] in layers[0]):
+            has, lacks = (files[i], files[0]) if key in d else (files[0], files[i])
+            raise CorruptTranscoderError(
+                f"{has} holds {key!r} but {lacks} does not; every layer of a set has the same tensors."
+            )
 
 
 def _read_plt(folder: Path):
     files = _layer_files(folder, r"layer_(\d+)\.safetensors")
     layers = [read_safetensors(f) for f in files]
     first = layers[0]
+    for optional in (PLT_THRESHOLD, "W_skip"):
+        _same_presence(layers, [optional] * len(layers), files)
     act = nonlinearity_with(threshold=PLT_THRESHOLD in first)
     skip = "W_skip" in first
     d_sae, d_model = _get(first, "W_enc", files[0]).shape
-    state = {
-        "W_enc": torch.stack([_get(d, "W_enc", f).T for d, f in zip(layers, files, strict=True)]),
-        "W_dec": torch.stack([_get(d, "W_dec", f) for d, f in zip(layers, files, strict=True)]),
-        "b_enc": torch.stack([_get(d, "b_enc", f) for d, f in zip(layers, files, strict=True)]),
-        "b_dec": torch.stack([_get(d, "b_dec", f) for d, f in zip(layers, files, strict=True)]),
-    }
-    if "threshold" in act.extra_state:
-        state["threshold"] = torch.stack(
-            [_get(d, PLT_THRESHOLD, f).reshape(-1).expand(d_sae) for d, f in zip(layers, files, strict=True)]
+
+    def stacked(key: str, transpose: bool = False) -> torch.Tensor:
+        return _stack([_get(d, key, f) for d, f in zip(layers, files, strict=True)], key, files, transpose)
+
+    state = {"W_enc": stacked("W_enc", True), "W_dec": stacked("W_dec"), "b_enc": stacked("b_enc")}
+    state["b_dec"] = stacked("b_dec")
+    if "threshold" in act.extra_state:  # a scalar threshold serves every feature
+        state["threshold"] = _stack(
+            [_get(d, PLT_THRESHOLD, f).reshape(-1).expand(d_sae) for d, f in zip(layers, files, strict=True)],
+            PLT_THRESHOLD,
+            files,
         )
     if skip:
-        state["W_skip"] = torch.stack([_get(d, "W_skip", f).T for d, f in zip(layers, files, strict=True)])
-    _check_shapes(state, folder)
+        state["W_skip"] = stacked("W_skip", True)
     return state, d_model, d_sae, len(files), act, skip
 
 
@@ -204,29 +249,24 @@ def _read_clt(folder: Path):
                 f"{f} is missing; a circuit-tracer CLT needs W_dec_{{i}} for every layer."
             )
         decs.append((read_safetensors(f), f))
+    _same_presence(encs, [f"threshold_{i}" for i in range(n)], enc_files)
     act = nonlinearity_with(threshold="threshold_0" in encs[0])
     d_sae, d_model = _get(encs[0], "W_enc_0", enc_files[0]).shape
-    state = {
-        "W_enc": torch.stack([_get(e, f"W_enc_{i}", enc_files[i]).T for i, e in enumerate(encs)]),
-        "b_enc": torch.stack([_get(e, f"b_enc_{i}", enc_files[i]) for i, e in enumerate(encs)]),
-        "b_dec": torch.stack([_get(e, f"b_dec_{i}", enc_files[i]) for i, e in enumerate(encs)]),
-    }
-    if "threshold" in act.extra_state:
-        state["threshold"] = torch.stack(
-            [_get(e, f"threshold_{i}", enc_files[i]).reshape(-1).expand(d_sae) for i, e in enumerate(encs)]
+
+    def stacked(name: str, transpose: bool = False) -> torch.Tensor:
+        tensors = [_get(e, f"{name}_{i}", enc_files[i]) for i, e in enumerate(encs)]
+        return _stack(tensors, name, enc_files, transpose)
+
+    state = {"W_enc": stacked("W_enc", True), "b_enc": stacked("b_enc"), "b_dec": stacked("b_dec")}
+    if "threshold" in act.extra_state:  # a scalar threshold serves every feature
+        state["threshold"] = _stack(
+            [_get(e, f"threshold_{i}", enc_files[i]).reshape(-1).expand(d_sae) for i, e in enumerate(encs)],
+            "threshold",
+            enc_files,
         )
     for i, (d, f) in enumerate(decs):
         state[f"W_dec.{i}"] = _get(d, f"W_dec_{i}", f)
-    _check_shapes(state, folder)
     return state, d_model, d_sae, n, act, False
-
-
-def _check_shapes(state: dict, folder: Path) -> None:
-    shapes = {tuple(v.shape) for k, v in state.items() if k in ("W_enc",)}
-    if len(shapes) != 1:
-        raise CorruptTranscoderError(
-            f"{folder}: layers disagree in shape; every layer needs the same d_model and d_sae."
-        )
 
 
 def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | None = None) -> Path:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 HELD = stored_with(("threshold",), lambda cls: cls.gemmascope)
 """The nonlinearity of GemmaScope's files (JumpReLU)."""
 KEYS = ("W_enc", "W_dec", "b_enc", "b_dec", *HELD.extra_state)
+NDIM = {"W_enc": 2, "W_dec": 2} | dict.fromkeys(KEYS[2:], 1)
+"""How many axes each array of a layer's file has (the nonlinearity's extra state is per feature)."""
 
 
 def gemmascope_files(folder: Path) -> list[Path]:
@@ -66,11 +68,18 @@ def read_npz(path: Path) -> dict[str, torch.Tensor]:
                 raise CorruptTranscoderError(
                     f"{path} lacks {missing}; a GemmaScope params.npz holds {list(KEYS)}."
                 )
-            return {k: torch.from_numpy(np.asarray(z[k], dtype=np.float32)) for k in KEYS}
+            arrays = {k: z[k] for k in KEYS}
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         raise CorruptTranscoderError(
             f"{path} could not be read ({e}); the file is truncated or not an npz."
         ) from e
+    for k, a in arrays.items():
+        if a.dtype.kind != "f" or a.ndim != NDIM[k]:
+            what = f"{a.dtype} values" if a.dtype.kind != "f" else f"{a.ndim} axes (shape {a.shape})"
+            raise CorruptTranscoderError(
+                f"{path}: {k} holds {what}; GemmaScope's {k} is a {NDIM[k]}-D array of floats."
+            )
+    return {k: torch.from_numpy(np.asarray(a, dtype=np.float32)) for k, a in arrays.items()}
 
 
 def load_gemmascope(
@@ -90,6 +99,11 @@ def load_gemmascope(
     )
     layers = [read_npz(p) for p in files]
     d_model, d_sae = layers[0]["W_enc"].shape
+    if layers[0]["W_dec"].shape != (d_sae, d_model):
+        raise CorruptTranscoderError(
+            f"{files[0]}: W_enc has shape {tuple(layers[0]['W_enc'].shape)} and W_dec "
+            f"{tuple(layers[0]['W_dec'].shape)}; GemmaScope's W_enc is [d_model, d_sae] and W_dec [d_sae, d_model]."
+        )
     for k in KEYS:
         _check_same_shape(layers, k, files)
     state = {k: torch.stack([d[k] for d in layers]) for k in KEYS}

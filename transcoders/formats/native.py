@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from transcoders.config import TranscoderConfig
-from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError
+from transcoders.errors import ConfigError, CorruptTranscoderError, TranscoderNotFoundError
 from transcoders.manifest import verify_manifest
 
 if TYPE_CHECKING:
@@ -59,6 +59,11 @@ def broken_json(path: Path) -> str | None:
 
 
 def _read_config(folder: Path) -> dict:
+    if not (folder / "config.json").is_file():
+        raise TranscoderNotFoundError(
+            f"{folder} has no config.json file; a transcoder directory in our format holds config.json "
+            f"and {WEIGHTS} (or leave format= out to read another format)."
+        )
     why = broken_json(folder / "config.json")
     if why is not None:
         raise CorruptTranscoderError(why)
@@ -136,7 +141,15 @@ def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torc
         raise CorruptTranscoderError(
             f"{folder / 'config.json'} has format_version {version}; this library reads version {FORMAT_VERSION}."
         )
-    cfg = TranscoderConfig.from_dict(meta["config"])
+    if not isinstance(meta.get("config"), dict):
+        raise CorruptTranscoderError(
+            f'{folder / "config.json"} holds no "config" object (the set\'s TranscoderConfig); rewrite '
+            "it with save_transcoders."
+        )
+    try:
+        cfg = TranscoderConfig.from_dict(meta["config"])
+    except ConfigError as e:  # an edited or foreign config.json: say which file
+        raise ConfigError(f"{folder / 'config.json'}: {e}") from e
     weights = folder / WEIGHTS
     if not weights.exists():
         raise TranscoderNotFoundError(
@@ -169,8 +182,19 @@ def load_state(tc: SparseCoder, state: dict[str, torch.Tensor], source) -> None:
             f"{source} does not fit its config: missing {missing[:4]}, unexpected {unexpected[:4]}."
         )
     for k, v in state.items():
+        check_floating(k, v, source)
         if tuple(v.shape) != tuple(want[k].shape):
             raise CorruptTranscoderError(
                 f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(want[k].shape)}."
             )
     tc.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()})
+
+
+def check_floating(name: str, value: torch.Tensor, source) -> None:
+    """Refuse a tensor of a set that is not floating point (integers or booleans where weights
+    belong: a foreign or damaged file), which loading would cast silently."""
+    if not value.is_floating_point():
+        raise CorruptTranscoderError(
+            f"{source}: {name} holds {str(value.dtype).removeprefix('torch.')} values, not floating point; "
+            "a set's tensors are weights (float32, bfloat16, ...): the file is damaged or not a transcoder set."
+        )

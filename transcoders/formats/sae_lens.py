@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError
 
 from transcoders.block_layout import BLOCK, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
@@ -67,9 +68,13 @@ def _load_dir(path: Path):
         )
     try:
         return SaeLensSAE.load_from_disk(str(path))
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, SafetensorError) as e:
+        # what sae_lens raises on a cfg.json or weights file it cannot use: an unknown architecture
+        # (KeyError), a missing or mistyped field (TypeError, AttributeError), a damaged file
+        reason = " ".join(str(e).split())[:300]
         raise CorruptTranscoderError(
-            f"{path} could not be read by sae_lens ({type(e).__name__}: {e})."
+            f"{path} could not be read by sae_lens ({type(e).__name__}: {reason}); check its cfg.json "
+            "and sae_weights.safetensors."
         ) from e
 
 
@@ -88,7 +93,7 @@ def _objects(items) -> list:
 
 
 def _split_hook(name: str | None, what: str) -> tuple[int, str]:
-    split = split_block_hook(name)
+    split = split_block_hook(name) if isinstance(name, str) else None
     if split is None or split[0] is None:
         raise UnknownFormatError(
             f"sae_lens {what} {name!r} is not a per-layer hook {BLOCK.format(layer='<i>') + '<name>'!r}; "
@@ -110,7 +115,7 @@ def load_sae_lens(
 
     saes = _objects(items)
     per_layer: dict[int, dict] = {}
-    shared = None
+    shared, first = None, 0
     for sae in saes:
         cfg = sae.cfg
         arch = cfg.architecture()
@@ -139,21 +144,23 @@ def load_sae_lens(
         if skip:
             state["W_skip"] = sae.W_skip.detach().float().cpu().T
         before_norm = bool(cfg.metadata.get("output_before_post_norm", False))
-        key = (
-            is_transcoder,
-            in_hook,
-            out_hook,
-            nl.name,
-            skip,
-            before_norm,
-            int(getattr(cfg, "k", 0) or 0),
-            tuple(W_enc.shape),
-        )
+        key = {
+            "transcoder": is_transcoder,
+            "hook_name": in_hook,
+            "hook_name_out": out_hook,
+            "activation": nl.name,
+            "skip": skip,
+            "output_before_post_norm": before_norm,
+            "k": int(getattr(cfg, "k", 0) or 0),
+            "(d_in, d_sae)": tuple(W_enc.shape),
+        }
         if shared is not None and key != shared:
+            differ = "; ".join(f"{k} {key[k]!r} vs {shared[k]!r}" for k in key if key[k] != shared[k])
             raise CorruptTranscoderError(
-                f"sae_lens layer {layer} differs from the others ({key} vs {shared}); a set needs one kind."
+                f"sae_lens layer {layer} differs from layer {first} ({differ}); a set needs one kind."
             )
-        shared = key
+        if shared is None:
+            shared, first = key, layer
         if layer in per_layer:
             raise CorruptTranscoderError(f"two sae_lens objects are for layer {layer}; pass one per layer.")
         per_layer[layer] = state
@@ -163,7 +170,7 @@ def load_sae_lens(
         raise CorruptTranscoderError(
             f"no sae_lens object for layers {missing}; a set needs every layer from 0."
         )
-    is_transcoder, in_hook, out_hook, activation, skip, before_norm, k, (d_model, d_sae) = shared
+    is_transcoder, in_hook, out_hook, activation, skip, before_norm, k, (d_model, d_sae) = shared.values()
     cfg = TranscoderConfig(
         kind="plt" if is_transcoder else "sae",
         n_layers=n_layers,
