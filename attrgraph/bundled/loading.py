@@ -15,13 +15,20 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
 import torch
 
 from attrgraph.bundled.paths import BUNDLED
-from attrgraph.errors import ChecksumError, CorruptWeightsError, ModelNotFoundError, UnsupportedModelError
+from attrgraph.errors import (
+    ChecksumError,
+    CorruptWeightsError,
+    ModelNotFoundError,
+    NonFiniteValueError,
+    UnsupportedModelError,
+)
 from transcoders.manifest import verify_manifest  # one check for models and transcoders
 from transcoders.sites import is_hooked_model
 
@@ -111,22 +118,30 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
     from safetensors.torch import load_file
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from attrgraph.bundled.tokenizer import load_tokenizer
-
     for required in ("config.json", "model.safetensors"):
         if not (folder / required).exists():
             raise ModelNotFoundError(
                 f"{folder} has no {required}; a model folder needs config.json and model.safetensors."
             )
     verify_manifest(folder, ModelNotFoundError, ChecksumError)
-    kwargs = json.loads((folder / "config.json").read_text())
+    kwargs = _read_config(folder / "config.json")
     kwargs.update(device=str(device), dtype=dtype, init_weights=False)
-    cfg = HookedTransformerConfig(**kwargs)
-    tokenizer = load_tokenizer(folder / "tokenizer") if (folder / "tokenizer").is_dir() else None
-    with warnings.catch_warnings():
-        # TransformerLens 3 steers new users to TransformerBridge; HookedTransformer is our backend.
-        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
-        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    tokenizer = _tokenizer(folder / "tokenizer") if (folder / "tokenizer").is_dir() else None
+    try:
+        cfg = HookedTransformerConfig(**kwargs)
+        if cfg.positional_embedding_type not in POSITIONAL:  # HookedTransformer meets it only in a forward
+            raise ValueError(
+                f"positional_embedding_type {cfg.positional_embedding_type!r} is not one of {POSITIONAL}"
+            )
+        with warnings.catch_warnings():
+            # TransformerLens 3 steers new users to TransformerBridge; HookedTransformer is our backend.
+            warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
+            model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    except (TypeError, ValueError, AssertionError) as e:  # an unknown key, a mistyped or unknown value
+        reason = re.sub(r"<(?:built-in )?function (\w+)[^>]*>", r"\1", " ".join(str(e).split()))[:200]
+        raise CorruptWeightsError(
+            f"{folder / 'config.json'} does not make a HookedTransformer ({reason}); fix the key or value it names."
+        ) from e
     try:
         state = load_file(folder / "model.safetensors")
     except (SafetensorError, OSError, ValueError) as e:
@@ -144,5 +159,61 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
         raise CorruptWeightsError(
             f"{folder / 'model.safetensors'} does not fit its config: missing {missing[:3]}, unexpected {unexpected[:3]}."
         )
+    _check_weights(state, model, folder / "model.safetensors")
     model.eval()
     return model
+
+
+POSITIONAL = ("standard", "rotary", "shortformer", "alibi")
+"""The positional embeddings HookedTransformer builds (its `input_to_embed`)."""
+
+
+def _read_config(path: Path) -> dict:
+    """A model folder's config.json as a dict; `CorruptWeightsError` when it is not a JSON object."""
+    from transcoders.formats.native import broken_json
+
+    if not path.is_file():
+        raise CorruptWeightsError(f"{path} is not a file; a model folder's config.json holds its config.")
+    why = broken_json(path)
+    if why is not None:
+        raise CorruptWeightsError(why)
+    kwargs = json.loads(path.read_bytes())
+    if not isinstance(kwargs, dict):
+        raise CorruptWeightsError(
+            f"{path} holds a JSON {type(kwargs).__name__}, not an object of HookedTransformerConfig fields."
+        )
+    return kwargs
+
+
+def _tokenizer(folder: Path):
+    """The folder's tokenizer; `CorruptWeightsError` when transformers cannot build one from it."""
+    from attrgraph.bundled.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(folder)
+    except (OSError, ValueError, TypeError, KeyError) as e:  # no tokenizer file, or a damaged one
+        reason = " ".join(str(e).split())[:160]
+        raise CorruptWeightsError(
+            f"{folder} holds no tokenizer transformers can read ({type(e).__name__}: {reason}); save one "
+            "there with tokenizer.save_pretrained, or remove the folder to load the model without one."
+        ) from e
+
+
+def _check_weights(state: dict, model, source: Path) -> None:
+    """Refuse weights that loading casts or carries silently: integers or booleans where the model
+    has floats, and NaN or inf (a diverged run), which would turn every logit and edge into NaN."""
+    want = model.state_dict()
+    for name, value in state.items():
+        if name.endswith(REBUILT_BUFFERS):  # rebuilt from the config (IGNORE is -inf on purpose)
+            continue
+        if want[name].is_floating_point() and not value.is_floating_point():
+            raise CorruptWeightsError(
+                f"{source}: {name} holds {str(value.dtype).removeprefix('torch.')} values where the model "
+                "has floats; the file is damaged or not this model's weights."
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).sum())
+            raise NonFiniteValueError(
+                f"{source}: {name} holds {bad} of {value.numel()} values that are NaN or inf (a diverged "
+                "training run?); retrain or load an earlier checkpoint."
+            )

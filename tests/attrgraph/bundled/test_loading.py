@@ -196,3 +196,84 @@ def test_a_device_this_machine_lacks_is_one_sentence_before_loading():
         with pytest.raises(AttrgraphError, match="CUDA is not available on this machine"):
             load_model("default", device="cuda")
     assert load_model("default", device="cpu").cfg.device == "cpu"
+
+
+# --------------------------------------------- bad input round 7: a model folder's damaged files
+def _without_manifest(folder):
+    (folder / "manifest.json").unlink()  # an edited folder, as a user's own or a converted one is
+    return folder
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        (b"{", r"config\.json is not valid JSON: .* at line 1, column 2"),
+        (b'{"a": "\xff"}', r"config\.json is not UTF-8 text \(byte 7\)"),
+        (b"[1, 2]", r"config\.json holds a JSON list, not an object of HookedTransformerConfig fields\."),
+    ],
+)
+def test_a_config_json_that_is_no_config(tiny_folder, text, pattern):
+    folder = _without_manifest(tiny_folder[0])
+    (folder / "config.json").write_bytes(text)
+    with pytest.raises(CorruptWeightsError, match=pattern):
+        load_model(folder)
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        ({"colour": 1}, r"unexpected keyword argument 'colour'"),
+        ({"n_layers": "x"}, r"'str' object cannot be interpreted as an integer"),
+        ({"act_fn": "bogus"}, r"act_fn=bogus must be one of \{'solu': solu, "),  # names, not reprs
+        ({"normalization_type": "bogus"}, r"Invalid normalization_type passed in: bogus"),
+        (
+            {"positional_embedding_type": "bogus"},
+            r"positional_embedding_type 'bogus' is not one of \('standard'",
+        ),
+    ],
+)
+def test_a_config_transformer_lens_cannot_build_names_the_file(tiny_folder, change, pattern):
+    """Each raised TransformerLens' own TypeError, AssertionError or ValueError; the last loaded and
+    failed in the first forward."""
+    folder = _without_manifest(tiny_folder[0])
+    (folder / "config.json").write_text(json.dumps(TINY | change))
+    with pytest.raises(CorruptWeightsError, match=r"config\.json does not make a HookedTransformer \(") as e:
+        load_model(folder)
+    assert re.search(pattern, str(e.value)) and "\n" not in str(e.value)
+
+
+def test_integer_weights_are_refused_not_cast(tiny_folder):
+    folder, model = tiny_folder
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state["embed.W_E"] = (state["embed.W_E"] * 100).long()
+    save_file(state, _without_manifest(folder) / "model.safetensors")
+    with pytest.raises(
+        CorruptWeightsError, match=r"embed\.W_E holds int64 values where the model has floats"
+    ):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_when_loaded(tiny_folder, bad):
+    """Before, the model loaded and every graph of it failed later, on its logits, without naming
+    the tensor; a finite folder (the round trip above) still loads."""
+    from attrgraph.errors import NonFiniteValueError
+
+    folder, model = tiny_folder
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    state["blocks.0.mlp.W_in"][1, :2] = bad
+    save_file(state, _without_manifest(folder) / "model.safetensors")
+    with pytest.raises(
+        NonFiniteValueError, match=r"blocks\.0\.mlp\.W_in holds 2 of 512 values that are NaN or inf"
+    ):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage"])
+def test_a_tokenizer_folder_transformers_cannot_read(tiny_folder, damage):
+    folder = _without_manifest(tiny_folder[0])
+    (folder / "tokenizer").mkdir()
+    if damage == "garbage":
+        (folder / "tokenizer" / "tokenizer.json").write_text("garbage{")
+    with pytest.raises(CorruptWeightsError, match=r"tokenizer holds no tokenizer transformers can read \("):
+        load_model(folder)
