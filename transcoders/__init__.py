@@ -39,6 +39,7 @@ _EXPORTS = {
     "transcoders.errors": [
         "AttrgraphError",
         "ConfigError",
+        "CorruptCheckpointError",
         "CorruptTranscoderError",
         "DashboardFileError",
         "NonFiniteError",

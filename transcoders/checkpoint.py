@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from transcoders.build import feature_dims_of
 from transcoders.config import TranscoderConfig
 from transcoders.distributed import feature_dim
-from transcoders.errors import ConfigError
+from transcoders.errors import ConfigError, CorruptCheckpointError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -129,20 +129,83 @@ def resume_folder(folder: Path) -> Path | None:
     old = folder.with_name(folder.name + ".old")
     for candidate in (folder, old):
         if (candidate / "meta.json").exists():
-            shards = json.loads((candidate / "meta.json").read_text()).get("shards", 1)
+            shards = read_meta(candidate)["shards"]
             if all((candidate / f).exists() for f in state_files(shards)):
                 return candidate
     return None
 
 
+META_FIELDS = {
+    "step": int,
+    "train_config": dict,
+    "tc_config": dict,
+    "param_order": list,
+    "param_groups": list,
+}
+"""What a resume reads of meta.json (step 2), by type; `shards` is optional (1)."""
+
+
+def damaged(folder: Path, why: str) -> CorruptCheckpointError:
+    """The one error of a checkpoint that cannot be resumed from, and what to do about it."""
+    return CorruptCheckpointError(
+        f"{folder} is damaged: {why}; remove it to train afresh (or pass another --out), or put back a "
+        "good copy of it to resume."
+    )
+
+
+_KINDS = {int: "a count", dict: "an object", list: "a list"}
+ADAM_GROUP = {"lr", "betas", "eps", "weight_decay"}
+"""What every torch version's Adam keeps in a parameter group (it fills in the flags it added later)."""
+
+
+def read_meta(folder: Path) -> dict:
+    """`folder/meta.json` with the fields a resume reads (step 2), or `CorruptCheckpointError`."""
+    from transcoders.formats.native import broken_json
+
+    path = folder / "meta.json"
+    why = broken_json(path) if path.is_file() else "meta.json is not a file"
+    if why is not None:
+        raise damaged(folder, why.split("; ")[0].replace(str(path), "meta.json"))
+    meta = json.loads(path.read_bytes())
+    if not isinstance(meta, dict):
+        raise damaged(folder, f"meta.json holds a JSON {type(meta).__name__}, not an object")
+    meta.setdefault("shards", 1)
+    for key, kind in (META_FIELDS | {"shards": int}).items():
+        if key not in meta:
+            raise damaged(folder, f"meta.json lacks {key!r}")
+        value = meta[key]
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (kind is int and value < (key == "shards"))
+        ):
+            raise damaged(folder, f"meta.json's {key} is {value!r}, not {_KINDS[kind]}")
+    return meta
+
+
 def read_checkpoint(folder: Path, part: tuple[int, int] = (0, 1)) -> tuple[dict, dict]:
     """`(meta, named tensors)` of a checkpoint folder: the whole state (`part=(0, 1)`), or rank r of
     m's slice of every tensor with a feature axis (`part=(r, m)`; replicated ones whole), read from
-    the files of the ranks that wrote those features (step 1)."""
-    meta = json.loads((folder / "meta.json").read_text())
-    tc_cfg = TranscoderConfig.from_dict(meta["tc_config"])
+    the files of the ranks that wrote those features (step 1). A file that cannot be read, or a
+    tensor holding NaN or inf, is `CorruptCheckpointError`."""
+    meta = read_meta(folder)
+    try:
+        tc_cfg = TranscoderConfig.from_dict(meta["tc_config"])
+    except ConfigError as e:
+        raise damaged(folder, f"meta.json's tc_config: {str(e).split('; ')[0]}") from e
+    try:
+        out = _read_tensors(folder, meta, tc_cfg, part)
+    except (SafetensorError, OSError) as e:
+        raise damaged(folder, f"a state file could not be read ({e})") from e
+    for name, value in out.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise damaged(folder, f"{name} holds NaN or inf, which no good step writes")
+    return meta, out
+
+
+def _read_tensors(folder: Path, meta: dict, tc_cfg: TranscoderConfig, part: tuple[int, int]) -> dict:
     dims, n_features = feature_dims_of(tc_cfg), tc_cfg.d_sae
-    files = state_files(meta.get("shards", 1))
+    files = state_files(meta["shards"])
     rank, world = part
     lo, hi = rank * n_features // world, (rank + 1) * n_features // world
     out = {}
@@ -159,25 +222,56 @@ def read_checkpoint(folder: Path, part: tuple[int, int] = (0, 1)) -> tuple[dict,
                 cut = (slice(None),) * dim + (slice(max(a, lo) - a, min(b, hi) - a),)
                 pieces.append(handle.get_slice(name)[cut])
         out[name] = torch.cat(pieces, dim)
-    return meta, out
+    return out
 
 
-def apply_state(tc: SparseCoder, opt, meta: dict, t: dict) -> tuple[int, dict, torch.Tensor]:
-    """Load named tensors (full, or one rank's slice of them) into `tc` and `opt`."""
-    tc.load_state_dict(
-        tc.nonlinearity.adapt_state(tc, {k[3:]: v for k, v in t.items() if k.startswith("tc.")})
-    )
+def apply_state(
+    tc: SparseCoder, opt, meta: dict, t: dict, folder: Path | None = None
+) -> tuple[int, dict, torch.Tensor]:
+    """Load named tensors (full, or one rank's slice of them) into `tc` and `opt`; tensors that are
+    missing or do not fit are `CorruptCheckpointError` naming `folder`."""
+    folder = folder or Path("the checkpoint")
+    missing = sorted({"scale.in", "scale.out", "last_fired"} - set(t))
+    if missing:
+        raise damaged(folder, f"its state lacks {missing}")
+    try:
+        tc.load_state_dict(
+            tc.nonlinearity.adapt_state(tc, {k[3:]: v for k, v in t.items() if k.startswith("tc.")})
+        )
+    except RuntimeError as e:  # a missing, unexpected or resized tensor of the set
+        reason = " ".join(str(e).split("\n", 1)[-1].split())[:200]
+        raise damaged(folder, f"its set's tensors do not fit the run's ({reason})") from e
+    params = dict(tc.named_parameters())
+    order = meta["param_order"]
+    if any(not isinstance(g, dict) or not ADAM_GROUP <= set(g) for g in meta["param_groups"]):
+        raise damaged(folder, f"meta.json's param_groups lack Adam's {sorted(ADAM_GROUP)}")
     state = {}
-    for idx, name in enumerate(meta["param_order"]):
+    for idx, name in enumerate(order):
         prefix = f"opt.{name}."
         st = {k[len(prefix) :]: v for k, v in t.items() if k.startswith(prefix)}
+        for key, value in st.items():
+            if key != "step" and name in params and value.shape != params[name].shape:
+                shapes = f"{tuple(value.shape)}, its parameter's {tuple(params[name].shape)}"
+                raise damaged(folder, f"{prefix}{key} has shape {shapes}")
         if st:
             state[idx] = st
-    groups = [dict(g, params=list(range(len(meta["param_order"])))) for g in meta["param_groups"]]
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    groups = [dict(g, params=list(range(len(order)))) for g in meta["param_groups"]]
+    try:
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError) as e:  # another parameter count, or a damaged group
+        raise damaged(folder, f"its optimizer state does not fit the run's ({e})") from e
     return meta["step"], {"in": t["scale.in"], "out": t["scale.out"]}, t["last_fired"]
+
+
+def check_order(folder: Path, meta: dict, tc: SparseCoder, opt) -> None:
+    """Refuse a checkpoint whose parameter order (step 2) is not that of the run resuming it (the
+    same set, in training): Adam's moments would go to other parameters, or start afresh."""
+    names = {p: n for n, p in tc.named_parameters()}
+    order = [names[p] for p in opt.param_groups[0]["params"]]
+    if meta["param_order"] != order:
+        raise damaged(folder, f"meta.json's param_order {meta['param_order']} is not the run's {order}")
 
 
 def load_checkpoint(folder: Path, tc: SparseCoder, opt) -> tuple[int, dict, torch.Tensor]:
     meta, t = read_checkpoint(folder)
-    return apply_state(tc, opt, meta, t)
+    return apply_state(tc, opt, meta, t, folder)

@@ -49,6 +49,11 @@ class NonFiniteError(TranscoderError, FloatingPointError):
     it is loaded."""
 
 
+class CorruptCheckpointError(TranscoderError):
+    """A training checkpoint (`RUN/checkpoint`) whose meta.json or state files cannot be read, lack
+    what a resume needs, do not fit the run's set, or hold NaN or inf (a good run never writes one)."""
+
+
 class StalledRankError(TranscoderError, TimeoutError):
     """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
 

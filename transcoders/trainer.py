@@ -42,6 +42,7 @@ from transcoders.activation_store import ActivationStore
 from transcoders.base import LossWeights, StepOutput
 from transcoders.checkpoint import (
     apply_state,
+    check_order,
     read_checkpoint,
     resume_folder,
     save_checkpoint,
@@ -182,7 +183,8 @@ class Trainer:
                     f"{self.ckpt} was written by a run with different {differs}; rerun with the same options "
                     "to resume, or pass another --out to start afresh."
                 )
-            return apply_state(self.tc, self.opt, meta, state)
+            check_order(resume, meta, self.tc, self.opt)
+            return apply_state(self.tc, self.opt, meta, state, resume)
         x0, y0 = self.store.block(0)
         scales = {
             "in": x0.pow(2).sum(-1).mean(0).div(self.tcfg.d_model).sqrt(),
