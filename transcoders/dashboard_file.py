@@ -102,8 +102,8 @@ def _open_checked(path: Path):
     if f.attrs.get("format") != FORMAT:
         f.close()
         raise DashboardFileError(f"{path} is not a dashboards file (no format={FORMAT!r}); pass one.")
-    version = int(f.attrs.get("schema_version", -1))
-    if version != SCHEMA_VERSION:
+    version = f.attrs.get("schema_version", -1)
+    if not is_whole(version) or version != SCHEMA_VERSION:
         f.close()
         raise DashboardFileError(
             f"{path} has dashboards schema version {version}, this code reads version {SCHEMA_VERSION}; "
@@ -324,6 +324,82 @@ def set_labels(path: str | os.PathLike, labels: dict) -> None:
         _write_user_labels(f, current)
 
 
+LAYOUT = {
+    "vocab": ("V",),
+    "stats/count": ("L", "S"),
+    "stats/min": ("L", "S"),
+    "stats/max": ("L", "S"),
+    "stats/mean": ("L", "S"),
+    "hist/edges": ("B+1",),
+    "hist/counts": ("L", "S", "B"),
+    "top/rel_act": ("L", "S", "K"),
+    "top/tokens": ("L", "S", "K", "W"),
+    "top/token_acts": ("L", "S", "K", "W"),
+    "quantile/rel_act": ("L", "S", "Q", "P"),
+    "quantile/tokens": ("L", "S", "Q", "P", "W"),
+    "quantile/token_acts": ("L", "S", "Q", "P", "W"),
+    "quantile/rel_inner_bounds": ("L", "S", "Q-1"),
+    "logits/top_tokens": ("L", "S", "N"),
+    "logits/top_values": ("L", "S", "N"),
+    "logits/bottom_tokens": ("L", "S", "N"),
+    "logits/bottom_values": ("L", "S", "N"),
+}
+"""Each stored array's axes (the module docstring's layout): one letter, one length in a file."""
+_KIND = {"token_acts": "u", "tokens": "iu", "count": "iu", "counts": "iu", "vocab": "SOU"}
+"""The dtype kinds of arrays that are not floats, by how their name ends (floats otherwise)."""
+_ATTRS = {"n_layers": 1, "d_sae": 1, "before": 0, "n_counted": 0}
+"""The root attributes `Dashboards` reads, each a whole number of at least this."""
+
+
+def check_layout(path: Path, attrs: dict, data: dict[str, np.ndarray]) -> None:
+    """Refuse a file whose attributes or arrays break the layout (`LAYOUT`): a missing or mistyped
+    attribute, an axis whose length differs between arrays or from n_layers / d_sae, a window that
+    cannot hold `before` tokens, token ids outside the vocabulary, floats that are not finite.
+    A version-2 file we wrote always passes; another tool's or a damaged one fails here in one
+    sentence instead of deep in numpy."""
+
+    def bad(why: str) -> DashboardFileError:
+        return DashboardFileError(
+            f"{path} is damaged: {why}; recompute it with `python -m transcoders.dashboards`."
+        )
+
+    for name, least in _ATTRS.items():
+        value = attrs.get(name)
+        if not is_whole(value) or value < least:
+            raise bad(f"its attribute {name} is {value}, not a whole number of at least {least}")
+    sizes = {"L": int(attrs["n_layers"]), "S": int(attrs["d_sae"])}
+    for name, axes in LAYOUT.items():
+        if name not in data:
+            continue
+        arr = data[name]
+        kind = next((k for end, k in _KIND.items() if name.endswith(end)), "f")
+        if arr.dtype.kind not in kind:
+            raise bad(
+                f"{name} holds {arr.dtype} values, not {'text' if 'S' in kind else 'integers' if 'i' in kind or 'u' in kind else 'floats'}"
+            )
+        if arr.ndim != len(axes):
+            raise bad(f"{name} has shape {arr.shape}, not [{', '.join(axes)}]")
+        for axis, n in zip(axes, arr.shape, strict=True):
+            key, offset = (axis[0], int(axis[1:] or 0)) if len(axis) > 1 else (axis, 0)
+            want = sizes.setdefault(key, n - offset)
+            if n - offset != want:
+                raise bad(
+                    f"{name} has shape {arr.shape}: its axis {axis} is {n}, other arrays make it {want + offset}"
+                )
+        if kind == "f" and not np.isfinite(arr).all():
+            raise bad(f"{name} holds NaN or inf")
+    if not int(attrs["before"]) < sizes["W"]:
+        raise bad(
+            f"its attribute before is {attrs['before']}, but the example windows hold {sizes['W']} tokens"
+        )
+    vocab = sizes["V"]
+    for name in ("top/tokens", "quantile/tokens", "logits/top_tokens", "logits/bottom_tokens"):
+        if name in data and data[name].size and not (-1 <= data[name].min() and data[name].max() < vocab):
+            raise bad(
+                f"{name} holds token ids in [{data[name].min()}, {data[name].max()}], outside its vocab of {vocab}"
+            )
+
+
 class Dashboards:
     """A dashboards file read into memory (numpy arrays); `feature(layer, i)` gives one dashboard."""
 
@@ -345,12 +421,13 @@ class Dashboards:
 
             f.visititems(visit)
         self.user_labels = read_user_labels(self.path)
-        self.n_layers, self.d_sae = int(self.attrs["n_layers"]), int(self.attrs["d_sae"])
         missing = [k for k in _STORED if k not in self.data]
         if missing:
             raise DashboardFileError(
                 f"{self.path} lacks {missing}; it is incomplete, recompute it with `python -m transcoders.dashboards`."
             )
+        check_layout(self.path, self.attrs, self.data)
+        self.n_layers, self.d_sae = int(self.attrs["n_layers"]), int(self.attrs["d_sae"])
         self.data = decode(self.data, int(self.attrs["before"]))
         self.vocab = self.data["vocab"]
 
