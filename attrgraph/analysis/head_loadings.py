@@ -42,6 +42,7 @@ from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
 from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import check_graph
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -247,8 +248,8 @@ def head_loadings(
             transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
         )
         _check_graph(rm, graph)
-    if batch_size < 1:
-        raise OptionError(f"batch_size is {batch_size}; pass at least 1.")
+    if not is_whole(batch_size) or batch_size < 1:
+        raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
     if edges is None and top < 0:
         raise OptionError(f"top is {top}; pass 0 or more edges to explain.")
     if edges is not None:

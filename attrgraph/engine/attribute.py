@@ -24,7 +24,6 @@ entry points; `attribute(method=...)` runs either, and refuses options the metho
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,6 +57,7 @@ from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -170,7 +170,7 @@ def standard_setup(
 ) -> StandardSetup:
     """Steps 1-2 of `attribute` (same options): run the prompt (prompt_run.py), choose the targets,
     make the injections and the node table, and pick the rows engine."""
-    if batch_size is not None and (not isinstance(batch_size, numbers.Integral) or batch_size < 1):
+    if batch_size is not None and (not is_whole(batch_size) or batch_size < 1):  # True is no batch size
         raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
     if precision not in PRECISIONS:
         raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")

@@ -176,3 +176,15 @@ def test_head_loadings_edges_must_be_pairs(tiny):
         ):
             head_loadings(model, tc, graph, edges=edges)
     assert len(head_loadings(model, tc, graph, edges=[]).edges) == 0  # none asked, none explained
+
+
+def test_a_batch_size_of_true_is_refused(tiny):
+    """Round 7: `batch_size=True` ran as batches of one row (True is 1 to Python); head_loadings
+    took it too, and compared a float batch size with 1 without asking for a whole number."""
+    model, tc = tiny
+    with pytest.raises(OptionError, match=r"^batch_size is True; pass a whole number, at least 1\.$"):
+        attribute(model, tc, TOKENS, batch_size=True)
+    graph = attribute(model, tc, TOKENS, batch_size=np.int64(3))  # numpy integers still count
+    for bad in (True, 2.5):
+        with pytest.raises(OptionError, match=rf"^batch_size is {bad!r}; pass a whole number, at least 1\.$"):
+            head_loadings(model, tc, graph, edges=[], batch_size=bad)
