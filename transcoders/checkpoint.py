@@ -197,9 +197,11 @@ def read_checkpoint(folder: Path, part: tuple[int, int] = (0, 1)) -> tuple[dict,
         out = _read_tensors(folder, meta, tc_cfg, part)
     except (SafetensorError, OSError) as e:
         raise damaged(folder, f"a state file could not be read ({e})") from e
-    for name, value in out.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise damaged(folder, f"{name} holds NaN or inf, which no good step writes")
+    from transcoders.formats import first_non_finite
+
+    found = first_non_finite(out.items())
+    if found is not None:
+        raise damaged(folder, f"{found[0]} holds NaN or inf, which no good step writes")
     return meta, out
 
 

@@ -202,18 +202,20 @@ def _tokenizer(folder: Path):
 def _check_weights(state: dict, model, source: Path) -> None:
     """Refuse weights that loading casts or carries silently: integers or booleans where the model
     has floats, and NaN or inf (a diverged run), which would turn every logit and edge into NaN."""
+    from transcoders.formats import first_non_finite
+
     want = model.state_dict()
-    for name, value in state.items():
-        if name.endswith(REBUILT_BUFFERS):  # rebuilt from the config (IGNORE is -inf on purpose)
-            continue
+    weights = {k: v for k, v in state.items() if not k.endswith(REBUILT_BUFFERS)}  # IGNORE is -inf
+    for name, value in weights.items():
         if want[name].is_floating_point() and not value.is_floating_point():
             raise CorruptWeightsError(
                 f"{source}: {name} holds {str(value.dtype).removeprefix('torch.')} values where the model "
                 "has floats; the file is damaged or not this model's weights."
             )
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            raise NonFiniteValueError(
-                f"{source}: {name} holds {bad} of {value.numel()} values that are NaN or inf (a diverged "
-                "training run?); retrain or load an earlier checkpoint."
-            )
+    found = first_non_finite(weights.items())
+    if found is not None:
+        name, bad, n = found
+        raise NonFiniteValueError(
+            f"{source}: {name} holds {bad} of {n} values that are NaN or inf (a diverged training run?); "
+            "retrain or load an earlier checkpoint."
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,14 +102,24 @@ def check_finite(tc: SparseCoder, source) -> None:
     without a manifest; or a value past the range of `dtype`): `NonFiniteError` naming the first
     such tensor and how many of its values are not finite. Features of such a set would turn every
     activation, edge and score of a graph into NaN."""
-    for name, value in tc.state_dict().items():
+    found = first_non_finite(tc.state_dict().items())
+    if found is not None:
+        name, bad, n = found
+        where = source if isinstance(source, str | os.PathLike) else "the set given"
+        raise NonFiniteError(
+            f"{where}: {name} holds {bad} of {n} values that are NaN or inf (a diverged training run?); "
+            "retrain or load an earlier checkpoint."
+        )
+
+
+def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, int, int] | None:
+    """(name, how many values are NaN or inf, how many values) of the first floating tensor of
+    `(name, tensor)` pairs holding NaN or inf, else None: the one test of weights a set's, a model
+    folder's and a checkpoint's loaders make."""
+    for name, value in tensors:
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            where = source if isinstance(source, str | os.PathLike) else "the set given"
-            raise NonFiniteError(
-                f"{where}: {name} holds {bad} of {value.numel()} values that are NaN or inf (a diverged "
-                "training run?); retrain or load an earlier checkpoint."
-            )
+            return name, int((~torch.isfinite(value)).sum()), value.numel()
+    return None
 
 
 READER_OPTIONS = {
