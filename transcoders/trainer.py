@@ -306,16 +306,12 @@ class Trainer:
 
     def _record(self, res: StepOutput, bar) -> None:
         t = self.t
-        with torch.no_grad():
-            dead = ((t - self.last_fired) > 2000).float().mean().item() if t > 2000 else float("nan")
         lam = sparsity_schedule(t - 1, self.total, self.cfg.sparsity_coef)
-        self.log = {
-            "loss": res.loss.item(),
-            "mse": res.mse.item(),
-            "l0": res.l0.item(),
-            "lambda": lam,
-            "dead": dead,
-        }
+        self.log = {"loss": res.loss.item(), "mse": res.mse.item(), "l0": res.l0.item(), "lambda": lam}
+        window = max(1, DEAD_TOKENS // self.cfg.batch_size)  # AuxK's notion of dead, in steps
+        if t > window:  # before, no feature can have been silent that long: no figure (it showed nan)
+            with torch.no_grad():
+                self.log["dead"] = ((t - self.last_fired) > window).float().mean().item()
         bar.set_postfix({k: f"{v:.3g}" for k, v in self.log.items()}, refresh=False)
 
     def finish(self, gather: bool = True) -> tuple[SparseCoder, dict]:

@@ -373,3 +373,24 @@ def test_autocast_runs_the_products_in_bfloat16_and_keeps_float32_weights(tmp_pa
         x, y = held_out(model, tc.cfg)
         runs[autocast] = reconstruction_metrics(tc, x, y)["fvu_mean"]
     assert runs[True] == pytest.approx(runs[False], rel=0.1)
+
+
+def test_the_dead_fraction_is_logged_over_auxks_window_and_never_as_nan(tmp_path, monkeypatch):
+    """The progress bar's `dead` counted features silent for 2000 steps and showed `dead=nan` in
+    every run shorter than that (a run of 1,562 steps showed it throughout). It now uses the window
+    AuxK calls dead (DEAD_TOKENS tokens, in steps) and is left out until a run is that long."""
+    import math
+
+    from transcoders import trainer
+
+    model, seqs = tiny_model(), random_sequences()
+    _, info = train(small_cfg(tmp_path / "a", n_tokens=256 * 4), model=model, sequences=seqs, progress=False)
+    assert "dead" not in info["train_log"] and all(math.isfinite(v) for v in info["train_log"].values())
+    monkeypatch.setattr(trainer, "DEAD_TOKENS", 256 * 2)  # a window of two steps
+    cfg = small_cfg(tmp_path / "b", n_tokens=256 * 6)
+    _, info = train(cfg, model=model, sequences=seqs, progress=False)
+    from safetensors.torch import load_file
+
+    # the step each feature last fired, as the final checkpoint keeps it: dead = silent past 2 steps
+    fired = load_file(tmp_path / "b" / "run" / "checkpoint" / "state.safetensors")["last_fired"]
+    assert info["train_log"]["dead"] == pytest.approx(((6 - fired) > 2).float().mean().item())
