@@ -457,16 +457,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
+    from transcoders.command import INTERRUPTED, close_progress_bars, interrupt_once, restore_interrupt
     from transcoders.errors import AttrgraphError  # the root of both packages' errors
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    previous = interrupt_once()
     try:
         fields = {f.name for f in dataclasses.fields(DashboardConfig)}
         path = compute_dashboards(DashboardConfig(**{k: v for k, v in vars(args).items() if k in fields}))
     except AttrgraphError as e:
+        close_progress_bars()
         print(f"transcoders.dashboards: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the file is written atomically (dashboard_file.atomic_h5)
+        close_progress_bars()
+        print("transcoders.dashboards: interrupted; no dashboards file was changed.", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        restore_interrupt(previous)
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
     return 0
 

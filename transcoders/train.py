@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
+from transcoders.command import INTERRUPTED, close_progress_bars, interrupt_once, restore_interrupt
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import AttrgraphError
 from transcoders.formats.native import save_native, save_native_streamed
@@ -126,14 +128,6 @@ def train(
     from transcoders.trainer import Trainer
 
     return Trainer(cfg, model, sequences).run(progress, stop_after, gather)
-
-
-def _close_progress_bars() -> None:
-    """End every open tqdm bar's line (the training bar of a run an error stopped)."""
-    from tqdm import tqdm
-
-    for bar in list(tqdm._instances):
-        bar.close()
 
 
 def evaluate(model: HookedTransformer, tc: SparseCoder, cfg: TrainConfig, n_seq: int = 64) -> dict:
@@ -269,18 +263,42 @@ def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     parse_config(parser, TrainConfig, argv)  # a value TrainConfig refuses: one line, exit 2
+    args = parser.parse_args(argv)
+    previous = interrupt_once()
     try:
-        return run(parser.parse_args(argv), argv)
+        return run(args, argv)
     except AttrgraphError as e:  # ours (a resume that does not match, a stalled rank): one line
-        _close_progress_bars()  # so that the line starts a line of its own
+        close_progress_bars()  # so that the line starts a line of its own
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line (rank 0's under torchrun), and where to resume from
+        close_progress_bars()
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{parser.prog}: interrupted; {resume_hint(Path(args.out))}", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        restore_interrupt(previous)
+
+
+def resume_hint(out: Path) -> str:
+    """What the line after Ctrl-C says of the run folder `out`: the step its checkpoint holds (the
+    same command resumes there), or that it holds none."""
+    from transcoders.checkpoint import read_meta, resume_folder
+
+    try:
+        found = resume_folder(out / "checkpoint")
+        step = read_meta(found)["step"] if found is not None else None
+    except AttrgraphError:  # a checkpoint the interrupt left unreadable: the resume will say so
+        step = None
+    if step is None:
+        return (
+            f"no checkpoint of this run is in {out} yet (--checkpoint-every): the same command starts afresh."
+        )
+    return f"the checkpoint in {found} holds step {step}: the same command resumes there."
 
 
 if __name__ == "__main__":

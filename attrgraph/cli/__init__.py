@@ -12,8 +12,10 @@ import importlib
 import os
 import signal
 import sys
-import threading
 import warnings
+
+from transcoders.command import INTERRUPTED as INTERRUPTED_STATUS
+from transcoders.command import close_progress_bars, interrupt_once, restore_interrupt
 
 DESCRIPTION = (
     "Exact attribution graphs for transformers with sparse transcoders: build, show, validate, "
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for category in ours:  # every run says it, not the first only
             warnings.simplefilter("always", category)
         show_default, warnings.showwarning = warnings.showwarning, show
-        previous = _interrupt_once()
+        previous = interrupt_once()
         try:
             rc = modules[args.command].run(args) or 0
             sys.stdout.flush()  # here, so that a reader gone by now is met below and not at exit
@@ -92,27 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT, 128 + 2
-            _close_progress_bars()  # so that the line starts a line of its own
+            close_progress_bars()  # so that the line starts a line of its own
             print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
-            return 130
+            return INTERRUPTED_STATUS
         finally:  # an in-process caller gets its handler back, unless a Ctrl-C came (we are ending)
-            if previous is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-                signal.signal(signal.SIGINT, previous)
-
-
-def _interrupt_once():
-    """The first Ctrl-C raises KeyboardInterrupt and ignores any further one: a second Ctrl-C while
-    the first unwinds (closing files) or while the interpreter exits (torch's atexit hooks) would
-    otherwise end in a traceback instead of the one line. Returns the handler it replaced (None off
-    the main thread, where handlers cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupted(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGINT, interrupted)
+            restore_interrupt(previous)
 
 
 INTERRUPTED = "interrupted; any file being written is left as it was."
@@ -130,13 +116,6 @@ def _stdout_to_devnull() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # a stdout that is no file (a test's capture)
         pass
-
-
-def _close_progress_bars() -> None:
-    """End every open tqdm bar's line (a bar left open by the interrupted step)."""
-    tqdm = sys.modules.get("tqdm")
-    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
-        bar.close()
 
 
 if __name__ == "__main__":
