@@ -32,8 +32,11 @@ from attrgraph.bundled import tasks
 from attrgraph.bundled.paths import BUNDLED
 from attrgraph.bundled.task_eval import EVAL_SEED, EVALUATION_NOTE, evaluate_tasks, shortfalls
 from attrgraph.bundled.tokenizer import build_tokenizer
+from attrgraph.errors import AttrgraphError, OptionError
+from transcoders.command import INTERRUPTED, close_progress_bars, interrupt_once, restore_interrupt
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.manifest import sha256
+from transcoders.output_folder import check_output_folder
 
 
 @dataclass(frozen=True)
@@ -123,18 +126,29 @@ def lr_at(step: int, cfg: ModelTrainConfig) -> float:
 
 
 def train(cfg: ModelTrainConfig, command: str = "") -> dict:
-    from safetensors.torch import save_file
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     torch.set_num_threads(cfg.threads)
     # AdamW moments of never-seen tokens' embedding rows decay geometrically towards float32
     # denormals, which are slow on CPUs; flushing them to zero changes nothing measurable.
     torch.set_flush_denormal(True)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
+    check_output_folder(out.parent, OptionError)  # tmp and out are made beside each other there
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"{out} is a file; pass a folder to write the model into (--out).")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        return _train_into(cfg, command, out, tmp)
+    except BaseException:  # an error or Ctrl-C: no half-written tmp left beside the old model
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _train_into(cfg: ModelTrainConfig, command: str, out: Path, tmp: Path) -> dict:
+    from safetensors.torch import save_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     tokenizer = build_tokenizer(tasks.vocabulary(), tmp / "tokenizer")
     vocab = tokenizer.get_vocab()
     kwargs = model_config(cfg, len(vocab))
@@ -218,7 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m attrgraph.bundled.train_model " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    manifest = train(cfg, command=command.strip())
+    previous = interrupt_once()
+    try:
+        manifest = train(cfg, command=command.strip())
+    except AttrgraphError as e:  # an output folder that cannot be written: one line
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        close_progress_bars()
+        print(f"{parser.prog}: interrupted; {cfg.out} is left as it was.", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        restore_interrupt(previous)
     print(json.dumps(manifest["metrics"], indent=1))
     if manifest["shortfalls"]:
         print("below the quality bar:", manifest["shortfalls"])

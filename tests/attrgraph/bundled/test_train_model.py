@@ -69,3 +69,34 @@ def test_bad_shape_is_refused_in_one_line(tmp_path, capsys):
     assert e.value.code == 2
     assert "error: d_model=30 is not divisible by n_heads=4" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_ctrl_c_leaves_the_old_model_and_no_tmp_folder(tmp_path):
+    """Before: a KeyboardInterrupt traceback, and `MODEL.tmp` (its tokenizer) left beside the model.
+    Paused at the first evaluation (the real command, two SIGINTs there: no timing)."""
+    from tests.transcoders.test_interrupt import interrupted
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # the model there before
+    args = [*ARGV, "--out", out]
+    res = interrupted(
+        "attrgraph.bundled.train_model", args, "attrgraph.bundled.train_model", "evaluate_tasks"
+    )
+    assert res.returncode == 130, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"python -m attrgraph.bundled.train_model: interrupted; {out} is left as it was."
+    )
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["model"] and (out / "config.json").read_text() == "{}"
+    )
+
+
+def test_an_out_that_is_a_file_is_one_line_before_training(tmp_path, capsys):
+    (tmp_path / "m").write_text("a file")
+    assert main([*ARGV, "--out", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"python -m attrgraph.bundled.train_model: error: {tmp_path / 'm'} is a file; pass a folder to write "
+        "the model into (--out)."
+    )
