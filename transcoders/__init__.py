@@ -50,6 +50,7 @@ _EXPORTS = {
         "TranscoderNotFoundError",
         "UndeclaredFeatureAxisError",
         "UnknownFormatError",
+        "WriteError",
     ],
     "transcoders.formats": ["load_transcoders", "save_transcoders"],
     "transcoders.plt": ["PerLayerTranscoder"],

@@ -34,7 +34,8 @@ from safetensors.torch import save_file
 from transcoders.build import feature_dims_of
 from transcoders.config import TranscoderConfig
 from transcoders.distributed import feature_dim
-from transcoders.errors import ConfigError, CorruptCheckpointError
+from transcoders.errors import ConfigError, CorruptCheckpointError, WriteError
+from transcoders.h5file import write_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -100,7 +101,8 @@ def write_checkpoint(
         dims = feature_dims_of(tc_cfg)
         tensors = {k: v for k, v in tensors.items() if rank == 0 or feature_dim(k, dims) is not None}
     name = state_files(shards)[rank]
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name))
+    cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    _written(folder, tmp / name, rank, lambda: save_file(cpu, str(tmp / name)))
     if shards > 1:
         barrier()  # every rank's file is complete before rank 0 writes meta.json and renames
     if rank != 0:
@@ -113,13 +115,27 @@ def write_checkpoint(
         "param_order": order,
         "param_groups": groups,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    _written(
+        folder, tmp / "meta.json", rank, lambda: (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    )
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)  # left by a kill after the last write's renames
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _written(folder: Path, path: Path, rank: int, write: Callable[[], object]) -> None:
+    """`write()` of a file into `<folder>.tmp`; a full disk or a size limit is `WriteError` (one
+    line), the temporary removed (by rank 0) and the last checkpoint, `folder`, kept (step 3)."""
+    try:
+        write()
+    except (OSError, SafetensorError) as e:
+        if rank == 0:
+            shutil.rmtree(path.parent, ignore_errors=True)
+        kept = f"the last checkpoint, {folder}, is kept" if folder.exists() else "no checkpoint was kept yet"
+        raise WriteError(f"{write_error(path, e, WriteError)} The run stopped; {kept}.") from None
 
 
 def resume_folder(folder: Path) -> Path | None:

@@ -54,6 +54,11 @@ class CorruptCheckpointError(TranscoderError):
     what a resume needs, do not fit the run's set, or hold NaN or inf (a good run never writes one)."""
 
 
+class WriteError(TranscoderError, OSError):
+    """A file that could not be written (a full disk, a file size limit, no permission); what was
+    there before is unchanged."""
+
+
 class StalledRankError(TranscoderError, TimeoutError):
     """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
 

@@ -176,8 +176,12 @@ def _prepare(tmp: str, old: Path | None, reserve: int) -> None:
         os.close(fd)
 
 
-def write_error(path: Path, e: OSError, error: type[Exception]) -> Exception:
-    """One line for an `OSError` met while writing `path`."""
+def write_error(path: Path, e: OSError | Exception, error: type[Exception]) -> Exception:
+    """One line for an `OSError` met while writing `path` (or safetensors' error, which carries the
+    `OSError`'s number only in its text: "I/O error: File too large (os error 27)")."""
+    if not isinstance(e, OSError):
+        found = re.search(r"os error (\d+)", str(e))
+        e = OSError(int(found[1]), os.strerror(int(found[1]))) if found else OSError(str(e))
     reason = e.strerror or str(e) or type(e).__name__
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return error(
@@ -187,7 +191,7 @@ def write_error(path: Path, e: OSError, error: type[Exception]) -> Exception:
     if e.errno == errno.EFBIG:
         return error(
             f"cannot write {path}: the file would pass the size limit ({reason}; see `ulimit -f`); "
-            "raise the limit or write a smaller graph (the old file, if any, is unchanged)."
+            "raise the limit or write elsewhere (the old file, if any, is unchanged)."
         )
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return error(f"cannot write in {path.parent} ({reason}); pass an output in a folder you can write.")

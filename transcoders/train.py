@@ -47,10 +47,11 @@ import torch
 from transcoders import distributed as tdist
 from transcoders.command import INTERRUPTED, close_progress_bars, interrupt_once, restore_interrupt
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import AttrgraphError
+from transcoders.errors import AttrgraphError, WriteError
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
+from transcoders.output_folder import replaced
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -175,7 +176,8 @@ def write_manifest(folder: Path, cfg: TrainConfig, metrics: dict, info: dict, ar
         "metrics": metrics,
         "files": files,
     }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    with replaced(folder / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
@@ -250,12 +252,18 @@ def save_and_evaluate(model, tc, cfg: TrainConfig, d=None) -> tuple[Path, dict]:
 def _save_and_report(model, tc, info, cfg: TrainConfig, argv: list[str] | None, d=None) -> None:
     """Save and evaluate the set (`save_and_evaluate`); rank 0 (or the only process) then writes the
     manifest and prints a summary."""
-    dest, metrics = save_and_evaluate(model, tc, cfg, d)
-    if d is not None and not d.main:
-        return
-    if argv is None:  # via `attrgraph train-transcoders ...`: record the equivalent module command
-        argv = sys.argv[2:] if sys.argv[1:2] == ["train-transcoders"] else sys.argv[1:]
-    manifest = write_manifest(dest, cfg, metrics, info, argv)
+    try:
+        dest, metrics = save_and_evaluate(model, tc, cfg, d)
+        if d is not None and not d.main:
+            return
+        if argv is None:  # via `attrgraph train-transcoders ...`: record the equivalent module command
+            argv = sys.argv[2:] if sys.argv[1:2] == ["train-transcoders"] else sys.argv[1:]
+        manifest = write_manifest(dest, cfg, metrics, info, argv)
+    except WriteError as e:  # the run's last checkpoint holds the trained set (trainer.py `fit`)
+        raise WriteError(
+            f"{e} The trained set is in {Path(cfg.out) / 'checkpoint'}: the same command saves it "
+            "without training again."
+        ) from None
     summary = {k: v for k, v in metrics.items() if not isinstance(v, list | dict)}
     if "spliced_with" in metrics:
         summary["ce_loss_recovered_spliced"] = metrics["spliced_with"]["ce_loss_recovered"]

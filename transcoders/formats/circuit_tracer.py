@@ -38,6 +38,7 @@ from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.formats.native import check_floating, read_safetensors
 from transcoders.nonlinearity import Nonlinearity, stored_with
+from transcoders.output_folder import replaced
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -307,13 +308,13 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
                 d[PLT_THRESHOLD] = t(tc.threshold[l])
             if tc.W_skip is not None:
                 d["W_skip"] = t(tc.W_skip[l].T)
-            save_file(d, str(folder / f"layer_{l}.safetensors"))
+            _save(d, folder / f"layer_{l}.safetensors")
         else:
             d = {f"W_enc_{l}": t(tc.W_enc[l].T), f"b_enc_{l}": t(tc.b_enc[l]), f"b_dec_{l}": t(tc.b_dec[l])}
             if "threshold" in form.extra_state:
                 d[f"threshold_{l}"] = t(tc.threshold[l])
-            save_file(d, str(folder / f"W_enc_{l}.safetensors"))
-            save_file({f"W_dec_{l}": t(tc.W_dec[l])}, str(folder / f"W_dec_{l}.safetensors"))
+            _save(d, folder / f"W_enc_{l}.safetensors")
+            _save({f"W_dec_{l}": t(tc.W_dec[l])}, folder / f"W_dec_{l}.safetensors")
     meta = {
         "model_kind": PLT_KIND if cfg.kind == "plt" else CLT_KIND,
         "model_name": cfg.model_name or None,
@@ -321,5 +322,11 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
         "feature_output_hook": out,
         "scan": scan or f"attrgraph-{cfg.kind}-{cfg.model_name or 'model'}",
     }
-    (folder / "config.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
+    with replaced(folder / "config.yaml") as tmp:
+        tmp.write_text(yaml.safe_dump(meta, sort_keys=True))
     return folder
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    with replaced(path) as tmp:
+        save_file(tensors, str(tmp))

@@ -25,6 +25,7 @@ import torch
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
 from transcoders.nonlinearity import stored_with
+from transcoders.output_folder import replaced
 from transcoders.sites import MLP_INPUT, MLP_OUTPUT
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
         path = Path(folder) / f"layer_{l}" / "params.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {name: getattr(tc, name)[l] for name in KEYS}
-        np.savez(path, **{k: v.detach().float().cpu().numpy() for k, v in arrays.items()})
+        with replaced(path) as tmp:  # its name ends in .npz, so savez adds no suffix
+            np.savez(tmp, **{k: v.detach().float().cpu().numpy() for k, v in arrays.items()})
         out.append(path)
     return out

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from transcoders.config import TranscoderConfig
 from transcoders.errors import ConfigError, CorruptTranscoderError, TranscoderNotFoundError
 from transcoders.manifest import verify_manifest
+from transcoders.output_folder import replaced
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -80,12 +81,16 @@ def save_native(tc: SparseCoder, path: str | os.PathLike) -> Path:
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu().clone() for k, v in tc.state_dict().items()}
-    save_file(
-        state, str(folder / WEIGHTS), metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)}
-    )
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": tc.cfg.to_dict()}
-    (folder / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with replaced(folder / WEIGHTS) as tmp:
+        save_file(state, str(tmp), metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)})
+    _write_config(folder, tc.cfg)
     return folder
+
+
+def _write_config(folder: Path, cfg: TranscoderConfig) -> None:
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": cfg.to_dict()}
+    with replaced(folder / "config.json") as tmp:
+        tmp.write_text(json.dumps(meta, indent=1) + "\n")
 
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
@@ -114,7 +119,7 @@ def save_native_streamed(
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    with open(folder / WEIGHTS, "wb") as f:
+    with replaced(folder / WEIGHTS) as tmp, open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)
         names = iter(sorted(shapes))
         for name, t in tensors:
@@ -125,8 +130,7 @@ def save_native_streamed(
             f.write(t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy().data)
         if (left := next(names, None)) is not None:
             raise ValueError(f"tensor {left!r} never came; the weights file is incomplete")
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": cfg.to_dict()}
-    (folder / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+    _write_config(folder, cfg)
     return folder
 
 

@@ -48,7 +48,8 @@ from safetensors import SafetensorError
 
 from transcoders.block_layout import BLOCK, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
-from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError, WriteError
+from transcoders.h5file import write_error
 from transcoders.nonlinearity import Nonlinearity, sae_lens_architectures
 
 if TYPE_CHECKING:
@@ -295,5 +296,8 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
             state["W_skip"] = t(tc.W_skip[l].T)
         sae = sae_cls(cfg_cls(**kw))  # on the meta device: no memory until the weights are assigned
         sae.load_state_dict(state, assign=True)
-        sae.to("cpu").save_model(folder / f"layer_{l}")
+        try:
+            sae.to("cpu").save_model(folder / f"layer_{l}")
+        except (OSError, SafetensorError) as e:  # sae_lens writes the files itself, in place
+            raise write_error(folder / f"layer_{l}", e, WriteError) from None
     return folder
