@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from attrgraph.analysis.stats import nan_stat, spearman
+from attrgraph.errors import OptionError
 
 
 def strip_private(d):
@@ -62,14 +66,31 @@ def write_report(
     title: str = "validation",
     stem: str = "validate",
 ) -> dict:
-    """Write `<stem>.json`, `<stem>.md` and `<stem>_*.png` into `out_dir`; returns the summary."""
+    """Write `<stem>.json`, `<stem>.md` and `<stem>_*.png` into `out_dir`; returns the summary. They
+    are made in a temporary folder inside it and moved into place once all are written: a full disk
+    (or another write error) leaves the old report as it was and is `OptionError` in one line."""
+    from transcoders.h5file import write_error
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.", dir=out_dir))  # the report is whole or not written
+    try:
+        summary = _write_report(results, names, tmp, title, stem)
+        for path in tmp.iterdir():  # renames within one folder: no write, so no full disk, can fail
+            os.replace(path, out_dir / path.name)
+        return summary
+    except OSError as e:
+        raise write_error(out_dir, e, OptionError) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_report(results: list[dict], names: list[str], out_dir: Path, title: str, stem: str) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize_results(results)
     (out_dir / f"{stem}.json").write_text(
         json.dumps({"summary": summary, "graphs": dict(zip(names, strip_private(results)))}, indent=1)

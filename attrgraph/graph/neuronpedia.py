@@ -90,6 +90,7 @@ from attrgraph.graph.neuronpedia_features import (
 from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import Supernode, node_key
+from transcoders import h5file
 from transcoders.output_folder import check_output_folder
 
 if TYPE_CHECKING:
@@ -353,6 +354,25 @@ def _atomic(path: Path):
             os.unlink(tmp)
 
 
+def _write_export(out: Path, graph_path: Path, data: dict, slug: str, files: dict) -> None:
+    """Step 5's files: the graph JSON, its entry in the folder's index, and the feature files."""
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / "graph-metadata.json"
+    index = _read_index(index_path)
+    with _atomic(graph_path) as f:
+        json.dump(data, f, separators=(",", ":"))
+    keys = ("slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "node_threshold", "schema_version")
+    entry = {k: data["metadata"][k] for k in keys}
+    index["graphs"] = [g for g in index["graphs"] if g.get("slug") != slug] + [entry]
+    with _atomic(index_path) as f:
+        json.dump(index, f, indent=2)
+    fdir = out / _feature_dir(data["metadata"]["scan"])
+    fdir.mkdir(parents=True, exist_ok=True)
+    for idx, feature in files.items():
+        with _atomic(fdir / f"{idx}.json") as f:
+            f.write(json.dumps(feature))
+
+
 def export_json(
     graph: Graph,
     out_dir: str | os.PathLike,
@@ -397,22 +417,12 @@ def export_json(
     data, dropped = graph_to_json(
         graph, slug, scan, supernodes, labels, share, node_threshold, auto, feature_url
     )
-    out.mkdir(parents=True, exist_ok=True)
-    index_path = out / "graph-metadata.json"
-    index = _read_index(index_path)
     graph_path = out / f"{slug}.json"
-    with _atomic(graph_path) as f:
-        json.dump(data, f, separators=(",", ":"))
-    keys = ("slug", "scan", "transcoder_list", "prompt_tokens", "prompt", "node_threshold", "schema_version")
-    entry = {k: data["metadata"][k] for k in keys}
-    index["graphs"] = [g for g in index["graphs"] if g.get("slug") != slug] + [entry]
-    with _atomic(index_path) as f:
-        json.dump(index, f, indent=2)
     files = feature_files(graph, _transcoder_set(graph), found["mlp"], found["attn"])
-    fdir = out / _feature_dir(data["metadata"]["scan"])
-    fdir.mkdir(parents=True, exist_ok=True)
-    for idx, feature in files.items():
-        (fdir / f"{idx}.json").write_text(json.dumps(feature), encoding="utf-8")
+    try:  # each file written whole or not at all (`_atomic`); a full disk is one line
+        _write_export(out, graph_path, data, slug, files)
+    except OSError as e:
+        raise h5file.write_error(Path(e.filename) if e.filename else out, e, ExportError) from None
     return JsonExport(
         graph_path,
         len(data["nodes"]),
