@@ -3,54 +3,10 @@ line): `python -m transcoders.train` says which step the run's checkpoint holds 
 resumes there) and `python -m transcoders.dashboards` that no file changed. Before, both ended in a
 `KeyboardInterrupt` traceback, killed by SIGINT (exit -2).
 
-Each test runs the real command in a process that pauses when a named function is first (or n-th)
-called, sends it SIGINT twice there (two Ctrl-Cs), and lets it go on: no timing is involved."""
+Each test pauses the real command at a named call and sends two SIGINTs there (tests/interrupts.py)."""
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
+from tests.interrupts import interrupted
 from tests.transcoders.tc_helpers import CLI_ARGS
-
-ROOT = Path(__file__).resolve().parents[2]
-PAUSED = """
-import sys
-import {module} as where
-from {command} import main
-real = where.{name}
-
-def paused(*args, **kwargs):  # the real call, after the n-th call says so and waits for a line
-    paused.calls += 1
-    if paused.calls == {nth}:
-        print("paused", flush=True)
-        sys.stdin.readline()
-    return real(*args, **kwargs)
-
-paused.calls = 0
-where.{name} = paused
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def interrupted(
-    command: str, args: list, module: str, name: str, nth: int = 1
-) -> subprocess.CompletedProcess:
-    code = PAUSED.format(command=command, module=module, name=name, nth=nth)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
-    try:
-        assert proc.stdout.readline().strip() == "paused", proc.stderr.read()[-3000:]
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate("\n", timeout=600)
-    finally:
-        proc.kill()
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def last_line(res) -> str:

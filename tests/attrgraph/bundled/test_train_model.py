@@ -74,7 +74,7 @@ def test_bad_shape_is_refused_in_one_line(tmp_path, capsys):
 def test_ctrl_c_leaves_the_old_model_and_no_tmp_folder(tmp_path):
     """Before: a KeyboardInterrupt traceback, and `MODEL.tmp` (its tokenizer) left beside the model.
     Paused at the first evaluation (the real command, two SIGINTs there: no timing)."""
-    from tests.transcoders.test_interrupt import interrupted
+    from tests.interrupts import interrupted
 
     out = tmp_path / "model"
     out.mkdir()

@@ -18,6 +18,7 @@ from attrgraph.cli import main
 from attrgraph.graph.store import save_graph
 from tests.attrgraph.ag_helpers import bars_finished, random_graph
 from tests.attrgraph.cli.test_cli import error_line, model_args, run
+from tests.interrupts import interrupted
 from transcoders import load_transcoders, save_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -147,49 +148,6 @@ def test_a_set_with_nan_weights_is_refused_by_build(model_dir, tmp_path, capsys)
 
 
 # ------------------------------------------------------------------ Ctrl-C, in a real process
-PAUSED = """
-import sys
-from attrgraph.cli import main
-import {module} as where
-real = where.{name}
-
-def paused(*args, **kwargs):  # the real step, after saying so and waiting for a line on stdin
-    if not paused.done:
-        paused.done = True
-        print("{say}", flush=True)
-        sys.stdin.readline()
-    return real(*args, **kwargs)
-
-paused.done = False
-where.{name} = paused
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def interrupted(args, module: str, name: str, say: str) -> subprocess.CompletedProcess:
-    """Run `attrgraph ARGS` in a process that pauses when `module.name` is first called (the real
-    call follows), send it SIGINT twice there (two Ctrl-Cs), then let it go on."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    code = PAUSED.format(module=module, name=name, say=say)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        assert proc.stdout.readline().strip() == say
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate("\n", timeout=600)
-    finally:
-        proc.kill()
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
 @pytest.mark.parametrize("existing", [pytest.param(False, marks=pytest.mark.slow), True])  # ~10 s each
 def test_ctrl_c_while_a_graph_is_written(model_dir, tmp_path, existing):
     g = tmp_path / "g.h5"
@@ -197,7 +155,7 @@ def test_ctrl_c_while_a_graph_is_written(model_dir, tmp_path, existing):
         save_graph(random_graph(0), g, name="other")
     before = g.read_bytes() if existing else None
     args = ["build", "When Mary and John went to the store", "-o", g, "--full", *model_args(model_dir)]
-    res = interrupted(args, "attrgraph.graph.store", "_write_array", "writing")
+    res = interrupted("attrgraph.cli", args, "attrgraph.graph.store", "_write_array")
     assert res.returncode == 130, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "Exception ignored" not in res.stderr
     assert (
@@ -210,7 +168,7 @@ def test_ctrl_c_while_a_graph_is_written(model_dir, tmp_path, existing):
 
 def test_ctrl_c_during_attribution(model_dir, tmp_path):
     args = ["build", "When Mary went", "-o", tmp_path / "g.h5", "--no-progress", *model_args(model_dir)]
-    res = interrupted(args, "attrgraph.engine.pruned_build", "attribute_pruned", "attributing")
+    res = interrupted("attrgraph.cli", args, "attrgraph.engine.pruned_build", "attribute_pruned")
     assert res.returncode == 130, res.stderr[-3000:]
     assert res.stderr.strip().splitlines() == [
         "attrgraph build: interrupted; any file being written is left as it was."
