@@ -477,8 +477,14 @@ def _build_many(prompts, output, options, workers, address, progress, on_result,
 
     def fail(record: dict) -> None:
         counts["failed"] += 1
-        with open(side, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(side, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a full disk: one line (the graphs already saved stay in the output)
+            from attrgraph.errors import GraphFileError
+            from transcoders.h5file import write_error
+
+            raise write_error(side, e, GraphFileError) from None
 
     for record in failures:
         fail(record)
