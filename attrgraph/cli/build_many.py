@@ -399,10 +399,10 @@ def one_run(output: str | os.PathLike):
             raise OutputBusyError(
                 f"another build-many run (pid {str(e) or 'unknown'}) is writing {output}; wait for it to end or pass another -o."
             ) from None
-        if lock is not None:
-            lock.truncate(0)
-            lock.write(str(os.getpid()))
-            lock.flush()
+        if lock is not None:  # the pid is for a second run's message; unbuffered, so a full disk
+            with contextlib.suppress(OSError):  # leaves nothing for close() to fail on
+                os.ftruncate(lock.fileno(), 0)
+                os.write(lock.fileno(), str(os.getpid()).encode())
         yield
 
 
@@ -477,6 +477,7 @@ def _build_many(prompts, output, options, workers, address, progress, on_result,
 
     def fail(record: dict) -> None:
         counts["failed"] += 1
+        size = side.stat().st_size if side.exists() else 0
         try:
             with open(side, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
@@ -484,6 +485,11 @@ def _build_many(prompts, output, options, workers, address, progress, on_result,
             from attrgraph.errors import GraphFileError
             from transcoders.h5file import write_error
 
+            with contextlib.suppress(OSError):  # the records before stay whole; none: no sidecar
+                if size:
+                    os.truncate(side, size)
+                else:
+                    side.unlink()
             raise write_error(side, e, GraphFileError) from None
 
     for record in failures:

@@ -132,6 +132,31 @@ def test_build_many_of_bad_lines_only_records_them(tmp_path):
     assert [json.loads(line)["line"] for line in lines] == [1, 2]
 
 
+@pytest.mark.parametrize("pages", [0, 2], ids=["no-room", "two-pages"])
+def test_a_full_disk_while_the_failures_sidecar_is_written_is_one_line(small_tmpfs, pages):
+    """Bad input round 7: the sidecar on a full disk is one `GraphFileError` naming it (before: an
+    `OSError: [Errno 28]` traceback from the run's lock), and what it holds is whole records: none
+    (no file), or those written before the disk filled (two tmpfs pages: the lock's pid and a page of
+    records), never half a line.
+    Bad lines only, so no worker starts."""
+    from attrgraph.errors import GraphFileError
+
+    f, out = small_tmpfs / "p.jsonl", small_tmpfs / "g.h5"
+    write_jsonl(f, [{"name": "x" * 200}] * 40)
+    st = os.statvfs(small_tmpfs)
+    (small_tmpfs / "filler").write_bytes(b"\0" * ((st.f_bavail - pages) * st.f_frsize))
+    with pytest.raises(GraphFileError, match=r"^cannot write .*g\.h5\.failures\.jsonl.*no space left") as e:
+        build_many.build_many(f, out, {}, workers=1, progress=False)
+    assert "\n" not in str(e.value) and not out.exists()
+    side = build_many.failures_path(out)
+    if pages == 0:
+        assert not side.exists()  # not an empty sidecar
+    else:
+        lines = side.read_text().split("\n")
+        assert lines[-1] == "" and [json.loads(line)["line"] for line in lines[:-1]] == list(range(1, len(lines)))
+        assert 0 < side.stat().st_size <= st.f_frsize
+
+
 def test_build_many_targets_failures_and_same_graphs_as_build(cluster, deadline, model_dir, tmp_path, capsys):
     rows = prompts(3) + [
         {"prompt": PROMPT, "name": "mary", "target": " Mary"},
