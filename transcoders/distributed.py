@@ -110,6 +110,7 @@ GRACE_S = 10.0
 _PROGRESS = "transcoders/progress/"
 _PROCESS = "transcoders/process/"
 _FINISHED = "transcoders/finished"
+_SAID = "transcoders/said/"
 
 
 def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -258,6 +259,20 @@ def _last_seen(store, rank: int) -> str:
     """Where `rank` last said it was (`mark`)."""
     key = f"{_PROGRESS}{rank}"
     return store.get(key).decode() if store.check([key]) else "not joined"
+
+
+def main_says(d: Dist, key: str, said: str | None) -> str:
+    """Rank 0's `said` (a string) on every rank: the others pass None and wait for it under `key` in
+    the process group's store, not in a collective, so a rank waits no longer than rank 0 takes to
+    answer. For what only rank 0 can find out, such as whether it holds the run folder's lock."""
+    if not d.active:
+        return said
+    store = _store()
+    if d.main:
+        store.set(f"{_SAID}{key}", said)
+        return said
+    store.wait([f"{_SAID}{key}"])
+    return store.get(f"{_SAID}{key}").decode()
 
 
 def finish_together(d: Dist) -> None:

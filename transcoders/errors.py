@@ -59,6 +59,10 @@ class WriteError(TranscoderError, OSError):
     there before is unchanged."""
 
 
+class RunBusyError(TranscoderError, OSError):
+    """A training run folder (`--out`) that another training run is using."""
+
+
 class StalledRankError(TranscoderError, TimeoutError):
     """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
 

@@ -244,6 +244,24 @@ def _one_writer(path: Path):
 
 
 @contextlib.contextmanager
+def pid_lock(name: Path, busy):
+    """Hold the lock `name` (`held_lock`, without waiting) with this process's id written in it; a
+    lock held elsewhere raises `busy(pid)`, the pid its holder wrote ('' if none). The pid is written
+    unbuffered and only for that message: a full disk leaves it out, and nothing for close() to
+    flush and fail on."""
+    with contextlib.ExitStack() as stack:
+        try:
+            held = stack.enter_context(held_lock(name, wait=False))
+        except BlockingIOError as e:
+            raise busy(str(e)) from None
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(held.fileno(), 0)
+                os.write(held.fileno(), str(os.getpid()).encode())
+        yield
+
+
+@contextlib.contextmanager
 def held_lock(name: Path, *, wait: bool = True):
     """Hold an exclusive flock on the file `name` (the kernel releases it when its holder dies),
     yielding the open file (its holder may write into it). The holder removes the file when done; a

@@ -21,7 +21,8 @@ activation_store.py). One run:
    step reaches a checkpoint; the last good checkpoint stays in `<out>/checkpoint`.
 5. Checkpoints (weights, Adam state, step, scales) every `checkpoint_every` steps; rerunning the
    same command resumes from it and reproduces the uninterrupted run exactly (the data of step t
-   is a pure function of the seed, activation_store.py step 3).
+   is a pure function of the seed, activation_store.py step 3). One run at a time uses a run
+   folder: a second with the same `--out` is refused while the first goes (run_folder.py).
 6. At the end the scales are folded into the weights (base.py `fold_scales`), so the saved set
    acts on raw activations; it is saved in our format with `metrics.json` / `manifest.json`
    (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL, with the
@@ -52,6 +53,7 @@ from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.output_folder import replaced
+from transcoders.run_folder import one_run
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -202,7 +204,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     launched = tdist.init_from_env(cfg.dist_timeout)  # under torchrun: join the process group
     try:
         d = tdist.current(cfg.parallel)
-        with tdist.naming_dead_ranks(d):  # torchrun's SIGTERM after a rank died: the line naming it
+        with tdist.naming_dead_ranks(d), one_run(cfg.out, d):  # one run per run folder (run_folder.py)
             model = load_any_model(cfg.model, model_device(cfg))
             sharded = d.mode == "features"
             tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))

@@ -386,23 +386,17 @@ def one_run(output: str | os.PathLike):
     kernel drops it when the driver dies, the file goes when the run ends); a second run on the same
     output raises `OutputBusyError` at once; through a symbolic link the lock is its target's, as the
     writes are. Without fcntl (Windows), no lock."""
-    from transcoders.h5file import followed, held_lock
+    from transcoders.h5file import followed, pid_lock
 
     output = followed(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        try:
-            lock = stack.enter_context(
-                held_lock(output.parent / f".{output.name}.build-many.lock", wait=False)
-            )
-        except BlockingIOError as e:
-            raise OutputBusyError(
-                f"another build-many run (pid {str(e) or 'unknown'}) is writing {output}; wait for it to end or pass another -o."
-            ) from None
-        if lock is not None:  # the pid is for a second run's message; unbuffered, so a full disk
-            with contextlib.suppress(OSError):  # leaves nothing for close() to fail on
-                os.ftruncate(lock.fileno(), 0)
-                os.write(lock.fileno(), str(os.getpid()).encode())
+
+    def busy(pid: str) -> OutputBusyError:
+        return OutputBusyError(
+            f"another build-many run (pid {pid or 'unknown'}) is writing {output}; wait for it to end or pass another -o."
+        )
+
+    with pid_lock(output.parent / f".{output.name}.build-many.lock", busy):
         yield
 
 

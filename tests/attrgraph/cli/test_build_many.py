@@ -152,8 +152,8 @@ def test_a_full_disk_while_the_failures_sidecar_is_written_is_one_line(small_tmp
     if pages == 0:
         assert not side.exists()  # not an empty sidecar
     else:
-        lines = side.read_text().split("\n")
-        assert lines[-1] == "" and [json.loads(line)["line"] for line in lines[:-1]] == list(range(1, len(lines)))
+        *lines, last = side.read_text().split("\n")
+        assert last == "" and [json.loads(line)["line"] for line in lines] == list(range(1, len(lines) + 1))
         assert 0 < side.stat().st_size <= st.f_frsize
 
 
