@@ -233,26 +233,35 @@ def naming_dead_ranks(d: Dist):
         return
 
     def stopped(signum, frame):
-        try:
-            store = _store()
-            gone = [r for r in range(d.world) if r != d.rank and _process_gone(store, r)]
-            seen = {r: _last_seen(store, r) for r in [d.rank, *gone]}
-        except (RuntimeError, OSError):  # no store to ask: as if no rank had died
-            gone = []
-        if not gone:  # not torchrun stopping us for a dead rank: what SIGTERM did before
+        error = dead_rank_error(d)
+        if error is None:  # not torchrun stopping us for a dead rank: what SIGTERM did before
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
             signal.raise_signal(signal.SIGTERM)
             return
-        who = ", ".join(f"rank {r} (last seen: {seen[r]}; its process is gone)" for r in gone)
-        raise StalledRankError(
-            f"rank {d.rank} was stopped (SIGTERM) at {seen[d.rank]} after a rank died: {who}."
-        )
+        raise error
 
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def dead_rank_error(d: Dist) -> StalledRankError | None:
+    """For a SIGTERM on this rank: the `StalledRankError` naming the ranks on this host whose process
+    is gone (torchrun stopping the others after one died), or None when none is."""
+    try:
+        store = _store()
+        gone = [r for r in range(d.world) if r != d.rank and _process_gone(store, r)]
+        seen = {r: _last_seen(store, r) for r in [d.rank, *gone]}
+    except (RuntimeError, OSError):  # no store to ask: as if no rank had died
+        return None
+    if not gone:
+        return None
+    who = ", ".join(f"rank {r} (last seen: {seen[r]}; its process is gone)" for r in gone)
+    return StalledRankError(
+        f"rank {d.rank} was stopped (SIGTERM) at {seen[d.rank]} after a rank died: {who}."
+    )
 
 
 def _last_seen(store, rank: int) -> str:

@@ -22,7 +22,8 @@ activation_store.py). One run:
 5. Checkpoints (weights, Adam state, step, scales) every `checkpoint_every` steps; rerunning the
    same command resumes from it and reproduces the uninterrupted run exactly (the data of step t
    is a pure function of the seed, activation_store.py step 3). One run at a time uses a run
-   folder: a second with the same `--out` is refused while the first goes (run_folder.py).
+   folder: a second with the same `--out` is refused while the first goes (run_folder.py). A
+   SIGTERM (a preempted job) stops the run at a step with its checkpoint (stop_signal.py).
 6. At the end the scales are folded into the weights (base.py `fold_scales`), so the saved set
    acts on raw activations; it is saved in our format with `metrics.json` / `manifest.json`
    (metrics.py on held-out sequences: FVU, L0, dead fraction, CE loss recovered, KL, with the
@@ -54,6 +55,7 @@ from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.output_folder import replaced
 from transcoders.run_folder import one_run
+from transcoders.stop_signal import TERMINATED, Terminated
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -290,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"{parser.prog}: interrupted; {resume_hint(Path(args.out))}", file=sys.stderr)
         return INTERRUPTED
+    except Terminated:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
+        close_progress_bars()
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{parser.prog}: terminated (SIGTERM); {resume_hint(Path(args.out))}", file=sys.stderr)
+        return TERMINATED
     finally:
         restore_interrupt(previous)
 

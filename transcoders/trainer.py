@@ -13,7 +13,8 @@ and on feature-sharded ranks (distributed.py; what differs lives in the `Dist` t
    BatchTopK, on the features dead for `DEAD_TOKENS` tokens]; a TopK PLT / SAE takes the sparse step
    (sparse_topk.py) with the same loss. Data parallel, the forward is wrapped in DDP.
 4. A NaN or inf loss stops the run (`NonFiniteError`) before the step changes any weight; so does a
-   NaN or inf weight left by the step before (step 6's check, in the same host sync).
+   NaN or inf weight left by the step before (step 6's check, in the same host sync), and a SIGTERM
+   on any rank (the same sync again; the run checkpoints this step and stops, stop_signal.py).
 5. Backward; feature-sharded, the replicated parameters' gradients are averaged over ranks; the global
    gradient norm, summed in float64, is clipped (distributed.py `clip_grad_norm`).
 6. Adam; a NaN or inf weight stops the run at the next step's check (or the next checkpoint's), the
@@ -52,6 +53,7 @@ from transcoders.checkpoint import (
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.losses import sparsity_schedule
 from transcoders.nonlinearity import Penalty
+from transcoders.stop_signal import StopRequest, Terminated, deferred_sigterm
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -147,6 +149,8 @@ class Trainer:
         self.dead_after = max(1, DEAD_TOKENS // cfg.batch_size) if tracks_dead else None
         self.clip = cfg.max_grad_norm / self.tcfg.d_model  # on sae_lens's scale (loss summed over dims)
         self._weights_finite: Tensor | None = None  # after the last step's Adam, not yet checked
+        self.stop = StopRequest()  # a SIGTERM (stop_signal.py): the next step's check stops the run
+        self._go = {v: torch.tensor(v, device=self.device) for v in (True, False)}  # no copy per step
         self.log: dict = {}
 
     # ------------------------------------------------------------------ setup
@@ -211,9 +215,10 @@ class Trainer:
         return DistributedDataParallel(step, device_ids=[dev.index] if dev.type == "cuda" else None)
 
     # ------------------------------------------------------------------ the step
-    def step(self, x: Tensor, y: Tensor) -> StepOutput:
+    def step(self, x: Tensor, y: Tensor) -> StepOutput | None:
         """Steps 1-7 on one global batch `x` -> `y` (raw activations; data parallel, this rank's rows
-        unless the store already gave them)."""
+        unless the store already gave them); None, and no step taken, when a rank was asked to stop
+        (a SIGTERM, stop_signal.py)."""
         cfg, d, t = self.cfg, self.d, self.t
         for g in self.opt.param_groups:
             g["lr"] = lr_at(t, self.total, cfg.lr)
@@ -227,7 +232,8 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
             res = self.forward(xn, yn, sparsity_schedule(t, self.total, cfg.sparsity_coef), dead)
         # one host sync per step, here: the loss, and the weights the previous step's Adam wrote
-        self._check_finite(res.loss.detach())
+        if not self._check_finite(res.loss.detach()):
+            return None  # a SIGTERM on some rank: every rank stops before this step's backward
         self.opt.zero_grad(set_to_none=True)
         res.loss.backward()
         if d.shards_features:
@@ -245,13 +251,15 @@ class Trainer:
     def _all_weights_finite(self) -> Tensor:
         return torch.stack([torch.isfinite(p).all() for p in self.tc.parameters()]).all()
 
-    def _check_finite(self, loss: Tensor | None = None) -> None:
+    def _check_finite(self, loss: Tensor | None = None) -> bool:
         """Steps 4 and 6 in one host sync (over all ranks): this step's `loss` (None: none yet) and the
-        weights of the step before, before anything changes them again."""
+        weights of the step before, before anything changes them again. Returns False when a rank was
+        asked to stop (a SIGTERM, stop_signal.py step 1), in the same sync."""
         after_adam = self._weights_finite is not None
         weights = self._weights_finite if after_adam else self._all_weights_finite()  # else: as set up
-        flags = torch.stack([weights, torch.isfinite(loss).all() if loss is not None else weights])
-        ok_weights, ok_loss = tdist.all_true(flags, self.d)
+        loss_ok = torch.isfinite(loss).all() if loss is not None else weights
+        flags = torch.stack([weights, loss_ok, self._go[not self.stop.asked]])
+        ok_weights, ok_loss, go = tdist.all_true(flags, self.d)
         kept = f"training stopped and the last good checkpoint is kept in {self.ckpt}"
         if not ok_weights:
             when = f"at step {self.t - 1}" if after_adam else f"before step {self.t}"
@@ -261,6 +269,7 @@ class Trainer:
                 f"the loss became {loss.item()} at step {self.t}; {kept} (lower --lr, or check the model's "
                 "activations)."
             )
+        return go
 
     # ------------------------------------------------------------------ the run
     def checkpoint(self) -> None:
@@ -291,16 +300,22 @@ class Trainer:
             desc="train",
             mininterval=5.0,
         )
-        for x, y in self.store.batches(self.t):
-            if self.t >= self.total or (stop_after is not None and self.t >= stop_after):
-                break
-            tdist.mark(self.d, f"step {self.t}")  # read when a collective times out (distributed.py)
-            res = self.step(x, y)
-            if self.t % 20 == 0 or self.t == self.total:
-                self._record(res, bar)
-            bar.update(1)
-            if self.t % cfg.checkpoint_every == 0 and self.t < self.total:
-                self.checkpoint()
+        with deferred_sigterm(self.d) as self.stop:  # SIGTERM: stop at a step (stop_signal.py)
+            for x, y in self.store.batches(self.t):
+                if self.t >= self.total or (stop_after is not None and self.t >= stop_after):
+                    break
+                tdist.mark(self.d, f"step {self.t}")  # read when a collective times out (distributed.py)
+                res = self.step(x, y)
+                if res is None:  # a SIGTERM on some rank: every rank stops at this step
+                    self.stop.honoured = True
+                    bar.close()
+                    self.checkpoint()
+                    raise Terminated(self.ckpt, self.t)
+                if self.t % 20 == 0 or self.t == self.total:
+                    self._record(res, bar)
+                bar.update(1)
+                if self.t % cfg.checkpoint_every == 0 and self.t < self.total:
+                    self.checkpoint()
         bar.close()
         self.checkpoint()
 

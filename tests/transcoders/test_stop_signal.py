@@ -1,0 +1,112 @@
+"""SIGTERM while a set trains (a preempted job; transcoders/stop_signal.py): the run stops at a step,
+writes that step's checkpoint and says so in one line, exit 143; the same command then resumes and
+ends with the set an uninterrupted run trains. Before, SIGTERM killed the run (exit -15 to a
+caller): the steps since the last checkpoint were lost, and no line said where it stood. A SIGTERM
+after the steps acts as before."""
+
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from tests.interrupts import paused
+from tests.transcoders.tc_helpers import CLI_ARGS, free_port
+from transcoders.train import main
+
+ARGS = [
+    *CLI_ARGS,
+    "--n-tokens",
+    "2560",
+    "--checkpoint-every",
+    "100",
+]  # 10 steps; no checkpoint before the end
+PROG = "python -m transcoders.train"
+
+
+def weights(out: Path) -> dict:
+    return load_file(out / "transcoders" / "weights.safetensors")
+
+
+def test_sigterm_checkpoints_the_step_and_the_same_command_resumes_to_the_same_set(tmp_path):
+    out = tmp_path / "run"
+    args = [*ARGS, "--out", out]
+    # sparsity_schedule's 6th call is step 5's (0-based), before that step's check
+    with paused("transcoders.train", args, "transcoders.trainer", "sparsity_schedule", nth=6) as run:
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate("\n", timeout=600)
+    assert run.returncode == 143, err[-3000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"{PROG}: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds step 5: "
+        "the same command resumes there."
+    )
+    assert json.loads((out / "checkpoint" / "meta.json").read_text())["step"] == 5
+    assert not (out / "transcoders").exists()
+    assert main(list(map(str, args))) == 0
+    whole = tmp_path / "whole"
+    assert main(list(map(str, [*ARGS, "--out", whole]))) == 0
+    resumed, uninterrupted = weights(out), weights(whole)
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        assert resumed[name].equal(uninterrupted[name]), name
+
+
+def test_sigterm_after_the_steps_acts_as_before(tmp_path):
+    """Paused in the evaluation after training: SIGTERM kills the run, as it always did."""
+    args = [*ARGS, "--out", tmp_path / "run"]
+    with paused("transcoders.train", args, "transcoders.train", "evaluate") as run:
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert run.returncode == -signal.SIGTERM
+
+
+def _rank(rank: int, root: str, port: str) -> None:
+    """torchrun's environment by hand; rank 1 sends itself SIGTERM in step 3, before its check."""
+    import torch
+
+    import transcoders.trainer as trainer
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+    )
+    torch.set_num_threads(1)
+    if rank == 1:
+        real, calls = trainer.sparsity_schedule, []
+
+        def schedule(*args):
+            calls.append(1)
+            if len(calls) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real(*args)
+
+        trainer.sparsity_schedule = schedule
+    with open(Path(root, f"stderr{rank}.txt"), "w") as f, contextlib.redirect_stderr(f):
+        code = main([*ARGS, "--parallel", "features", "--dist-timeout", "60", "--out", f"{root}/run"])
+    Path(root, f"code{rank}.txt").write_text(str(code))
+
+
+def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_checkpointed_step(tmp_path):
+    ctx = mp.start_processes(
+        _rank, args=(str(tmp_path), str(free_port())), nprocs=2, join=False, start_method="spawn"
+    )
+    try:
+        for p in ctx.processes:
+            p.join(300)
+            assert p.exitcode == 0, "a rank did not end on its own"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert [(tmp_path / f"code{r}.txt").read_text() for r in (0, 1)] == ["143", "143"]
+    assert (tmp_path / "stderr0.txt").read_text().strip().splitlines()[-1] == (
+        f"{PROG}: terminated (SIGTERM); the checkpoint in {ckpt} holds step 3: the same command resumes there."
+    )
+    assert "terminated" not in (tmp_path / "stderr1.txt").read_text()  # rank 0's line alone
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert (meta["step"], meta["shards"]) == (3, 2)
