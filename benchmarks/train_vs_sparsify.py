@@ -185,6 +185,7 @@ def dump(work: Path, n_tokens: int, batch_size: int, block_tokens: int, seed: in
         steps=steps,
         blocks=n_blocks,
         block_tokens=store.block_tokens,
+        shards=[str(store.shard(b)) for b in range(n_blocks)],
         n_layers=tcfg.n_layers,
         d_model=tcfg.d_model,
     )
@@ -226,7 +227,7 @@ def train_sparsify(
             b, r = divmod(start, block_tokens)
             assert bool((ids == torch.arange(start, start + n)).all()) and r + n <= block_tokens
             if self.open is None or self.open[0] != b:  # keep the current shard open, as ours does
-                self.open = (b, safe_open(str(work / "cache" / f"block_{b:05d}.safetensors"), "pt"))
+                self.open = (b, safe_open(info["shards"][b], "pt"))
             f = self.open[1]
             x, y = f.get_slice("x")[r : r + n].to(self.device), f.get_slice("y")[r : r + n].to(self.device)
             for l, site in enumerate(self.layers):

@@ -15,8 +15,14 @@ all layers in one pass, store activations to disk, stream them back).
    batches it would have seen (`batches(start=...)`).
    3b. Without `cache_dir`, a model on a GPU keeps the block there when it fits (`BLOCK_SHARE`), so a
    batch is a slice on the device and a step copies nothing from the host; else the host keeps it.
-4. With `cache_dir`, block b is written to `block_{b}.safetensors` the first time and read back
-   after, so long or repeated runs stream activations from disk instead of re-running the model.
+4. With `cache_dir`, block b is written to a shard the first time and read back after, so long or
+   repeated runs stream activations from disk instead of re-running the model. A shard is named by
+   what its activations come from: the folder `cache_dir/KEY` by the model's weights
+   (fingerprint.py), its dtype, the hooks read and written, the seed (the shuffle), the block size
+   and context, and the file `block_{b}_{TOKENS}.safetensors` by a hash of the block's token ids
+   (`key.json` there says what KEY stands for). A run of another model, set kind, seed or corpus
+   sharing the folder writes its own shards beside them; before, it read the first run's
+   activations as its own.
    `batches` then reads each batch's rows from the memory-mapped shard (safetensors `get_slice`),
    so memory is one block while a shard is produced and one batch while it is read, whatever the
    number of tokens (benchmarks/activation_store_memory.py measures it).
@@ -28,6 +34,8 @@ all layers in one pass, store activations to disk, stream them back).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,7 +49,26 @@ from torch import Tensor
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import ConfigError, NonFiniteError
-from transcoders.sites import collect
+from transcoders.fingerprint import fingerprint
+from transcoders.sites import collect, raw_output_needed
+
+
+def cache_key(model, cfg: TranscoderConfig, seed: int, block_tokens: int, n_ctx: int, skip_bos: bool) -> dict:
+    """What a block's activations come from besides its tokens (step 4): the model (its weights'
+    fingerprint, dtype), the hooks each layer reads and writes, and the shuffle and block size."""
+    return {
+        "model": getattr(model.cfg, "model_name", type(model).__name__),
+        "fingerprint": fingerprint(model),
+        "dtype": str(model.cfg.dtype),
+        "reads": [cfg.hook_in(l) for l in range(cfg.n_layers)],
+        "writes": [cfg.hook_out(l) for l in range(cfg.n_layers)],
+        "raw_output": [raw_output_needed(model, cfg, l) for l in range(cfg.n_layers)],
+        "seed": seed,
+        "block_tokens": block_tokens,
+        "n_ctx": n_ctx,
+        "skip_bos": skip_bos,
+        "version": 1,
+    }
 
 
 def pack_sequences(
@@ -128,6 +155,11 @@ class ActivationStore:
         self.rank, self.world, self.wait_s = rank, world, wait_s
         self._source: Iterator | None = None
         self._next_seq = 0
+        self._tokens: dict[int, Tensor] = {}  # the blocks' token ids last taken (step 4's names)
+        self._names: dict[int, Path] = {}
+        if self.cache_dir is not None:
+            self._key = cache_key(model, cfg, seed, self.block_tokens, self.n_ctx, skip_bos)
+            self._folder = self.cache_dir / hashlib.sha256(json.dumps(self._key).encode()).hexdigest()[:16]
         self._last: tuple[int, Tensor, Tensor] | None = None  # the most recent block, reused once
 
     @property
@@ -196,15 +228,30 @@ class ActivationStore:
         block = 2 * self.block_tokens * x.shape[-2] * x.shape[-1] * 4  # x and y, float32
         return x.device if 3 * block <= BLOCK_SHARE * free else torch.device("cpu")
 
-    def _shard(self, b: int) -> Path:
-        return self.cache_dir / f"block_{b:05d}.safetensors"
+    def shard(self, b: int) -> Path:
+        """Block b's shard (step 4): in the folder of the store's key, named by its tokens' hash."""
+        if b not in self._names:
+            digest = hashlib.sha256(self._block_tokens(b).numpy().tobytes()).hexdigest()[:16]
+            self._names[b] = self._folder / f"block_{b:05d}_{digest}.safetensors"
+        return self._names[b]
+
+    def _block_tokens(self, b: int) -> Tensor:
+        """Block b's token ids, kept for the blocks around it (a rank names the others' blocks too), so
+        that an iterator source is read once, in order."""
+        if b not in self._tokens:
+            self._tokens[b] = self._take(b * self.seqs_per_block, self.seqs_per_block)
+            while len(self._tokens) > self.world + 1:
+                self._tokens.pop(next(iter(self._tokens)))
+        return self._tokens[b]
 
     def _ensure(self, b: int) -> Path:
         """Steps 4-5: block b's shard exists (this rank produces its own blocks up to b + world - 1)."""
+        for c in range(b, b + self.world):  # named in order: the source is read once
+            self.shard(c)
         for c in range(b, b + self.world):
-            if c % self.world == self.rank and not self._shard(c).exists():
+            if c % self.world == self.rank and not self.shard(c).exists():
                 self._build_block(c)
-        shard, waited = self._shard(b), 0.0
+        shard, waited = self.shard(b), 0.0
         while not shard.exists():
             if waited > self.wait_s:
                 raise TimeoutError(
@@ -215,11 +262,11 @@ class ActivationStore:
         return shard
 
     def _build_block(self, b: int) -> tuple[Tensor, Tensor]:
-        shard = self._shard(b) if self.cache_dir else None
+        shard = self.shard(b) if self.cache_dir else None
         if shard is not None and shard.exists():
             d = load_file(str(shard))
             return d["x"], d["y"]
-        tokens = self._take(b * self.seqs_per_block, self.seqs_per_block)
+        tokens = self._block_tokens(b)
         xs, ys = [], []
         start = int(self.skip_bos)
         keep = None  # where the block is kept: step 3b
@@ -239,6 +286,9 @@ class ActivationStore:
         x, y = x[perm].contiguous(), y[perm].contiguous()
         if shard is not None:
             shard.parent.mkdir(parents=True, exist_ok=True)
+            key = shard.parent / "key.json"
+            if not key.exists():  # what the folder's name stands for, for whoever finds it
+                key.write_text(json.dumps(self._key, indent=1) + "\n")
             tmp = shard.with_suffix(f".tmp{self.rank}")
             save_file({"x": x, "y": y}, str(tmp))
             tmp.rename(shard)

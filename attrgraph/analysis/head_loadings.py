@@ -40,9 +40,9 @@ from torch import Tensor
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
-from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import check_graph
 from transcoders.config import is_whole
+from transcoders.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer

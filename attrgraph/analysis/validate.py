@@ -48,10 +48,10 @@ from attrgraph.analysis.stats import loglog_pearson, nan_stat, spearman
 from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.errors import ValidationError
-from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.prune import normalize_matrix
 from transcoders.block_layout import BlockLayout
+from transcoders.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer

@@ -3,7 +3,7 @@
 1. The record (`meta["build"]` of every graph build-many writes, NAME and NAME_full): the prompt's
    token ids (after `--strict` / `--truncate`), the target's token ids (none: the default logit
    targets), every option in `KEY_OPTIONS` (a default left out recorded as its value, `key_options`),
-   and the fingerprints (graph/fingerprint.py) of the model and of each transcoder set, which stand
+   and the fingerprints (transcoders/fingerprint.py) of the model and of each transcoder set, which stand
    for `--model`, `--transcoders` and `--attn-transcoders` (a moved folder is the same set, a
    retrained one in the same folder is not).
    `SPEED_OPTIONS` change how fast a graph is built, not what is built, and are not recorded.
@@ -44,7 +44,7 @@ def fingerprints(model, sets) -> dict:
     """Step 1: the fingerprints of the model and of its sets (`None` for a missing attention set),
     as `graph_provenance` records them."""
     from attrgraph.engine.sets import transcoder_sets
-    from attrgraph.graph.fingerprint import fingerprint
+    from transcoders.fingerprint import fingerprint
 
     s = transcoder_sets(model, sets)
     return dict(

@@ -31,8 +31,8 @@ from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.targets import Target, token_str
 from attrgraph.errors import OptionError, PromptError, PromptWarning
-from attrgraph.graph.fingerprint import fingerprint
 from attrgraph.graph.graph import Nodes
+from transcoders.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer

@@ -87,7 +87,7 @@ def bundled_fingerprint(name: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _fingerprint_version(name: str, version: tuple) -> str:
-    from attrgraph.graph.fingerprint import fingerprint
+    from transcoders.fingerprint import fingerprint
     from transcoders.formats import load_transcoders
 
     return fingerprint(load_transcoders(name))

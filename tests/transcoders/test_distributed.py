@@ -360,7 +360,8 @@ def test_ranks_produce_and_read_their_own_shards(tmp_path):
     one = ActivationStore(model, tcfg, sequences(), batch_size=64, block_tokens=256, seed=3)
     r0 = rank0.batches(0)
     next(r0)
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["block_00000.safetensors"]
+    [folder] = (tmp_path / "c").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == [rank0.shard(0).name, "key.json"]
     with pytest.raises(TimeoutError, match="rank 1"):  # block 1 is rank 1's to produce
         list(zip(range(8), r0, strict=False))
     r1 = list(zip(range(8), rank1.batches(0), strict=False))  # produces block 1

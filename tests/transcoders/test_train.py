@@ -169,7 +169,7 @@ def test_store_blocks_are_shuffled_reproducible_and_cached(tmp_path):
     assert x0.shape == (1024, 2, 32)
     b = ActivationStore(model, tcfg, seqs, batch_size=64, block_tokens=1024, seed=3)
     torch.testing.assert_close(b.block(1)[0], x0)
-    assert (tmp_path / "block_00001.safetensors").exists()
+    assert a.shard(1).exists() and a.shard(1).parent.parent == tmp_path
     # unshuffled, consecutive tokens come from one sequence; shuffled, neighbours are unrelated
     xs, _ = collect(model, seqs[34:68], tcfg)  # block 1 = sequences 34..67 (ceil(1024 / 31) per block)
     flat = xs[:, 1:].flatten(0, 1)[:1024]
@@ -394,3 +394,46 @@ def test_the_dead_fraction_is_logged_over_auxks_window_and_never_as_nan(tmp_path
     # the step each feature last fired, as the final checkpoint keeps it: dead = silent past 2 steps
     fired = load_file(tmp_path / "b" / "run" / "checkpoint" / "state.safetensors")["last_fired"]
     assert info["train_log"]["dead"] == pytest.approx(((6 - fired) > 2).float().mean().item())
+
+
+def test_runs_sharing_a_cache_dir_each_read_their_own_activations(tmp_path, monkeypatch):
+    """Activation store step 4: a cached block is keyed by what it comes from. Before, shards were
+    named by block number alone, so a run of another seed, model, set kind or corpus sharing the
+    folder read the first run's activations as its own (a seed-1 run with seed 0's cache trained
+    another set than seed 1 without it). Each store's blocks here equal those of the same store
+    without a cache, and a block of unchanged tokens is read back, not recomputed."""
+    import transcoders.activation_store as store_module
+
+    model = tiny_model()
+    tcfg = transcoder_config(TrainConfig(), model)
+    seqs = random_sequences(100)
+    kw = dict(batch_size=64, block_tokens=1024, cache_dir=tmp_path)
+    first = ActivationStore(model, tcfg, seqs, seed=3, **kw)
+    first.block(0), first.block(1)
+    other_model = tiny_model()
+    with torch.no_grad():
+        other_model.blocks[0].mlp.W_in[0, 0] += 1.0
+    edited = seqs.clone()
+    edited[40, 5] = (edited[40, 5] + 1) % 50  # a token of block 1 (sequences 34..67)
+    attn = transcoder_config(TrainConfig(kind="sae", hook="blocks.{layer}.hook_attn_out"), model)
+    for m, cfg, s, seed in [
+        (model, tcfg, seqs, 4),  # another seed
+        (other_model, tcfg, seqs, 3),  # another model (one weight)
+        (model, attn, seqs, 3),  # another set kind: attention output, same shapes
+        (model, tcfg, edited, 3),  # another corpus
+    ]:
+        cached = ActivationStore(m, cfg, s, seed=seed, **kw)
+        plain = ActivationStore(m, cfg, s, batch_size=64, block_tokens=1024, seed=seed)
+        for b in (0, 1):
+            for got, want in zip(cached.block(b), plain.block(b), strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+    calls = []
+    real = store_module.collect
+    monkeypatch.setattr(store_module, "collect", lambda *a: calls.append(1) or real(*a))
+    again = ActivationStore(model, tcfg, edited, seed=3, **kw)
+    again.block(0), again.block(1)
+    assert len(calls) == 0  # both blocks of the edited corpus were cached by its run above
+    again = ActivationStore(model, tcfg, seqs, seed=3, **kw)
+    for got, want in zip(again.block(1), first.block(1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(calls) == 0

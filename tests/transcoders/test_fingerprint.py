@@ -2,7 +2,7 @@
 
 import torch
 
-from attrgraph.graph.fingerprint import fingerprint
+from transcoders.fingerprint import fingerprint
 
 
 def test_fingerprint_follows_the_weights():

@@ -1,5 +1,7 @@
-"""The identity hash a graph's provenance records for its model and transcoder sets
-(engine/sources.py `graph_provenance`), and by which dashboard_lookup.py recognises a bundled set."""
+"""The identity hash of a module's weights: what a graph's provenance records for its model and
+transcoder sets (attrgraph's engine/sources.py `graph_provenance`), by which attrgraph's
+dashboard_lookup.py recognises a bundled set, and which keys the activation store's cached blocks
+(activation_store.py step 4). Here, in the lower package, so that both can use it."""
 
 from __future__ import annotations
 
