@@ -193,13 +193,17 @@ def default_path(transcoders: str) -> Path:
     return BUNDLED.get(transcoders, Path(transcoders)) / FILE_NAME
 
 
-def check_output(path: str | os.PathLike, shape: tuple[str, int, int] | None = None) -> None:
+def check_output(
+    path: str | os.PathLike, shape: tuple[str, int, int] | None = None, fingerprint: str | None = None
+) -> None:
     """Refuse, before the work, a dashboards file `path` that cannot be written or would replace
     something else: a folder, a file that is not a dashboards file (a graph file, say: the write
     replaces the whole file), a folder to create it in that cannot be written, or, given the set's
     `shape` (kind, n_layers, d_sae), the dashboards of a set of another shape (its user labels,
     which a recompute keeps, would land on other features). A dashboards file of the same set (any
-    schema version, the set retrained) is replaced, its user labels kept."""
+    schema version) is replaced, its user labels kept. Given the set's `fingerprint`, user labels
+    written for another set of the same shape (the set retrained in its folder) are refused too:
+    kept, they would name other features."""
     from transcoders.output_folder import check_output_folder
 
     path = Path(path)
@@ -210,7 +214,11 @@ def check_output(path: str | os.PathLike, shape: tuple[str, int, int] | None = N
     if path.exists():
         try:
             with _h5py().File(path, "r") as f:
-                attrs = {k: f.attrs.get(k) for k in ("format", "kind", "n_layers", "d_sae")}
+                attrs = {
+                    k: f.attrs.get(k)
+                    for k in ("format", "kind", "n_layers", "d_sae", "transcoder_fingerprint")
+                }
+                n_labels = len(f["labels/user/label"]) if "labels/user/label" in f else 0
         except OSError:
             attrs = {"format": None}
         if attrs["format"] != FORMAT:
@@ -226,6 +234,14 @@ def check_output(path: str | os.PathLike, shape: tuple[str, int, int] | None = N
                 f"features; this one is {shape[0]}, {shape[1]} x {shape[2]}); pass another file name, or "
                 "move it away."
             )
+        theirs = attrs["transcoder_fingerprint"]
+        theirs = theirs.decode() if isinstance(theirs, bytes) else theirs
+        if fingerprint is not None and theirs and str(theirs) != fingerprint and n_labels:
+            raise DashboardFileError(
+                f"{path} holds {n_labels} user labels of another set of this shape (fingerprint {theirs}; "
+                f"this one is {fingerprint}: retrained?), which would name other features now; move the file "
+                "away to keep them, or remove it."
+            )
     check_output_folder(path.parent, DashboardFileError)
 
 
@@ -235,7 +251,7 @@ def write_dashboards(path: str | os.PathLike, data: dict, attrs: dict) -> Path:
     labels of any dashboards file already at `path` (`check_output` first)."""
     path = Path(path)
     shape = tuple(attrs.get(k) for k in ("kind", "n_layers", "d_sae"))
-    check_output(path, None if None in shape else shape)
+    check_output(path, None if None in shape else shape, attrs.get("transcoder_fingerprint"))
     data = encode(data)
     user = read_user_labels(path) if path.exists() else {}
     with atomic_h5(path) as f:

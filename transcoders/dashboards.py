@@ -46,6 +46,7 @@ from transcoders.config import is_whole
 from transcoders.config_cli import add_fields
 from transcoders.dashboard_file import check_output, default_path, write_dashboards
 from transcoders.errors import ConfigError
+from transcoders.fingerprint import fingerprint
 
 LOW32 = (1 << 32) - 1
 
@@ -406,8 +407,9 @@ def compute_dashboards(
 
         tc = load_transcoders(cfg.transcoders)
         check_fits(model, tc)
-    # another set's dashboards there: refused before the pass
-    check_output(out, (tc.cfg.kind, tc.cfg.n_layers, tc.cfg.d_sae))
+    # another set's dashboards there (or its user labels): refused before the pass
+    set_fingerprint = fingerprint(tc)
+    check_output(out, (tc.cfg.kind, tc.cfg.n_layers, tc.cfg.d_sae), set_fingerprint)
     tc.eval()
     if sequences is None:
         from transcoders.train import sequence_source
@@ -429,6 +431,7 @@ def compute_dashboards(
         del data[name]
     attrs = {
         "transcoders": cfg.transcoders,
+        "transcoder_fingerprint": set_fingerprint,  # which set: a graph's provenance records the same
         "kind": tc.cfg.kind,
         "n_layers": tc.cfg.n_layers,
         "d_sae": tc.cfg.d_sae,

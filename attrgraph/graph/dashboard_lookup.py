@@ -16,8 +16,10 @@ Per site, in this order:
    a bundled set (fingerprint.py), so that a graph built from Python on bundled sets finds their
    dashboards without being told.
 A file is used only when its layer count and width fit the graph's (`meta["n_layers"]`,
-`meta["transcoder_d_sae"]` / `meta["attn_transcoder_d_sae"]`); a found file that does not fit or
-cannot be read is passed over. The result says where the dashboards came from, or in one clause
+`meta["transcoder_d_sae"]` / `meta["attn_transcoder_d_sae"]`) and, where the file records the
+fingerprint of the set it was computed for, that is the graph's (a stale file beside a set retrained
+in its folder describes other features); a found file that does not fit or cannot be read is passed
+over. The result says where the dashboards came from, or in one clause
 why there are none. Files (and bundled sets' fingerprints) are read once per process and file
 version (size, mtime).
 """
@@ -105,13 +107,21 @@ def site_meta(meta: dict, site: str) -> dict:
 
 
 def fits(dashboards: Dashboards, meta: dict, site: str = "mlp") -> str | None:
-    """Why `dashboards` cannot describe the features of this site of a graph with `meta` (None when they can)."""
+    """Why `dashboards` cannot describe the features of this site of a graph with `meta` (None when
+    they can): another layer count or width, or, where both record it, another set's fingerprint
+    (a set retrained in its folder, or another set of the same shape, beside a stale file)."""
     m = site_meta(meta, site)
     n_layers, d_sae = m.get("n_layers"), m.get("transcoder_d_sae")
     if n_layers is not None and int(n_layers) != dashboards.n_layers:
         return f"{dashboards.path} covers {dashboards.n_layers} layers, the graph {n_layers}"
     if d_sae is not None and int(d_sae) != dashboards.d_sae:
         return f"{dashboards.path} has {dashboards.d_sae} features per layer, the graph's {SET_NAMES[site]} {d_sae}"
+    theirs, ours = dashboards.attrs.get("transcoder_fingerprint"), m.get("transcoder_fingerprint")
+    if theirs and ours and str(theirs) != str(ours):
+        return (
+            f"{dashboards.path} was computed for another set (fingerprint {theirs}; the graph's "
+            f"{SET_NAMES[site]} is {ours}: retrained, or loaded in another dtype)"
+        )
     return None
 
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.transcoders.tc_helpers import random_set
 from transcoders import DashboardConfig, DashboardFileError, compute_dashboards, load_dashboards, set_labels
-from transcoders.dashboard_file import auto_labels, write_dashboards
+from transcoders.dashboard_file import auto_labels, read_user_labels, write_dashboards
 from transcoders.dashboards import DashboardAccumulator, accumulate, main
 from transcoders.paths import BUNDLED
 from transcoders.sites import collect
@@ -267,3 +267,34 @@ def test_bundled_dashboards(name, d_sae):
     alive = d["stats/count"] > 0
     assert alive.mean() > 0.9
     assert (d["top/act"][alive][:, 0] == d["stats/max"][alive]).all()
+
+
+def test_dashboards_of_a_retrained_set_are_told_apart_from_the_old_ones(model, tmp_path):
+    """A dashboards file records the fingerprint of its set (the one a graph's provenance records),
+    so a stale file beside a set retrained in its folder, of the same shape, is not taken for the new
+    set's: the lookup passes it over, saying why (before: its examples were shown for other features),
+    and a recompute refuses to carry its user labels over to features they do not name."""
+    from attrgraph.graph.dashboard_lookup import find_dashboards
+    from transcoders.fingerprint import fingerprint
+
+    old, new = aligned_set(model), aligned_set(model)
+    with torch.no_grad():
+        new.W_enc[1, 0, 0] += 1.0  # retrained: one weight moved
+    path = compute_dashboards(small_cfg(), model=model, tc=old, sequences=corpus(), out=tmp_path / "d.h5")
+    assert load_dashboards(path).attrs["transcoder_fingerprint"] == fingerprint(old)
+    meta = {"n_layers": 2, "transcoder_d_sae": 48}
+    for tc, used in ((old, True), (new, False)):
+        found = find_dashboards(dict(meta, transcoder_fingerprint=fingerprint(tc)), "mlp", path)
+        assert (found.dashboards is not None) == used
+    assert found.reason == (
+        f"{path} was computed for another set (fingerprint {fingerprint(old)}; the graph's transcoder "
+        f"set is {fingerprint(new)}: retrained, or loaded in another dtype)"
+    )
+    compute_dashboards(small_cfg(), model=model, tc=new, sequences=corpus(), out=path)  # no labels: replaced
+    set_labels(path, {(0, 3): "mine"})
+    with pytest.raises(DashboardFileError, match=r"holds 1 user labels of another set of this shape") as e:
+        compute_dashboards(small_cfg(), model=model, tc=old, sequences=corpus(), out=path)
+    assert "move the file away to keep them" in str(e.value)
+    assert load_dashboards(path).attrs["transcoder_fingerprint"] == fingerprint(new)  # unchanged
+    compute_dashboards(small_cfg(), model=model, tc=new, sequences=corpus(), out=path)  # its own labels: kept
+    assert read_user_labels(path) == {(0, 3): "mine"}
