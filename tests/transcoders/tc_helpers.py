@@ -81,3 +81,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def two_ranks(worker, root, timeout: float = 300) -> None:
+    """`worker(rank, root, port)` in two spawned processes, as torchrun's ranks (the worker sets their
+    environment); both must end on their own within `timeout` seconds each. Either left is killed."""
+    import os
+    import signal
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        worker, args=(str(root), str(free_port())), nprocs=2, join=False, start_method="spawn"
+    )
+    try:
+        for p in ctx.processes:
+            p.join(timeout)
+            assert p.exitcode == 0, "a rank did not end on its own"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)

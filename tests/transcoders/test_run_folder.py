@@ -10,11 +10,9 @@ import os
 import signal
 from pathlib import Path
 
-import torch.multiprocessing as mp
-
 import transcoders.train as train
 from tests.interrupts import paused
-from tests.transcoders.tc_helpers import CLI_ARGS, free_port
+from tests.transcoders.tc_helpers import CLI_ARGS, two_ranks
 from transcoders.errors import RunBusyError
 from transcoders.h5file import pid_lock
 from transcoders.run_folder import LOCK
@@ -87,18 +85,7 @@ def test_every_rank_of_a_torchrun_job_stops_on_a_run_folder_in_use(tmp_path):
     --dist-timeout in its first collective, as it would for a refusal on rank 0 alone)."""
     (tmp_path / "run").mkdir()
     with pid_lock(tmp_path / "run" / LOCK, RunBusyError):
-        ctx = mp.start_processes(
-            _rank, args=(str(tmp_path), str(free_port())), nprocs=2, join=False, start_method="spawn"
-        )
-        try:
-            for p in ctx.processes:
-                p.join(300)
-                assert p.exitcode == 0, "a rank did not end on its own"
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.join(10)
+        two_ranks(_rank, tmp_path)
     for rank in (0, 1):
         assert (tmp_path / f"code{rank}.txt").read_text() == "2"
         err = (tmp_path / f"stderr{rank}.txt").read_text().strip()

@@ -10,11 +10,10 @@ import os
 import signal
 from pathlib import Path
 
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from tests.interrupts import paused
-from tests.transcoders.tc_helpers import CLI_ARGS, free_port
+from tests.transcoders.tc_helpers import CLI_ARGS, two_ranks
 from transcoders.train import main
 
 ARGS = [
@@ -90,18 +89,7 @@ def _rank(rank: int, root: str, port: str) -> None:
 
 
 def test_a_sigterm_on_one_rank_stops_every_rank_at_the_same_checkpointed_step(tmp_path):
-    ctx = mp.start_processes(
-        _rank, args=(str(tmp_path), str(free_port())), nprocs=2, join=False, start_method="spawn"
-    )
-    try:
-        for p in ctx.processes:
-            p.join(300)
-            assert p.exitcode == 0, "a rank did not end on its own"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-                p.join(10)
+    two_ranks(_rank, tmp_path)
     ckpt = tmp_path / "run" / "checkpoint"
     assert [(tmp_path / f"code{r}.txt").read_text() for r in (0, 1)] == ["143", "143"]
     assert (tmp_path / "stderr0.txt").read_text().strip().splitlines()[-1] == (
