@@ -16,10 +16,10 @@ Per site, in this order:
    a bundled set (fingerprint.py), so that a graph built from Python on bundled sets finds their
    dashboards without being told.
 A file is used only when its layer count and width fit the graph's (`meta["n_layers"]`,
-`meta["transcoder_d_sae"]` / `meta["attn_transcoder_d_sae"]`) and, where the file records the
-fingerprint of the set it was computed for, that is the graph's (a stale file beside a set retrained
-in its folder describes other features); a found file that does not fit or cannot be read is passed
-over. The result says where the dashboards came from, or in one clause
+`meta["transcoder_d_sae"]` / `meta["attn_transcoder_d_sae"]`); a found file that does not fit,
+cannot be read, or records the fingerprint of another set than the graph's (a stale file beside a
+set retrained in its folder describes other features) is passed over. A given file of another set
+is used, as asked, with a caveat saying so. The result says where the dashboards came from, or in one clause
 why there are none. Files (and bundled sets' fingerprints) are read once per process and file
 version (size, mtime).
 """
@@ -52,6 +52,9 @@ class FoundDashboards(NamedTuple):
     one clause without a final period."""
     given: bool = False
     """Whether the caller passed them (step 1)."""
+    caveat: str | None = None
+    """Given dashboards that fit but were computed for another set (`other_set`): used, as asked,
+    and this clause says so."""
 
 
 def resolve_path(spec: str | os.PathLike) -> Path:
@@ -108,15 +111,21 @@ def site_meta(meta: dict, site: str) -> dict:
 
 def fits(dashboards: Dashboards, meta: dict, site: str = "mlp") -> str | None:
     """Why `dashboards` cannot describe the features of this site of a graph with `meta` (None when
-    they can): another layer count or width, or, where both record it, another set's fingerprint
-    (a set retrained in its folder, or another set of the same shape, beside a stale file)."""
+    they can): another layer count or width."""
     m = site_meta(meta, site)
     n_layers, d_sae = m.get("n_layers"), m.get("transcoder_d_sae")
     if n_layers is not None and int(n_layers) != dashboards.n_layers:
         return f"{dashboards.path} covers {dashboards.n_layers} layers, the graph {n_layers}"
     if d_sae is not None and int(d_sae) != dashboards.d_sae:
         return f"{dashboards.path} has {dashboards.d_sae} features per layer, the graph's {SET_NAMES[site]} {d_sae}"
-    theirs, ours = dashboards.attrs.get("transcoder_fingerprint"), m.get("transcoder_fingerprint")
+    return None
+
+
+def other_set(dashboards: Dashboards, meta: dict, site: str = "mlp") -> str | None:
+    """Where both record it, that `dashboards` were computed for a set of another fingerprint than
+    this site's of the graph (a set retrained in its folder beside its old file); None otherwise."""
+    theirs = dashboards.attrs.get("transcoder_fingerprint")
+    ours = site_meta(meta, site).get("transcoder_fingerprint")
     if theirs and ours and str(theirs) != str(ours):
         return (
             f"{dashboards.path} was computed for another set (fingerprint {theirs}; the graph's "
@@ -134,19 +143,19 @@ def find_dashboards(
     from transcoders.paths import BUNDLED
 
     m = site_meta(meta, site)
-    if isinstance(given, Dashboards):
-        problem = fits(given, meta, site)
-        return FoundDashboards(given if problem is None else None, problem or f"given, {given.path}", True)
-    if given is not None:
+    if given is not None and not isinstance(given, Dashboards):
         path = resolve_path(given)
         if not path.is_file():
             raise GraphFileError(
                 f"no dashboards file at {path} ({path.name} does not exist); pass a dashboards.h5, a transcoder "
                 "folder holding one, or compute it with `python -m transcoders.dashboards --transcoders SET`."
             )
-        dashboards = load_cached(path)  # asked for by name: an unreadable file is an error
-        problem = fits(dashboards, meta, site)
-        return FoundDashboards(dashboards if problem is None else None, problem or f"given, {path}", True)
+        given = load_cached(path)  # asked for by name: an unreadable file is an error
+    if given is not None:
+        problem = fits(given, meta, site)
+        if problem is not None:
+            return FoundDashboards(None, problem, True)
+        return FoundDashboards(given, f"given, {given.path}", True, other_set(given, meta, site))  # as asked
     problems, how = [], "named by the graph"
     name = m.get("transcoders")
     candidates = []
@@ -173,7 +182,7 @@ def find_dashboards(
         except DashboardFileError as e:
             refused.append(str(e).rstrip("."))
             continue
-        problem = fits(dashboards, meta, site)
+        problem = fits(dashboards, meta, site) or other_set(dashboards, meta, site)
         if problem is None:
             return FoundDashboards(dashboards, f"{how}, {path}")
         refused.append(problem)

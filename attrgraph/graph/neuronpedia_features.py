@@ -102,6 +102,8 @@ def export_dashboards(
             _warn(f"{found.reason}, so {what} have no examples; {_HINT} ({flag}).")
         else:
             _check_fits(graph, found.dashboards, site)
+            if found.caveat:
+                _warn(f"{found.caveat}; its examples may describe other features.")
         out[site] = found.dashboards
     return out
 

@@ -27,7 +27,10 @@ def find_dashboards(meta: dict, given: str | os.PathLike | None = None, site: st
     the view's note. `given`: a dashboards file, a set folder holding one, or a bundled set's name."""
     found = lookup(meta, site, given)
     if found.dashboards is not None:
-        return DashboardSource(found.dashboards, f"labels and dashboards from {found.dashboards.path}")
+        caveat = f"; careful: {found.caveat}" if found.caveat else ""
+        return DashboardSource(
+            found.dashboards, f"labels and dashboards from {found.dashboards.path}{caveat}"
+        )
     letter, flag = ("A", "--attn-dashboards") if site == "attn" else ("L", "--dashboards")
     return DashboardSource(
         None,

@@ -273,23 +273,29 @@ def test_dashboards_of_a_retrained_set_are_told_apart_from_the_old_ones(model, t
     """A dashboards file records the fingerprint of its set (the one a graph's provenance records),
     so a stale file beside a set retrained in its folder, of the same shape, is not taken for the new
     set's: the lookup passes it over, saying why (before: its examples were shown for other features),
-    and a recompute refuses to carry its user labels over to features they do not name."""
+    a file given by name is used with that caveat, and a recompute refuses to carry its user labels
+    over to features they do not name."""
     from attrgraph.graph.dashboard_lookup import find_dashboards
     from transcoders.fingerprint import fingerprint
 
     old, new = aligned_set(model), aligned_set(model)
     with torch.no_grad():
         new.W_enc[1, 0, 0] += 1.0  # retrained: one weight moved
-    path = compute_dashboards(small_cfg(), model=model, tc=old, sequences=corpus(), out=tmp_path / "d.h5")
+    path = compute_dashboards(
+        small_cfg(), model=model, tc=old, sequences=corpus(), out=tmp_path / "dashboards.h5"
+    )
     assert load_dashboards(path).attrs["transcoder_fingerprint"] == fingerprint(old)
-    meta = {"n_layers": 2, "transcoder_d_sae": 48}
+    meta = {"n_layers": 2, "transcoder_d_sae": 48, "transcoders": str(tmp_path)}  # the set's folder
     for tc, used in ((old, True), (new, False)):
-        found = find_dashboards(dict(meta, transcoder_fingerprint=fingerprint(tc)), "mlp", path)
+        found = find_dashboards(dict(meta, transcoder_fingerprint=fingerprint(tc)), "mlp")
         assert (found.dashboards is not None) == used
-    assert found.reason == (
+    stale = (
         f"{path} was computed for another set (fingerprint {fingerprint(old)}; the graph's transcoder "
         f"set is {fingerprint(new)}: retrained, or loaded in another dtype)"
     )
+    assert found.reason == stale
+    given = find_dashboards(dict(meta, transcoder_fingerprint=fingerprint(new)), "mlp", path)
+    assert given.dashboards is not None and given.caveat == stale  # asked for by name: used, and said
     compute_dashboards(small_cfg(), model=model, tc=new, sequences=corpus(), out=path)  # no labels: replaced
     set_labels(path, {(0, 3): "mine"})
     with pytest.raises(DashboardFileError, match=r"holds 1 user labels of another set of this shape") as e:

@@ -39,9 +39,14 @@ def test_given_then_named_then_fingerprint(tmp_path):
     given = find_dashboards(meta, "mlp", "default-plt")  # 1. given wins over the named set
     assert given.dashboards.path == board("default-plt") and given.given
     assert find_dashboards(meta, "mlp", board("default-plt").parent).dashboards.path == board("default-plt")
-    named = find_dashboards(meta)  # 2. the named set wins over the fingerprint
+    named = find_dashboards({k: v for k, v in meta.items() if k != "transcoder_fingerprint"})  # 2. named
     assert named.dashboards.path == board("default-clt") and not named.given
     assert named.reason == f"named by the graph, {board('default-clt')}"
+    stale = find_dashboards(meta)  # named, but its file records another set's fingerprint: passed over
+    assert stale.dashboards is None and stale.reason == (
+        f"{board('default-clt')} was computed for another set (fingerprint {bundled_fingerprint('default-clt')}; "
+        f"the graph's transcoder set is {plt}: retrained, or loaded in another dtype)"
+    )
     meta["transcoders"] = str(tmp_path)  # named, but no dashboards there: 3. the fingerprint
     found = find_dashboards(meta)
     assert found.dashboards.path == board("default-plt") and found.reason.startswith(
