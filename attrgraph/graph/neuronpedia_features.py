@@ -101,9 +101,7 @@ def export_dashboards(
             )
             _warn(f"{found.reason}, so {what} have no examples; {_HINT} ({flag}).")
         else:
-            _check_fits(graph, found.dashboards, site)
-            if found.caveat:
-                _warn(f"{found.caveat}; its examples may describe other features.")
+            _check_fits(graph, found.dashboards, site, found.caveat)
         out[site] = found.dashboards
     return out
 
@@ -112,7 +110,7 @@ def _warn(message: str) -> None:
     warnings.warn(message, ExportWarning, stacklevel=4)
 
 
-def _check_fits(graph: Graph, d: Dashboards, site: str) -> None:
+def _check_fits(graph: Graph, d: Dashboards, site: str, caveat: str | None = None) -> None:
     n = graph.nodes
     feats = (n.kind == "feature") & ((n.site == "attn") == (site == "attn"))
     if feats.any():
@@ -132,6 +130,8 @@ def _check_fits(graph: Graph, d: Dashboards, site: str) -> None:
             f"the dashboards {d.path} were computed for transcoder set {theirs!r}, the graph's "
             f"{SET_NAMES[site]} is {name!r}; their examples describe that set."
         )
+    elif caveat:  # the same name, another fingerprint (dashboard_lookup.other_set)
+        _warn(f"{caveat}; their examples describe that set.")
 
 
 # ------------------------------------------------------------------------------ step 2: histogram

@@ -212,6 +212,13 @@ def test_dashboards_that_do_not_fit_or_do_not_exist_are_errors(tmp_path):
     g.meta.update(transcoders="default-clt", n_layers=4)  # the wrong set's dashboards, passed by hand:
     with pytest.warns(ExportWarning, match="computed for transcoder set 'default-plt'"):  # said, not refused
         export_json(g, tmp_path / "o3", dashboards=BUNDLED["default-plt"] / "dashboards.h5")
+    g.meta.update(transcoders="default-plt", transcoder_fingerprint="0123456789abcdef")  # retrained
+    with pytest.warns(ExportWarning, match="was computed for another set") as record:  # by hand: said
+        assert export_json(g, tmp_path / "o6", dashboards="default-plt").dashboards is not None
+    assert len(record) == 1
+    with pytest.warns(ExportWarning, match="was computed for another set"):  # found: passed over
+        assert export_json(g, tmp_path / "o7").dashboards is None
+    del g.meta["transcoder_fingerprint"]
     # dashboards of another width than the graph's set records (dashboard_lookup.fits): passed by
     # hand, an error; found for the set the graph names, passed over with one warning line
     g.meta.update(transcoders="default-plt", transcoder_d_sae=2000)
