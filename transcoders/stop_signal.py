@@ -1,5 +1,6 @@
 """SIGTERM while a transcoder set trains (a scheduler preempting the job, `kill PID`): the run stops
-at a step with a checkpoint of that step, and says so in one line, exit `TERMINATED` (143).
+at a step with a checkpoint of that step, and says so in one line, exit `TERMINATED` (143;
+command.py, where every command's ending is).
 
 Before, SIGTERM killed the run at once: the steps since the last checkpoint were lost, and a
 checkpoint being written was left half in `checkpoint.tmp`.
@@ -22,20 +23,8 @@ import dataclasses
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from transcoders import distributed as tdist
-
-TERMINATED = 128 + signal.SIGTERM
-"""The exit status after SIGTERM: a command stopped by it, as the shell reports it."""
-
-
-class Terminated(Exception):
-    """The run stopped at a step for a SIGTERM, the checkpoint of that step written (step 2)."""
-
-    def __init__(self, checkpoint: Path, step: int):
-        super().__init__(f"stopped at step {step}, checkpointed in {checkpoint}")
-        self.checkpoint, self.step = checkpoint, step
 
 
 @dataclasses.dataclass

@@ -47,7 +47,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
-from transcoders.command import INTERRUPTED, close_progress_bars, interrupt_once, restore_interrupt
+from transcoders.command import (
+    INTERRUPTED,
+    TERMINATED,
+    Terminated,
+    close_progress_bars,
+    interrupt_once,
+    restore_interrupt,
+)
 from transcoders.config_cli import add_fields, parse_config
 from transcoders.errors import AttrgraphError, WriteError
 from transcoders.formats.native import save_native, save_native_streamed
@@ -55,7 +62,6 @@ from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.output_folder import replaced
 from transcoders.run_folder import one_run
-from transcoders.stop_signal import TERMINATED, Terminated
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -292,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"{parser.prog}: interrupted; {resume_hint(Path(args.out))}", file=sys.stderr)
         return INTERRUPTED
-    except Terminated:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
+    except Terminated as e:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
         close_progress_bars()
         if os.environ.get("RANK", "0") == "0":
-            print(f"{parser.prog}: terminated (SIGTERM); {resume_hint(Path(args.out))}", file=sys.stderr)
+            print(f"{parser.prog}: {e}", file=sys.stderr)
         return TERMINATED
     finally:
         restore_interrupt(previous)

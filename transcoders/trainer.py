@@ -50,10 +50,11 @@ from transcoders.checkpoint import (
     state_tensors,
     write_checkpoint,
 )
+from transcoders.command import Terminated
 from transcoders.errors import ConfigError, NonFiniteError
 from transcoders.losses import sparsity_schedule
 from transcoders.nonlinearity import Penalty
-from transcoders.stop_signal import StopRequest, Terminated, deferred_sigterm
+from transcoders.stop_signal import StopRequest, deferred_sigterm
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer

@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from transcoders.command import INTERRUPTED as INTERRUPTED_STATUS
-from transcoders.command import close_progress_bars, interrupt_once, restore_interrupt
+from transcoders.command import TERMINATED, Terminated, close_progress_bars, interrupt_once, restore_interrupt
 
 DESCRIPTION = (
     "Exact attribution graphs for transformers with sparse transcoders: build, show, validate, "
@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             close_progress_bars()  # so that the line starts a line of its own
             print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
             return INTERRUPTED_STATUS
+        except Terminated as e:  # train-transcoders stopped by SIGTERM at a checkpointed step
+            close_progress_bars()
+            if os.environ.get("RANK", "0") == "0":
+                print(f"attrgraph {args.command}: {e}", file=sys.stderr)
+            return TERMINATED
         finally:  # an in-process caller gets its handler back, unless a Ctrl-C came (we are ending)
             restore_interrupt(previous)
 

@@ -54,6 +54,19 @@ def test_sigterm_checkpoints_the_step_and_the_same_command_resumes_to_the_same_s
         assert resumed[name].equal(uninterrupted[name]), name
 
 
+def test_attrgraph_train_transcoders_says_the_same(tmp_path):
+    out = tmp_path / "run"
+    args = ["train-transcoders", *ARGS, "--out", out]
+    with paused("attrgraph.cli", args, "transcoders.trainer", "sparsity_schedule", nth=3) as run:
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate("\n", timeout=600)
+    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"attrgraph train-transcoders: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds "
+        "step 2: the same command resumes there."
+    )
+
+
 def test_sigterm_after_the_steps_acts_as_before(tmp_path):
     """Paused in the evaluation after training: SIGTERM kills the run, as it always did."""
     args = [*ARGS, "--out", tmp_path / "run"]
