@@ -8,8 +8,8 @@ attrgraph's CLI (which imports this; transcoders imports nothing of attrgraph).
    hooks) in a traceback instead of that line.
 3. Before either line, `close_progress_bars` ends an open tqdm bar's line, so that the message starts
    a line of its own.
-4. A training run stopped by SIGTERM (transcoders/stop_signal.py) raises `Terminated`, whose sentence
-   is the line `PROG: SENTENCE`, exit `TERMINATED` (143).
+4. A training run stopped by SIGTERM (transcoders/stop_signal.py) raises `errors.Terminated`, whose
+   sentence is the line `PROG: SENTENCE`, exit `TERMINATED` (143); caught before step 1's errors.
 """
 
 from __future__ import annotations
@@ -22,17 +22,6 @@ INTERRUPTED = 128 + signal.SIGINT
 """The exit status after Ctrl-C: a command stopped by SIGINT, as the shell reports it."""
 TERMINATED = 128 + signal.SIGTERM
 """The exit status after SIGTERM: a command stopped by it, as the shell reports it."""
-
-
-class Terminated(Exception):
-    """A training run stopped at a step for a SIGTERM, that step's checkpoint written (step 4)."""
-
-    def __init__(self, checkpoint, step: int):
-        super().__init__(
-            f"terminated (SIGTERM); the checkpoint in {checkpoint} holds step {step}: the same command "
-            "resumes there."
-        )
-        self.checkpoint, self.step = checkpoint, step
 
 
 def interrupt_once():

@@ -63,6 +63,18 @@ class RunBusyError(TranscoderError, OSError):
     """A training run folder (`--out`) that another training run is using."""
 
 
+class Terminated(TranscoderError):
+    """A training run stopped at a step for a SIGTERM, that step's checkpoint written
+    (stop_signal.py); the commands end on its sentence with exit 143, not as an error."""
+
+    def __init__(self, checkpoint, step: int):
+        super().__init__(
+            f"terminated (SIGTERM); the checkpoint in {checkpoint} holds step {step}: the same command "
+            "resumes there."
+        )
+        self.checkpoint, self.step = checkpoint, step
+
+
 class StalledRankError(TranscoderError, TimeoutError):
     """A distributed run whose collective waited past its timeout for a rank that stalled or died."""
 

@@ -50,13 +50,12 @@ from transcoders import distributed as tdist
 from transcoders.command import (
     INTERRUPTED,
     TERMINATED,
-    Terminated,
     close_progress_bars,
     interrupt_once,
     restore_interrupt,
 )
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import AttrgraphError, WriteError
+from transcoders.errors import AttrgraphError, Terminated, WriteError
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
@@ -289,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = interrupt_once()
     try:
         return run(args, argv)
+    except Terminated as e:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
+        close_progress_bars()
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{parser.prog}: {e}", file=sys.stderr)
+        return TERMINATED
     except AttrgraphError as e:  # ours (a resume that does not match, a stalled rank): one line
         close_progress_bars()  # so that the line starts a line of its own
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
@@ -298,11 +302,6 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"{parser.prog}: interrupted; {resume_hint(Path(args.out))}", file=sys.stderr)
         return INTERRUPTED
-    except Terminated as e:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
-        close_progress_bars()
-        if os.environ.get("RANK", "0") == "0":
-            print(f"{parser.prog}: {e}", file=sys.stderr)
-        return TERMINATED
     finally:
         restore_interrupt(previous)
 

@@ -50,8 +50,7 @@ from transcoders.checkpoint import (
     state_tensors,
     write_checkpoint,
 )
-from transcoders.command import Terminated
-from transcoders.errors import ConfigError, NonFiniteError
+from transcoders.errors import ConfigError, NonFiniteError, Terminated
 from transcoders.losses import sparsity_schedule
 from transcoders.nonlinearity import Penalty
 from transcoders.stop_signal import StopRequest, deferred_sigterm

@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from transcoders.command import INTERRUPTED as INTERRUPTED_STATUS
-from transcoders.command import TERMINATED, Terminated, close_progress_bars, interrupt_once, restore_interrupt
+from transcoders.command import TERMINATED, close_progress_bars, interrupt_once, restore_interrupt
 
 DESCRIPTION = (
     "Exact attribution graphs for transformers with sparse transcoders: build, show, validate, "
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         module.add_parser(sub)
     args = parser.parse_args(argv)
     from attrgraph.errors import AttrgraphError, ExportWarning, GraphReplacedWarning, PromptWarning
+    from transcoders.errors import Terminated
 
     ours = (PromptWarning, ExportWarning, GraphReplacedWarning)
 
@@ -89,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # the reader of stdout is gone (`| head`): stop without a word
             _stdout_to_devnull()
             return BROKEN_PIPE
+        except Terminated as e:  # train-transcoders stopped by SIGTERM at a checkpointed step
+            close_progress_bars()
+            if os.environ.get("RANK", "0") == "0":
+                print(f"attrgraph {args.command}: {e}", file=sys.stderr)
+            return TERMINATED
         except AttrgraphError as e:  # TranscoderError included
             # a user's mistake: its one sentence, not a traceback
             print(f"attrgraph {args.command}: error: {e}", file=sys.stderr)
@@ -97,11 +103,6 @@ def main(argv: list[str] | None = None) -> int:
             close_progress_bars()  # so that the line starts a line of its own
             print(f"attrgraph {args.command}: {INTERRUPTED}", file=sys.stderr)
             return INTERRUPTED_STATUS
-        except Terminated as e:  # train-transcoders stopped by SIGTERM at a checkpointed step
-            close_progress_bars()
-            if os.environ.get("RANK", "0") == "0":
-                print(f"attrgraph {args.command}: {e}", file=sys.stderr)
-            return TERMINATED
         finally:  # an in-process caller gets its handler back, unless a Ctrl-C came (we are ending)
             restore_interrupt(previous)
 
