@@ -240,7 +240,7 @@ def check_output(
             raise DashboardFileError(
                 f"{path} holds {n_labels} user labels of another set of this shape (fingerprint {theirs}; "
                 f"this one is {fingerprint}: retrained?), which would name other features now; move the file "
-                "away to keep them, or remove it."
+                "away to keep them (transcoders.set_labels copies those that still apply), or remove it."
             )
     check_output_folder(path.parent, DashboardFileError)
 

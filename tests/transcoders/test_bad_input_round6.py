@@ -7,6 +7,7 @@ ran: a negative `skip_first` that counted only the last position, float token id
 import math
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -237,8 +238,9 @@ def test_train_config_values_python_writes_by_mistake(fields, said):
 def test_dashboards_of_another_set_are_not_replaced(setup, tmp_path):
     """Before: recomputing into another set's dashboards file (`--out` of the CLT's for the PLT, say)
     replaced them and kept their user labels, which then named other features. Now one sentence
-    after the set loads and before the pass; the same set (retrained) is still recomputed in place
-    with its labels."""
+    after the set loads and before the pass. A set of the same shape retrained was recomputed in
+    place with its labels until round 8, which refuses that too where the file records its set's
+    fingerprint (test_dashboards.py); a file that records none is still recomputed with them."""
     from transcoders.dashboards import compute_dashboards
 
     model, tc, seqs = setup
@@ -255,6 +257,8 @@ def test_dashboards_of_another_set_are_not_replaced(setup, tmp_path):
         compute_dashboards(tc=wider, **kw)
     assert path.read_bytes() == before
     retrained = random_set(activation="relu", n_layers=2, d_model=model.cfg.d_model, d_sae=8, seed=2).eval()
+    with h5py.File(path, "a") as f:  # a file written before round 8: no fingerprint to tell the sets apart
+        del f.attrs["transcoder_fingerprint"]
     compute_dashboards(tc=retrained, **kw)
     assert load_dashboards(path).label(1, 3) == "mine"
 
