@@ -64,10 +64,10 @@ def one(n_tokens: int, block_tokens: int, batch_size: int, every: int = 0, delet
             total += float(x.sum() + y.sum())
             done = (i + 1) * batch_size
             if delete_read and (i + 1) % per_block == 0:  # block read to its end: drop its shard
-                shards = list(Path(cache).iterdir())
+                shards = list(Path(cache).rglob("*.safetensors"))  # in the store's key folder
                 on_disk = sum(p.stat().st_size for p in shards)
                 max_on_disk = max(max_on_disk, on_disk)
-                shard = store._shard(i // per_block)  # noqa: SLF001 (benchmark-only bookkeeping)
+                shard = store.shard(i // per_block)
                 written += shard.stat().st_size
                 shard.unlink()
             if every and (done % every == 0 or i + 1 == n_batches):
@@ -79,7 +79,7 @@ def one(n_tokens: int, block_tokens: int, batch_size: int, every: int = 0, delet
                     "load": [round(v, 2) for v in os.getloadavg()],
                 }
                 print(json.dumps({"point": point}), flush=True)
-        shards = list(Path(cache).iterdir())
+        shards = list(Path(cache).rglob("*.safetensors"))
         disk = sum(p.stat().st_size for p in shards)
         written += disk
         max_on_disk = max(max_on_disk, disk)

@@ -682,7 +682,8 @@ def prepare_seed(work: Path, args) -> dict:
     """The dump of seed `args.seed` under `work` (its own shuffled batches), made once."""
     work.mkdir(parents=True, exist_ok=True)
     dumped = json.loads((work / "dump.json").read_text()) if (work / "dump.json").exists() else {}
-    if dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens:
+    stale = dumped.get("seed") != args.seed or dumped.get("dumped_tokens", 0) < args.n_tokens
+    if stale or "shards" not in dumped:  # (a dump from before the shards' names were recorded)
         shutil.rmtree(work / "cache", ignore_errors=True)
         t0 = time.perf_counter()
         dumped = tvs.dump(

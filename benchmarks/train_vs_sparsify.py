@@ -5,7 +5,7 @@ same held-out activations:
 
 1. Dump: the activation store of our trainer (`transcoders.activation_store`, the options of the
    command in step 2) writes the shuffled MLP input / output blocks of every layer of the bundled
-   model to `WORK/cache/block_*.safetensors`, and the held-out sequences (the trainer's held-out
+   model to safetensors shards under `WORK/cache` (their paths in `dump.json`), and the held-out sequences (the trainer's held-out
    corpus seed) to `WORK/held_out.safetensors`, position 0 (BOS) dropped as in training.
 2. Ours, in a fresh process: `python -m transcoders.train --kind plt --activation topk --k 32
    --d-sae 1024 --cache-dir WORK/cache ...`, which streams those shards (Adam, its defaults).
