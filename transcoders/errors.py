@@ -44,6 +44,12 @@ class UndeclaredFeatureAxisError(TranscoderError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ModelStateError(TranscoderError, RuntimeError):
+    """A model in a state an earlier step of a session left it in, which would change a result
+    without a word: hooks still attached, weights converted past its `cfg.dtype`, parameters made
+    under `torch.inference_mode()` where gradients are needed (model_state.py)."""
+
+
 class NonFiniteError(TranscoderError, FloatingPointError):
     """NaN or inf met during training (the last good checkpoint is kept), or in a set's weights when
     it is loaded."""

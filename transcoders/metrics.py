@@ -35,6 +35,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from transcoders.errors import ConfigError
+from transcoders.model_state import check_no_hooks
 from transcoders.sites import MLP_INPUT, post_norm, raw_output_needed, read_value
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ def spliced_metrics(
     all their write hooks zeroed; CE loss recovered and KL(orig || spliced)."""
     if not sets:
         raise ValueError("spliced_metrics needs at least one transcoder set")
+    check_no_hooks(model, "enter the original run and the spliced ones alike: metrics of the hooked model")
     tot = {"orig": 0.0, "tc": 0.0, "zero": 0.0, "kl": 0.0}
     n = 0
     for chunk in tokens.split(batch_size):

@@ -29,6 +29,7 @@ from transcoders.block_layout import MLP_OUTPUT as MLP_OUTPUT
 from transcoders.block_layout import BlockLayout
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
+from transcoders.model_state import check_model_state
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -116,6 +117,9 @@ def collect(
     model: HookedTransformer, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
 ) -> tuple[Float[Tensor, "batch n_pos n_layers d_model"], Float[Tensor, "batch n_pos n_layers d_model"]]:
     """Read values and write targets of every layer from one forward pass (step 3)."""
+    check_model_state(
+        model, "enter the activations read: a set trained on, or dashboards of, the hooked model"
+    )
     names = set(cache_hooks(model, cfg))
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
     x = torch.stack([read_value(model, cache, l, cfg.input_hook) for l in range(cfg.n_layers)], dim=-2)

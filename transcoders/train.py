@@ -59,6 +59,7 @@ from transcoders.errors import AttrgraphError, Terminated, WriteError
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
+from transcoders.model_state import grad_mode
 from transcoders.output_folder import replaced
 from transcoders.run_folder import one_run
 from transcoders.train_config import (
@@ -116,6 +117,7 @@ at a time, each rank holding its features' share of the activations."""
 
 
 # ---------------------------------------------------------------------- the loop
+@grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too (model_state.py)
 def train(
     cfg: TrainConfig,
     model: HookedTransformer = None,
