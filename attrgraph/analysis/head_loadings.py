@@ -41,8 +41,9 @@ from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
 from attrgraph.graph.graph import check_graph
+from attrgraph.graph.provenance import provenance_mismatch
 from transcoders.config import is_whole
-from transcoders.fingerprint import fingerprint
+from transcoders.model_state import grad_mode
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -105,15 +106,12 @@ class HeadLoadings:
 
 # ---------------------------------------------------------------------- sources and targets
 def _check_graph(rm: ReplacementModel, graph: Graph) -> None:
-    meta = graph.meta
-    want = meta.get("transcoder_fingerprint")
-    if want and want != fingerprint(rm.tc):
-        raise GraphError("the graph was built with other MLP transcoders; pass the sets it was built with.")
-    if meta.get("model_fingerprint") and meta["model_fingerprint"] != fingerprint(rm.model):
-        raise GraphError("the graph was built with another model; pass the model it was built with.")
-    if rm.attn is None and "attn_transcoder_kind" in meta:
-        raise GraphError("the graph has attention features; pass [mlp_set, attn_set] as it was built with.")
-    if meta.get("custom_targets"):
+    why = provenance_mismatch(graph, rm.model, rm.tc, rm.attn)
+    if why is not None:
+        raise GraphError(
+            f"{why}; pass the model and the sets ([mlp_set, attn_set] with attention features) it was built with."
+        )
+    if graph.meta.get("custom_targets"):
         raise GraphError("the graph has custom targets, whose vectors it does not store; use a logit graph.")
 
 
@@ -225,6 +223,7 @@ def _backward_sweep(rm, state, graph, targets: list[int]) -> Tensor:
     return torch.stack([torch.zeros_like(z) if g is None else g for z, g in zip(zs, got)], 1)
 
 
+@grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too
 def head_loadings(
     model: HookedTransformer,
     transcoders,
@@ -243,11 +242,10 @@ def head_loadings(
     check_graph(graph, "head_loadings")
     # another thread's sweep swaps `block.mlp` under this lock: read the model (and its fingerprint)
     # only while holding it
-    with model_lock(model if not isinstance(transcoders, ReplacementModel) else transcoders.model):
-        rm = (
-            transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-        )
+    with model_lock(model):
+        rm = ReplacementModel.of(model, transcoders)
         _check_graph(rm, graph)
+        rm.check_differentiable("head_loadings")
     if not is_whole(batch_size) or batch_size < 1:
         raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
     if edges is None and top < 0:

@@ -49,9 +49,9 @@ from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.errors import ValidationError
 from attrgraph.graph.graph import Graph, check_graph
+from attrgraph.graph.provenance import provenance_mismatch
 from attrgraph.graph.prune import normalize_matrix
 from transcoders.block_layout import BlockLayout
-from transcoders.fingerprint import fingerprint
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -338,18 +338,11 @@ def validate_graph(
     `progress=True` shows a tqdm bar on stderr counting the ablations and perturbations."""
     check_graph(graph, "validate_graph")
     cfg = cfg or ValidateConfig()
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
-    fp = graph.meta.get("transcoder_fingerprint")
-    if fp:
-        if fingerprint(rm.tc) != fp:
-            raise ValidationError(
-                "the graph was built with other transcoders (fingerprint differs); pass the ones that built it."
-            )
-    attn_fp = graph.meta.get("attn_transcoder_fingerprint")
-    if bool(attn_fp) != (rm.attn is not None) or (attn_fp and fingerprint(rm.attn) != attn_fp):
+    rm = ReplacementModel.of(model, transcoders)
+    why = provenance_mismatch(graph, rm.model, rm.tc, rm.attn)
+    if why is not None:
         raise ValidationError(
-            "the graph was built with other attention SAEs (or with none, or some); pass the sets that "
-            "built it ([mlp_set, attn_set] for a graph with attention features)."
+            f"{why}; pass the model and the sets ([mlp_set, attn_set] with attention features) it was built with."
         )
     if graph.n_features == 0:
         raise ValidationError("the graph has no feature nodes; there is nothing to ablate.")

@@ -65,6 +65,7 @@ from attrgraph.engine.sources import (
 from attrgraph.engine.targets import Target, select_logit_targets
 from attrgraph.errors import GraphError, OptionError, TargetError
 from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.provenance import provenance_mismatch
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import NodeKey
 from transcoders.config import is_whole
@@ -176,10 +177,9 @@ def node_biases(
             "the graph's meta does not say how it was built (exclude_bos, embedding); "
             "pass a graph from attribute or attribute_hierarchical."
         )
-    if (nodes.site == "attn").any() and rm.attn is None:
-        raise GraphError(
-            "the graph has attention features; pass the ReplacementModel of [mlp_set, attn_set] that built it."
-        )
+    why = provenance_mismatch(graph, rm.model, rm.tc, rm.attn)
+    if why is not None:
+        raise GraphError(f"{why}; pass the ReplacementModel of the model and the sets it was built with.")
     state = rm.run(
         torch.as_tensor(graph.prompt_ids, device=rm.cfg.device),
         exclude_bos=m["exclude_bos"],

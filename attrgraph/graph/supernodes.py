@@ -28,6 +28,7 @@ from jaxtyping import Float
 
 from attrgraph.errors import SupernodeError
 from attrgraph.graph.graph import Graph
+from attrgraph.graph.provenance import provenance_mismatch
 from transcoders.config import is_whole
 
 if TYPE_CHECKING:
@@ -223,6 +224,9 @@ def suggest_supernodes(
             raise SupernodeError(
                 "the graph has attention features; pass transcoders=[mlp_set, attn_set] for their decoders."
             )
+        why = provenance_mismatch(graph, None, mlp, attn, attn_presence=False)
+        if why is not None:
+            raise SupernodeError(f"{why}; pass transcoders= the sets it was built with.")
         L, d = mlp.cfg.n_layers, mlp.cfg.d_model
         vectors = np.zeros((len(feats), 2 * L * d if is_attn.any() else L * d))
         with torch.no_grad():

@@ -304,9 +304,9 @@ def test_validate_a_graph_with_attention_features():
     res = validate_graph(model, sets, graph, cfg)
     assert res["node_to_logit"]["n_features"] == 20 and res["feature_to_feature"]["n_pairs"] > 10
     assert res["node_to_logit"]["mean"]["influence"] > 0.5
-    with pytest.raises(ValidationError, match="attention SAEs"):
+    with pytest.raises(ValidationError, match="built with an attention SAE set, and none was passed"):
         validate_graph(model, sets[0], graph, cfg)
-    with pytest.raises(ValidationError, match="attention SAEs"):
+    with pytest.raises(ValidationError, match="built without an attention SAE set, and one was passed"):
         validate_graph(model, sets, attribute(model, sets[0], TOKENS, exclude_bos=False), cfg)
 
 

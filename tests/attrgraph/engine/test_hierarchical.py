@@ -374,7 +374,7 @@ def test_theorem_3_1_with_attention_features():
     gm = attribute_hierarchical(model, rm, TOKENS, tau=-math.inf, root=feat, exclude_bos=True)
     assert abs(gm.meta["theorem_residual"]) <= 1e-9 * abs(gm.meta["root_value"])
     assert (gm.nodes.mask("feature", "attn") & (gm.nodes.layer == 2)).any()
-    with pytest.raises(GraphError, match="attention features"):
+    with pytest.raises(GraphError, match="built with an attention SAE set, and none was passed"):
         node_biases(ReplacementModel(model, rm.tc), full)
     with pytest.raises(TargetError, match="attn feature"):
         attribute_hierarchical(model, rm, TOKENS, root=NodeKey("feature", 0, 0, 0, "attn"), exclude_bos=True)
