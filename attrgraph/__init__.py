@@ -117,6 +117,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "InterventionError",
         "LabelError",
         "ModelNotFoundError",
+        "ModelStateError",
         "NonFiniteValueError",
         "OptionError",
         "OutputBusyError",

@@ -50,6 +50,7 @@ from attrgraph.errors import OptionError
 from transcoders import sites
 from transcoders.block_layout import RESID_MID, BlockLayout, is_residual_norm_scale
 from transcoders.config import is_whole
+from transcoders.model_state import check_no_hooks
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -132,6 +133,7 @@ def mean_norm_scales(
 ) -> dict[str, float]:
     """Typical norm denominators over a corpus: `1 / mean(1 / s)` per `*.hook_scale`, over every
     position from `skip_first` on (position 0, the BOS, has an outsized residual norm)."""
+    check_no_hooks(model, "change the norm scales read from the corpus")
     sums: dict[str, float] = {}
     count = 0
     for tokens in batches:

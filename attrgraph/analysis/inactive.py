@@ -125,7 +125,7 @@ def attribute_inactive(
     """Attribute the pre-activation of feature `feature` of `layer` at `position` (module docstring).
 
     `options` go to `attribute` (e.g. `exclude_bos`, `embedding`, `batch_size`)."""
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    rm = ReplacementModel.of(model, transcoders)
     tokens = to_tokens(model, prompt)
     target, offset = preactivation_target(model, rm.tc, layer, position, feature)
     graph = attribute(model, rm, tokens, targets=[target], **options)

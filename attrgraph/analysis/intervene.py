@@ -432,7 +432,7 @@ class _AttentionPatch:
 
 
 def _context(model, transcoders, prompt) -> tuple[ReplacementModel, ReplacementState]:
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    rm = ReplacementModel.of(model, transcoders)
     return rm, rm.run(to_tokens(model, prompt), exclude_bos=False)
 
 
@@ -495,7 +495,7 @@ def generate(
         raise InterventionError(f"hold is {hold}; pass 0 or more new tokens to hold the intervention for.")
     if mode not in MODES:  # also without interventions, where no patched forward would check it
         raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    rm = ReplacementModel.of(model, transcoders)
     tokens = to_tokens(model, prompt)
     hold = n_tokens if hold is None else hold
     g = torch.Generator(device=tokens.device).manual_seed(seed)  # multinomial samples on the model's device

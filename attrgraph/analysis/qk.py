@@ -114,7 +114,7 @@ def qk_attribution(
 ) -> QKAttribution:
     """Split the attention score of `head` at `layer` from `query_position` to `key_position` over
     pairs of sources (module docstring). Options as in `attribute`."""
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    rm = ReplacementModel.of(model, transcoders)
     tokens = to_tokens(model, prompt)
     cfg, P = model.cfg, len(tokens)
     if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:

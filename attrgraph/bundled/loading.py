@@ -30,6 +30,7 @@ from attrgraph.errors import (
     UnsupportedModelError,
 )
 from transcoders.manifest import verify_manifest  # one check for models and transcoders
+from transcoders.model_state import check_dtype
 from transcoders.sites import is_hooked_model
 
 # Buffers TransformerLens rebuilds from the config; a state dict need not carry them.
@@ -45,6 +46,7 @@ def check_model(model) -> None:
             f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; load one "
             "with attrgraph.load_model('default') (or a folder, or a TransformerLens name)."
         )
+    check_dtype(model)  # .half() and the like leave cfg.dtype behind (transcoders/model_state.py)
 
 
 def load_model(

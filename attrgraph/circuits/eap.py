@@ -30,6 +30,7 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
 from attrgraph.errors import ConstantMetricError, OptionError
+from transcoders.model_state import check_differentiable, grad_mode
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -54,6 +55,7 @@ def _to_host(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.detach().to(torch.promote_types(x.dtype, torch.float32)).cpu()
 
 
+@grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too
 def example_scores(
     model: HookedTransformer,
     pairs: Pairs,
@@ -69,6 +71,7 @@ def example_scores(
         )
     graph = ComponentGraph.from_model(model)
     check_pairs(pairs)
+    check_differentiable({"the model": model}, "EAP")
     device = next(model.parameters()).device
     pairs = pairs.to(device)  # the pairs go to the model's device once; the scores come back once per batch
     valid = graph.valid.to(device)

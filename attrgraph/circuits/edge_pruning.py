@@ -35,6 +35,7 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
 from attrgraph.errors import OptionError, SparsityError
+from transcoders.model_state import check_differentiable, grad_mode
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -118,6 +119,7 @@ def _slice(acts: Activations, idx) -> Activations:
     return Activations(*(x[idx] for x in acts))
 
 
+@grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too
 def prune_edges(
     model: HookedTransformer,
     pairs: Pairs,
@@ -131,6 +133,7 @@ def prune_edges(
     layout = EdgeLayout(graph)
     n = graph.n_edges
     check_pairs(pairs)
+    check_differentiable({"the model": model}, "edge pruning")
     device = next(model.parameters()).device  # the gates train on the model's device
     pairs = pairs.to(device)
     allowed = torch.ones(n, dtype=torch.bool, device=device) if allowed is None else allowed.bool().to(device)

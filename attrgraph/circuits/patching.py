@@ -35,6 +35,7 @@ from torch import Tensor
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.errors import OptionError, UnsupportedModelError
 from transcoders.block_layout import BlockLayout
+from transcoders.model_state import check_no_hooks
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -116,6 +117,10 @@ def run_edges(
     attn_keep: `[batch|1 n_layers n_heads 3 pos pos]` keep coefficients of the cross-position
         q/k/v edges (query t, key t'); None keeps them all.
     """
+    check_no_hooks(  # a session's hooks (transcoders/model_state.py), before ours go on
+        model,
+        "change the runs patched but not the residual sums the component graph is built on, a circuit of neither model",
+    )
     if (keep is not None or attn_keep is not None or input_alpha is not None) and corrupt is None:
         raise OptionError("patching needs the corrupted run's activations; pass corrupt=record_run(...).")
     with component_hooks(model) as g:

@@ -31,8 +31,10 @@ from attrgraph.engine.csr_rows import CsrRowWriter
 from attrgraph.engine.precision import compute_dtype, numpy_dtype
 from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.sources import Injection, Sources
+from transcoders.model_state import grad_mode
 
 
+@grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too
 def backward_rows(
     rm: ReplacementModel,
     state: ReplacementState,
@@ -43,6 +45,7 @@ def backward_rows(
 ) -> sp.csr_array:
     """Steps 3-5: one row per injection, over the `sources.n_columns` source columns (CSR);
     `batch_size` targets a backward (default `CPU_ROWS`, as the linear engine's CPU plan)."""
+    rm.check_differentiable("the autograd rows engine")
     n_pos, n_layers = state.tokens.shape[0], state.acts.shape[0]
     B = max(1, min(CPU_ROWS if batch_size is None else batch_size, len(injections)))
     # gradients have the model's dtype; rows and the decoder contraction are float32 at least

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 from torch import Tensor
 
 from attrgraph.engine.replacement import ReplacementModel
@@ -118,6 +119,9 @@ class PromptRun:
         )
 
 
+@torch.inference_mode(
+    False
+)  # the recorded run is made of ordinary tensors: the autograd rows differentiate through it
 def run_prompt(
     model: HookedTransformer,
     transcoders: SparseCoder | Sequence[SparseCoder] | TranscoderSets | ReplacementModel,
@@ -129,7 +133,7 @@ def run_prompt(
 ) -> PromptRun:
     """Steps 1-5 (module docstring); `targets` are checked (step 3), not selected."""
     t0 = time.perf_counter()
-    rm = transcoders if isinstance(transcoders, ReplacementModel) else ReplacementModel(model, transcoders)
+    rm = ReplacementModel.of(model, transcoders)
     tokens = to_tokens(model, prompt)
     exclude_bos = bool(resolve_exclude_bos(model, tokens, exclude_bos))
     if targets is not None:

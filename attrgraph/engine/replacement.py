@@ -43,12 +43,13 @@ from torch import Tensor
 
 from attrgraph.bundled.loading import check_model
 from attrgraph.engine.finite import check_state
-from attrgraph.engine.frozen import frozen_forward
+from attrgraph.engine.frozen import REPLAY_EFFECT, frozen_forward
 from attrgraph.engine.sets import transcoder_sets
 from attrgraph.errors import OptionError, UnsupportedModelError
 from transcoders import block_layout, sites
 from transcoders.block_layout import BlockLayout
 from transcoders.errors import TranscoderMismatchError
+from transcoders.model_state import check_differentiable, check_no_hooks
 
 EMBEDDING_MODES = ("token+position", "token")
 
@@ -179,6 +180,27 @@ class ReplacementModel:
         self.cfg = model.cfg
         self.frozen_hooks = [n for n in model.hook_dict if block_layout.is_frozen(n)]
 
+    @classmethod
+    def of(cls, model, transcoders) -> ReplacementModel:
+        """The replacement model a public call works on: `transcoders` itself when it is one (built on
+        `model`: a replacement model of another model would answer for that one, silently), else a
+        new one of `model` with the set(s) `transcoders`."""
+        if not isinstance(transcoders, ReplacementModel):
+            return cls(model, transcoders)
+        if transcoders.model is not model:
+            raise TranscoderMismatchError(
+                "the ReplacementModel passed was built on another model than the one passed beside it; "
+                "pass its own model (rm.model), or build one for this model with ReplacementModel(model, sets)."
+            )
+        return transcoders
+
+    def check_differentiable(self, doing: str) -> None:
+        """`ModelStateError` when the model or a set was made under `torch.inference_mode()`, which
+        `doing` (a call that differentiates the frozen model) cannot differentiate."""
+        check_differentiable(
+            {"the model": self.model, "the transcoders": self.tc, "the attention SAEs": self.attn}, doing
+        )
+
     @property
     def layout(self) -> BlockLayout:
         """The model's block: hook names and flags (transcoders/block_layout.py), read from its config now."""
@@ -204,6 +226,7 @@ class ReplacementModel:
             | set(self.attn_hooks())
         )
         tokens = tokens.to(self.cfg.device)
+        check_no_hooks(self.model, REPLAY_EFFECT)
         logits, cache = self.model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
         L = cfg.n_layers
         x_in = torch.stack([sites.read_value(self.model, cache, l, cfg.input_hook)[0] for l in range(L)])
