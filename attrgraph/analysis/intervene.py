@@ -452,6 +452,8 @@ def intervene(
     `Supernode` to a number / `SetTo(v)`, `Scale(m)` or `Add(d)`. `layers=(start, end)` is the
     inclusive patch range (default: from the lowest edited layer to the last layer).
     `freeze_attention` holds attention patterns and normalization scales at their clean values.
+    Hooks on the model (a `with model.hooks(...)` block around the call) run in the clean run and
+    the intervened one alike: the intervention is on the model as it is, hooks included.
     """
     if mode not in MODES:
         raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")

@@ -17,8 +17,9 @@ Interventions" (clamping MLP outputs).
 4. `capture` hook values come back in the yielded dict; `hooks` are further forward hooks.
 5. On exit the MLPs and hooks are restored, whatever happened inside the block.
 6. Hooks already on the model (a session's `add_hook`, a `with model.hooks(...)` around the call)
-   are refused before any is installed (transcoders/model_state.py, `REPLAY_EFFECT`): they would
-   run in every frozen forward but not in what the linear engine differentiates by hand.
+   run in every frozen forward as in the recorded one: interventions and generation act on the
+   model as it is, hooks included. What computes a graph refuses them first
+   (`ReplacementModel.check_unhooked`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,6 @@ from torch import Tensor, nn
 
 from transcoders import sites
 from transcoders.block_layout import is_frozen
-from transcoders.model_state import check_no_hooks
-
-REPLAY_EFFECT = (
-    "change the forwards attrgraph records and replays but not what it differentiates by hand, a "
-    "result of neither model"
-)
-"""What hooks left on a model would do to attribution, interventions and validation (step 6)."""
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -87,7 +81,6 @@ def frozen_forward(
 
     `frozen` maps hook names to recorded values (batch 1; expanded to the batch run);
     `tc_cfg` says where the transcoders read and write. Yields the dict of captured values."""
-    check_no_hooks(model, REPLAY_EFFECT)
     layers = set(layers)
     if layers and write is None:
         raise ValueError("frozen_forward replaces the MLP outputs of `layers`, so it needs `write`.")

@@ -134,6 +134,7 @@ def run_prompt(
     """Steps 1-5 (module docstring); `targets` are checked (step 3), not selected."""
     t0 = time.perf_counter()
     rm = ReplacementModel.of(model, transcoders)
+    rm.check_unhooked()
     tokens = to_tokens(model, prompt)
     exclude_bos = bool(resolve_exclude_bos(model, tokens, exclude_bos))
     if targets is not None:

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from attrgraph.bundled.loading import check_model
 from attrgraph.engine.finite import check_state
-from attrgraph.engine.frozen import REPLAY_EFFECT, frozen_forward
+from attrgraph.engine.frozen import frozen_forward
 from attrgraph.engine.sets import transcoder_sets
 from attrgraph.errors import OptionError, UnsupportedModelError
 from transcoders import block_layout, sites
@@ -52,6 +52,12 @@ from transcoders.errors import TranscoderMismatchError
 from transcoders.model_state import check_differentiable, check_no_hooks
 
 EMBEDDING_MODES = ("token+position", "token")
+
+GRAPH_EFFECT = (
+    "change the forwards a graph is computed from but not what attrgraph differentiates by hand, a "
+    "result of neither model"
+)
+"""What hooks left on a model would do to a graph (`ReplacementModel.check_unhooked`)."""
 
 
 class ReplacementState(NamedTuple):
@@ -194,6 +200,13 @@ class ReplacementModel:
             )
         return transcoders
 
+    def check_unhooked(self) -> None:
+        """`ModelStateError` when hooks are attached to the model (transcoders/model_state.py): a
+        graph, its validation or its head loadings would come from forwards that run them and
+        products that do not (the linear engine differentiates by hand). Interventions take the
+        model as it is and do not ask."""
+        check_no_hooks(self.model, GRAPH_EFFECT)
+
     def check_differentiable(self, doing: str) -> None:
         """`ModelStateError` when the model or a set was made under `torch.inference_mode()`, which
         `doing` (a call that differentiates the frozen model) cannot differentiate."""
@@ -226,7 +239,6 @@ class ReplacementModel:
             | set(self.attn_hooks())
         )
         tokens = tokens.to(self.cfg.device)
-        check_no_hooks(self.model, REPLAY_EFFECT)
         logits, cache = self.model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
         L = cfg.n_layers
         x_in = torch.stack([sites.read_value(self.model, cache, l, cfg.input_hook)[0] for l in range(L)])

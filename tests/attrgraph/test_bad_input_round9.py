@@ -12,6 +12,7 @@ import torch
 
 from attrgraph.analysis.head_loadings import head_loadings
 from attrgraph.analysis.intervene import intervene
+from attrgraph.analysis.qk import qk_attribution
 from attrgraph.analysis.validate import ValidateConfig, validate_graph
 from attrgraph.circuits.eap import eap
 from attrgraph.circuits.edge_pruning import PruneConfig, prune_edges
@@ -45,9 +46,9 @@ def doubled(x, hook):
 def test_hooks_left_on_the_model_are_refused_by_every_call_that_runs_it(fresh, how):
     """Before: with `x * 2` on `blocks.0.hook_resid_mid` attribution ran; its linear and autograd
     rows were 1.8 apart (the recorded run and the frozen forwards had the hook, the linear engine's
-    products did not): a graph of neither model. Interventions, validation, head loadings and EAP
-    ran on the hooked model too. Now each refuses, naming the hook point; once the hooks are removed
-    the graph is the clean model's, value for value."""
+    products did not): a graph of neither model. Validation and head loadings ran on the hooked
+    model too. Now each refuses, naming the hook point; once the hooks are removed the graph is the
+    clean model's, value for value."""
     model, tc = fresh
     clean = attribute(model, tc, TOKENS)
     graph = attribute(model, tc, TOKENS)
@@ -63,9 +64,10 @@ def test_hooks_left_on_the_model_are_refused_by_every_call_that_runs_it(fresh, h
     calls = {
         "attribute": lambda: attribute(model, tc, TOKENS),
         "attribute autograd": lambda: attribute(model, tc, TOKENS, backend="autograd"),
-        "intervene": lambda: intervene(model, tc, TOKENS, {}),
         "validate_graph": lambda: validate_graph(model, tc, graph, VALIDATE),
         "head_loadings": lambda: head_loadings(model, tc, graph, top=2),
+        "node_biases": lambda: node_biases(ReplacementModel(model, tc), graph),
+        "qk_attribution": lambda: qk_attribution(model, tc, TOKENS, 1, 0, 5, 2),
     }
     for name, call in calls.items():
         if how == "context":
@@ -83,6 +85,20 @@ def test_hooks_left_on_the_model_are_refused_by_every_call_that_runs_it(fresh, h
     assert attached_hooks(model) == []
     again = attribute(model, tc, TOKENS)
     assert (again.adjacency != clean.adjacency).nnz == 0
+
+
+@pytest.mark.parametrize("freeze_attention", [True, False])
+def test_an_intervention_takes_the_model_as_it_is_hooks_included(fresh, freeze_attention):
+    """Interventions differentiate nothing: with a hook held on purpose (ioi_explained holds the final
+    LayerNorm's scale), the clean and intervened runs both carry it. With no edit the logits are the
+    hooked model's own, from TransformerLens's `run_with_hooks`."""
+    model, tc = fresh
+    hooks = [("blocks.0.hook_resid_mid", doubled)]
+    want = model.run_with_hooks(torch.tensor([TOKENS]), fwd_hooks=hooks)[0]
+    with model.hooks(fwd_hooks=hooks):
+        got = intervene(model, tc, TOKENS, {}, freeze_attention=freeze_attention).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert attached_hooks(model) == []
 
 
 def test_component_circuits_refuse_a_hooked_model():
