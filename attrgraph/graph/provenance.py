@@ -32,7 +32,7 @@ def provenance_mismatch(graph: Graph, model, mlp, attn, attn_presence: bool = Tr
             return None
         return (
             f"the graph was built with {what} (fingerprint {want}; the one passed is {fingerprint(module)}: "
-            "another one, or its weights edited since)"
+            "another one, its weights edited since, or loaded in another dtype)"
         )
 
     has_attn = "attn_transcoder_kind" in meta or bool((graph.nodes.site == "attn").any())

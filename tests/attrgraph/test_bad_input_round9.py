@@ -237,7 +237,7 @@ def test_a_graph_is_checked_against_the_model_and_sets_that_recompute_from_it(fr
     suggest_supernodes(graph, by="decoder", transcoders=tc)
     with torch.no_grad():
         model.blocks[0].attn.W_O[0] = 0
-    said = r"^the graph was built with another model \(fingerprint \w+; the one passed is \w+: another one, or its weights edited since\)"
+    said = r"^the graph was built with another model \(fingerprint \w+; the one passed is \w+: another one, its weights edited since, or loaded in another dtype\)"
     with pytest.raises(ValidationError, match=said):
         validate_graph(model, tc, graph, VALIDATE)
     with pytest.raises(GraphError, match=said):
