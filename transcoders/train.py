@@ -193,15 +193,24 @@ def write_manifest(folder: Path, cfg: TrainConfig, metrics: dict, info: dict, ar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return add_fields(
-        argparse.ArgumentParser(prog="python -m transcoders.train", description=__doc__.split("\n")[0]),
-        TrainConfig,
+    return _run_options(
+        add_fields(
+            argparse.ArgumentParser(prog="python -m transcoders.train", description=__doc__.split("\n")[0]),
+            TrainConfig,
+        )
     )
 
 
 def add_parser(sub) -> None:
     """`attrgraph train-transcoders ...` (the attrgraph CLI registry's hook)."""
-    add_fields(sub.add_parser("train-transcoders", help=__doc__.split("\n")[0]), TrainConfig)
+    _run_options(add_fields(sub.add_parser("train-transcoders", help=__doc__.split("\n")[0]), TrainConfig))
+
+
+def _run_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of how a run shows itself, not of what it trains: outside TrainConfig, so a resume
+    may change them."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the steps, on stderr)")
+    return p
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -216,7 +225,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         with tdist.naming_dead_ranks(d), one_run(cfg.out, d):  # one run per run folder (run_folder.py)
             model = load_any_model(cfg.model, model_device(cfg))
             sharded = d.mode == "features"
-            tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False))
+            progress = not args.no_progress
+            tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False, progress=progress))
             if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
                 _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
             tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once

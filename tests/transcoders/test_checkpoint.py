@@ -86,3 +86,20 @@ def test_the_cli_says_a_resume_that_does_not_match_in_one_line(tmp_path, capsys)
         f"python -m transcoders.train: error: {tmp_path / 'run' / 'checkpoint'} was written by a run "
         "with different ['lr']; rerun with the same options to resume, or pass another --out to start afresh."
     ]
+
+
+def test_the_cli_shows_the_steps_bar_unless_no_progress_and_a_resume_may_change_it(tmp_path, capsys):
+    """`--no-progress` (as `attrgraph build` and `validate` take it) turns the step bar off; it says how
+    the run shows itself, not what it trains, so the same run folder takes the command with or
+    without it (not refused as a run with other options)."""
+    from tests.attrgraph.ag_helpers import bars_finished, final_bars
+    from tests.transcoders.tc_helpers import CLI_ARGS
+    from transcoders.train import main
+
+    args = [*CLI_ARGS, "--n-tokens", "512", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    assert bars_finished(capsys.readouterr().err, "train") == 1
+    assert main([*args, "--no-progress"]) == 0
+    assert final_bars(capsys.readouterr().err, "train") == []
+    assert main([*CLI_ARGS, "--n-tokens", "512", "--out", str(tmp_path / "quiet"), "--no-progress"]) == 0
+    assert final_bars(capsys.readouterr().err, "train") == []
