@@ -226,7 +226,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             model = load_any_model(cfg.model, model_device(cfg))
             sharded = d.mode == "features"
             progress = not args.no_progress
-            tc, info = _naming_stalls(cfg, d, lambda: train(cfg, model=model, gather=False, progress=progress))
+            tc, info = _naming_stalls(
+                cfg, d, lambda: train(cfg, model=model, gather=False, progress=progress)
+            )
             if d.main or sharded:  # feature-sharded: every rank saves and evaluates its slice
                 _naming_stalls(cfg, d, lambda: _save_and_report(model, tc, info, cfg, argv, d))
             tdist.finish_together(d)  # the others wait for rank 0's manifest, then all end at once
