@@ -123,6 +123,12 @@ class TranscoderConfig:
     """The output is the MLP's output before a post-MLP norm (Gemma-2 `ln2_post`); see sites.py."""
     model_name: str = ""
     """Name of the model the set was trained for (informational)."""
+    folded_norms: bool | None = None
+    """Whether that model had its norms' weights folded into the next layer's (TransformerLens's
+    `fold_ln`, with `center_writing_weights`: `from_pretrained`'s default processing; its norms are
+    then "LNPre" / "RMSPre"). Folding changes the MLP input the set reads and centering its write
+    targets, so a set is used only on a model processed as it was trained (sites.py `check_fits`);
+    None: not recorded, not checked."""
 
     def __post_init__(self):
         for name in ("kind", "activation", "input_hook", "output_hook", "model_name"):
@@ -131,6 +137,8 @@ class TranscoderConfig:
         for name in ("skip", "ste_to_input", "output_before_post_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} is {getattr(self, name)!r}; it must be true or false.")
+        if self.folded_norms is not None and not isinstance(self.folded_norms, bool):
+            raise ConfigError(f"folded_norms is {self.folded_norms!r}; it must be true, false or null.")
         if self.kind not in KINDS:
             raise ConfigError(f"kind {self.kind!r} is not one of {KINDS}; pick one of them.")
         from transcoders.nonlinearity import NONLINEARITIES  # the one list of activations (and torch)

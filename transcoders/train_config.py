@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from transcoders import distributed as tdist
-from transcoders import providers
+from transcoders import providers, sites
 from transcoders.activation_store import pack_sequences
 from transcoders.block_layout import ATTN_OUTPUT
 from transcoders.config import TranscoderConfig, check_device, is_whole
@@ -220,6 +220,7 @@ def transcoder_config(cfg: TrainConfig, model: HookedTransformer) -> TranscoderC
         ste_to_input=cfg.ste_to_input,
         output_before_post_norm=cfg.kind != "sae",
         model_name=str(model.cfg.model_name or cfg.model),
+        folded_norms=sites.norms_folded(model),
     )
 
 

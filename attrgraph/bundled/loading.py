@@ -27,6 +27,7 @@ from attrgraph.errors import (
     CorruptWeightsError,
     ModelNotFoundError,
     NonFiniteValueError,
+    OptionError,
     UnsupportedModelError,
 )
 from transcoders.manifest import verify_manifest  # one check for models and transcoders
@@ -53,6 +54,7 @@ def load_model(
     name_or_path: str | os.PathLike = "default",
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str = torch.float32,
+    processing: bool = False,
 ):
     """Return a `HookedTransformer` with its tokenizer. `dtype`: a floating torch dtype or its
     name, as TransformerLens takes it ("float32", "bfloat16", "bf16", ...).
@@ -60,6 +62,13 @@ def load_model(
     name_or_path: "default" (the bundled model, offline), a local model folder
         (see the module docstring), or a TransformerLens model name such as "gpt2"
         (downloads unless it is in the Hugging Face cache).
+    processing: False (default) loads the weights as they are: a TransformerLens name through
+        `from_pretrained_no_processing`, as circuit-tracer and sae_lens load the models their
+        transcoders are trained on; True applies TransformerLens's default processing (folded
+        norms, centered writing weights and unembedding: `from_pretrained`, or `process_weights_`
+        on a folder). Both compute the same function, but a set reads other MLP inputs on each,
+        so a set that records which it was trained on is refused on the other
+        (transcoders/sites.py step 4).
     """
     from transformer_lens import HookedTransformer
 
@@ -68,10 +77,15 @@ def load_model(
     check_device(device)  # a device this machine lacks: one sentence, before anything loads
     dtype = check_dtype(dtype)
 
+    if not isinstance(processing, bool):
+        raise OptionError(f"processing is {processing!r}; pass True (TransformerLens's processing) or False.")
     key = str(name_or_path)
     folder = BUNDLED.get(key, Path(key))
     if folder.is_dir():
-        return load_model_folder(folder, device=device, dtype=dtype)
+        model = load_model_folder(folder, device=device, dtype=dtype)
+        if processing:
+            model.process_weights_()  # TransformerLens's from_pretrained defaults
+        return model
     if key in BUNDLED or os.sep in key or key.startswith("."):
         raise ModelNotFoundError(
             f"no model folder at {folder}; pass 'default', a folder holding config.json and "
@@ -83,8 +97,11 @@ def load_model(
         raise ModelNotFoundError(
             f"{key!r} is not 'default', a model folder, or a TransformerLens model name; {hint}"
         )
+    load = (
+        HookedTransformer.from_pretrained if processing else HookedTransformer.from_pretrained_no_processing
+    )
     try:
-        return HookedTransformer.from_pretrained(key, device=device, dtype=dtype)
+        return load(key, device=device, dtype=dtype)
     except Exception as e:  # offline failures and the like land here
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise ModelNotFoundError(

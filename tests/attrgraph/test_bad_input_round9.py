@@ -260,3 +260,24 @@ def test_the_corpus_norm_scales_refuse_a_hooked_model(fresh):
         mean_norm_scales(model, [torch.tensor(TOKENS)])
     model.reset_hooks()
     assert mean_norm_scales(model, [torch.tensor(TOKENS)])
+
+
+def test_the_bundled_sets_are_refused_on_the_bundled_model_processed_as_from_pretrained_does():
+    """Before: the bundled model with TransformerLens's default processing (`from_pretrained`'s: folded
+    norms, centered weights; the same next-token distribution) gave the IOI graph a replacement score of
+    0.85 instead of 0.94, the sets reading other MLP inputs. Now the pair is refused, naming the loader
+    call; `processing` itself is checked."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.errors import OptionError
+    from transcoders import load_transcoders
+
+    tc = load_transcoders("default-plt")
+    model = load_model("default", processing=True)
+    assert model.cfg.normalization_type == "LNPre"
+    with pytest.raises(
+        TranscoderMismatchError,
+        match=r"^the transcoders were trained on the model with its norms unfolded, but this one has them folded .*attrgraph\.load_model\(name\)",
+    ):
+        attribute(model, tc, "When Mary and John went to the store, John gave a drink to")
+    with pytest.raises(OptionError, match=r"^processing is 'yes'; pass True"):
+        load_model("default", processing="yes")

@@ -155,6 +155,7 @@ def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtyp
         skip=skip,
         output_before_post_norm=before_norm,
         model_name=str(meta.get("model_name") or ""),
+        folded_norms=False,  # circuit-tracer runs its model unprocessed (fold_ln=False): sites.py step 4
     )
     tc = build_transcoders(cfg)
     load_state(tc, state, folder)
@@ -288,6 +289,11 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
     if cfg.kind == "clt" and cfg.skip:
         raise UnknownFormatError(
             "circuit-tracer's CLT files carry no W_skip; save a CLT with skip in the native format."
+        )
+    if cfg.folded_norms:
+        raise UnknownFormatError(
+            "circuit-tracer runs its model with the norms unfolded, and this set was trained on one with "
+            "them folded (TransformerLens's default processing); save it in the native or sae_lens format."
         )
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

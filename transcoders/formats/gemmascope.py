@@ -118,6 +118,7 @@ def load_gemmascope(
         input_hook=input_hook,
         output_hook=output_hook,
         model_name=model_name,
+        folded_norms=False,  # trained on Hugging Face's Gemma-2, whose norms keep their weights
     )
     tc = build_transcoders(cfg)
     load_state(tc, state, files[0].parent)
@@ -139,6 +140,11 @@ def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
         raise UnknownFormatError(
             f"GemmaScope files hold per-layer JumpReLU sets, not a {tc.cfg.kind} with {tc.cfg.activation}; "
             "save it in the native format."
+        )
+    if tc.cfg.folded_norms:
+        raise UnknownFormatError(
+            "GemmaScope sets read Gemma-2 with its norms unfolded, and this set was trained on a model with "
+            "them folded (TransformerLens's default processing); save it in the native or sae_lens format."
         )
     out = []
     for l in range(tc.n_layers):

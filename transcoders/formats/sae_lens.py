@@ -35,11 +35,16 @@ Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save
    (our `b_enc` is the whole encoder bias, under sae_lens's name for it); `hook_name` /
    `hook_name_out` are our hook templates with the layer filled in; `k` when the stored
    nonlinearity `uses_k` (TopK); its `extra_state` as it is.
+7. Whether the model's norms were folded (`TranscoderConfig.folded_norms`, sites.py step 4) is
+   read from `metadata.model_from_pretrained_kwargs["fold_ln"]` when it is there (else not
+   recorded), and written there when the set records it.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,7 +73,8 @@ def _load_dir(path: Path):
             f"{path} has no cfg.json; a sae_lens directory holds cfg.json and sae_weights.safetensors."
         )
     try:
-        return SaeLensSAE.load_from_disk(str(path))
+        with _no_model_advice():
+            return SaeLensSAE.load_from_disk(str(path))
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, SafetensorError) as e:
         # what sae_lens raises on a cfg.json or weights file it cannot use: an unknown architecture
         # (KeyError), a missing or mistyped field (TypeError, AttributeError), a damaged file
@@ -184,11 +190,31 @@ def load_sae_lens(
         k=k or 32,
         output_before_post_norm=before_norm,
         model_name=model_name or str(saes[0].cfg.metadata.model_name or ""),
+        folded_norms=_fold_ln(saes[0]),
     )
     state = {name: torch.stack([per_layer[l][name] for l in range(n_layers)]) for name in per_layer[0]}
     tc = build_transcoders(cfg)
     load_state(tc, state, "sae_lens objects")
     return tc.to(device=device, dtype=dtype)
+
+
+@contextmanager
+def _no_model_advice():
+    """sae_lens warns on every SAE with `model_from_pretrained_kwargs` ("load the model like so"); step 7
+    reads and writes them itself (and sites.py refuses a model processed otherwise), so not here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", r"\s*This SAE has non-empty model_from_pretrained_kwargs", UserWarning
+        )
+        yield
+
+
+def _fold_ln(sae) -> bool | None:
+    """Step 7: `fold_ln` where the SAE's `model_from_pretrained_kwargs` say it (the model it was
+    trained on; sae_lens's own loader takes its other defaults from its version), else None."""
+    kwargs = getattr(sae.cfg.metadata, "model_from_pretrained_kwargs", None) or {}
+    value = kwargs.get("fold_ln")
+    return value if isinstance(value, bool) else None
 
 
 def _encoder_state(sae, nl: type[Nonlinearity], fold_b_dec: bool) -> dict[str, torch.Tensor]:
@@ -273,6 +299,8 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
             meta["hook_name_out"] = hook_out
         if cfg.output_before_post_norm:
             meta["output_before_post_norm"] = True
+        if cfg.folded_norms is not None:  # step 7
+            meta["model_from_pretrained_kwargs"] = {"fold_ln": cfg.folded_norms}
         kw = {
             "d_in": cfg.d_model,
             "d_sae": cfg.d_sae,
@@ -294,7 +322,8 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
         state |= {name: t(getattr(tc, name)[l]) for name in form.extra_state}
         if tc.W_skip is not None:
             state["W_skip"] = t(tc.W_skip[l].T)
-        sae = sae_cls(cfg_cls(**kw))  # on the meta device: no memory until the weights are assigned
+        with _no_model_advice():
+            sae = sae_cls(cfg_cls(**kw))  # on the meta device: no memory until the weights are assigned
         sae.load_state_dict(state, assign=True)
         try:
             sae.to("cpu").save_model(folder / f"layer_{l}")

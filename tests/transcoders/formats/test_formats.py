@@ -189,7 +189,7 @@ def test_read_circuit_tracer_clt(tmp_path):
 
 @pytest.mark.parametrize("kind, skip", [("plt", False), ("plt", True), ("clt", False)])
 def test_write_then_read_circuit_tracer(tmp_path, kind, skip):
-    tc = random_set(kind, skip=skip, n_layers=3, output_before_post_norm=True)
+    tc = random_set(kind, skip=skip, n_layers=3, output_before_post_norm=True, folded_norms=False)
     save_transcoders(tc, tmp_path, format="circuit-tracer")
     meta = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert meta["feature_input_hook"] == "mlp.hook_in" and meta["feature_output_hook"] == "mlp.hook_out"
