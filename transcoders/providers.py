@@ -9,7 +9,7 @@
 2. `register_model_loader(fn)` and `register_corpus(name, fn)` add providers at run time (a package
    used without being installed, tests); they come before the entry points.
 3. `load_model(name, device)`: the first loader (registered ones, latest first, then the entry
-   points by name), else TransformerLens's `HookedTransformer.from_pretrained(name)` (a name it
+   points by name), else TransformerLens's `HookedTransformer.from_pretrained_no_processing(name)` (a name it
    cannot load: `ConfigError`, saying where the bundled model comes from).
 4. `corpus(name, seed)`: the items of the corpus of that name, or None when none is provided.
 """
@@ -57,7 +57,8 @@ def load_model(name: str, device: str = "cpu"):
     from transformer_lens import HookedTransformer
 
     try:
-        return HookedTransformer.from_pretrained(name, device=device).eval()
+        # unprocessed, as attrgraph's loader and circuit-tracer load it (sites.py step 4)
+        return HookedTransformer.from_pretrained_no_processing(name, device=device).eval()
     except (ValueError, OSError) as e:  # an unknown name; offline without it in the cache
         raise ConfigError(
             f"no installed package provides models (entry points {MODELS_GROUP!r}) and TransformerLens "
