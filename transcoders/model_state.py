@@ -102,9 +102,3 @@ def grad_mode() -> Iterator[None]:
     `torch.inference_mode()` as well; tensors made in it are ordinary ones."""
     with torch.inference_mode(False), torch.enable_grad():
         yield
-
-
-def check_model_state(model: HookedTransformer, effect: str) -> None:
-    """Steps 1 and 2: what every forward attrgraph runs on a model checks first."""
-    check_no_hooks(model, effect)
-    check_dtype(model)

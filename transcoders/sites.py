@@ -35,7 +35,7 @@ from transcoders.block_layout import MLP_OUTPUT as MLP_OUTPUT
 from transcoders.block_layout import BlockLayout
 from transcoders.config import TranscoderConfig
 from transcoders.errors import TranscoderMismatchError
-from transcoders.model_state import check_model_state
+from transcoders.model_state import check_dtype, check_no_hooks
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -123,9 +123,8 @@ def collect(
     model: HookedTransformer, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
 ) -> tuple[Float[Tensor, "batch n_pos n_layers d_model"], Float[Tensor, "batch n_pos n_layers d_model"]]:
     """Read values and write targets of every layer from one forward pass (step 3)."""
-    check_model_state(
-        model, "enter the activations read: a set trained on, or dashboards of, the hooked model"
-    )
+    check_no_hooks(model, "enter the activations read: a set trained on, or dashboards of, the hooked model")
+    check_dtype(model)
     names = set(cache_hooks(model, cfg))
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, return_type=None)
     x = torch.stack([read_value(model, cache, l, cfg.input_hook) for l in range(cfg.n_layers)], dim=-2)

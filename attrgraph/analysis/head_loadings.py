@@ -246,7 +246,6 @@ def head_loadings(
         rm = ReplacementModel.of(model, transcoders)
         _check_graph(rm, graph)
         rm.check_differentiable("head_loadings")
-        rm.check_unhooked()
     if not is_whole(batch_size) or batch_size < 1:
         raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
     if edges is None and top < 0:

@@ -433,7 +433,7 @@ class _AttentionPatch:
 
 def _context(model, transcoders, prompt) -> tuple[ReplacementModel, ReplacementState]:
     rm = ReplacementModel.of(model, transcoders)
-    return rm, rm.run(to_tokens(model, prompt), exclude_bos=False)
+    return rm, rm.run(to_tokens(model, prompt), exclude_bos=False, hooks_allowed=True)
 
 
 def intervene(
@@ -508,7 +508,7 @@ def generate(
         if tokens.numel() >= model.cfg.n_ctx:
             break
         if step < hold and interventions:
-            state = rm.run(tokens, exclude_bos=False)
+            state = rm.run(tokens, exclude_bos=False, hooks_allowed=True)
             edits = resolve_edits(interventions, L, len(tokens), S, _attn_width(rm))
             logits = patched_forward(rm, state, [edits], mode, layers, False, False).logits[0, -1]
         else:

@@ -115,7 +115,6 @@ def qk_attribution(
     """Split the attention score of `head` at `layer` from `query_position` to `key_position` over
     pairs of sources (module docstring). Options as in `attribute`."""
     rm = ReplacementModel.of(model, transcoders)
-    rm.check_unhooked()
     tokens = to_tokens(model, prompt)
     cfg, P = model.cfg, len(tokens)
     if not 0 <= layer < cfg.n_layers or not 0 <= head < cfg.n_heads:

@@ -339,7 +339,6 @@ def validate_graph(
     check_graph(graph, "validate_graph")
     cfg = cfg or ValidateConfig()
     rm = ReplacementModel.of(model, transcoders)
-    rm.check_unhooked()
     why = provenance_mismatch(graph, rm.model, rm.tc, rm.attn)
     if why is not None:
         raise ValidationError(

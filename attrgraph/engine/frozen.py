@@ -19,7 +19,7 @@ Interventions" (clamping MLP outputs).
 6. Hooks already on the model (a session's `add_hook`, a `with model.hooks(...)` around the call)
    run in every frozen forward as in the recorded one: interventions and generation act on the
    model as it is, hooks included. What computes a graph refuses them first
-   (`ReplacementModel.check_unhooked`).
+   (`ReplacementModel.run` without `hooks_allowed`).
 """
 
 from __future__ import annotations

@@ -180,7 +180,6 @@ def node_biases(
     why = provenance_mismatch(graph, rm.model, rm.tc, rm.attn)
     if why is not None:
         raise GraphError(f"{why}; pass the ReplacementModel of the model and the sets it was built with.")
-    rm.check_unhooked()
     state = rm.run(
         torch.as_tensor(graph.prompt_ids, device=rm.cfg.device),
         exclude_bos=m["exclude_bos"],

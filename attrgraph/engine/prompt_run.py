@@ -119,9 +119,9 @@ class PromptRun:
         )
 
 
-@torch.inference_mode(
-    False
-)  # the recorded run is made of ordinary tensors: the autograd rows differentiate through it
+# the recorded run is made of ordinary tensors, whatever block the caller is in: the autograd rows
+# differentiate through it
+@torch.inference_mode(False)
 def run_prompt(
     model: HookedTransformer,
     transcoders: SparseCoder | Sequence[SparseCoder] | TranscoderSets | ReplacementModel,
@@ -134,7 +134,6 @@ def run_prompt(
     """Steps 1-5 (module docstring); `targets` are checked (step 3), not selected."""
     t0 = time.perf_counter()
     rm = ReplacementModel.of(model, transcoders)
-    rm.check_unhooked()
     tokens = to_tokens(model, prompt)
     exclude_bos = bool(resolve_exclude_bos(model, tokens, exclude_bos))
     if targets is not None:

@@ -57,7 +57,7 @@ GRAPH_EFFECT = (
     "change the forwards a graph is computed from but not what attrgraph differentiates by hand, a "
     "result of neither model"
 )
-"""What hooks left on a model would do to a graph (`ReplacementModel.check_unhooked`)."""
+"""What hooks left on a model would do to a graph (`ReplacementModel.run`, unless `hooks_allowed`)."""
 
 
 class ReplacementState(NamedTuple):
@@ -200,13 +200,6 @@ class ReplacementModel:
             )
         return transcoders
 
-    def check_unhooked(self) -> None:
-        """`ModelStateError` when hooks are attached to the model (transcoders/model_state.py): a
-        graph, its validation or its head loadings would come from forwards that run them and
-        products that do not (the linear engine differentiates by hand). Interventions take the
-        model as it is and do not ask."""
-        check_no_hooks(self.model, GRAPH_EFFECT)
-
     def check_differentiable(self, doing: str) -> None:
         """`ModelStateError` when the model or a set was made under `torch.inference_mode()`, which
         `doing` (a call that differentiates the frozen model) cannot differentiate."""
@@ -226,11 +219,22 @@ class ReplacementModel:
     # ------------------------------------------------------------------ step 1-2
     @torch.no_grad()
     def run(
-        self, tokens: Int[Tensor, " n_pos"], exclude_bos: bool = True, embedding: str = "token+position"
+        self,
+        tokens: Int[Tensor, " n_pos"],
+        exclude_bos: bool = True,
+        embedding: str = "token+position",
+        hooks_allowed: bool = False,
     ) -> ReplacementState:
-        """One forward of the underlying model; records everything the frozen model needs."""
+        """One forward of the underlying model; records everything the frozen model needs.
+
+        Hooks on the model are refused (`ModelStateError`, transcoders/model_state.py): a graph, its
+        validation or its head loadings would come from forwards that run them and products that do
+        not (the linear engine differentiates by hand). `hooks_allowed=True` is for interventions,
+        which take the model as it is."""
         if embedding not in EMBEDDING_MODES:
             raise OptionError(f"embedding is {embedding!r}; pass one of {EMBEDDING_MODES}.")
+        if not hooks_allowed:
+            check_no_hooks(self.model, GRAPH_EFFECT)
         cfg = self.tc.cfg
         names = (
             set(self.frozen_hooks)

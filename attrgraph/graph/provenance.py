@@ -28,10 +28,11 @@ def provenance_mismatch(graph: Graph, model, mlp, attn, attn_presence: bool = Tr
 
     def other(what: str, key: str, module) -> str | None:
         want = meta.get(key)
-        if not want or module is None or fingerprint(module) == want:
+        got = fingerprint(module) if want and module is not None else want
+        if got == want:
             return None
         return (
-            f"the graph was built with {what} (fingerprint {want}; the one passed is {fingerprint(module)}: "
+            f"the graph was built with {what} (fingerprint {want}; the one passed is {got}: "
             "another one, its weights edited since, or loaded in another dtype)"
         )
 
