@@ -9,7 +9,7 @@ once. Reading:
 1. Architectures: each nonlinearity names the ones it reads (nonlinearity.py step 13, its
    `sae_lens`; `ARCHITECTURES` collects them): "standard" / "transcoder" / "skip_transcoder" ->
    ReLU; "jumprelu" / "jumprelu_transcoder" / "jumprelu_skip_transcoder" -> JumpReLU (sae_lens
-   computes `ReLU(h) * (h > threshold)`: the same for thresholds >= 0); "topk" -> TopK with
+   computes `ReLU(h) * (h > threshold)`; step 5); "topk" -> TopK with
    `cfg.k`; "gated" -> Gated. A skip transcoder's `W_skip = W_skip_sl.T` (sae_lens adds
    `x @ W_skip_sl.T`); the nonlinearity's `extra_state` (threshold; gated: `r_mag`, `b_mag`) is
    read as it is, and `b_enc` from sae_lens's name for it (gated: `b_gate`). Others are refused
@@ -21,21 +21,31 @@ once. Reading:
    `ln2.hook_normalized` read site means *the MLP input* in our convention (sites.py); the two
    agree on fold_ln models, which is what sae_lens assumes. A metadata key
    `output_before_post_norm` (written by us; sae_lens has no such field) sets that flag.
-4. Run-time input normalization other than "none" and `hook_z` reshaping are refused.
+4. Input normalization other than "none" and `hook_z` reshaping are refused, each with what
+   to do (`_NORMALIZATION_ADVICE`: a scaling factor or whitening folded by sae_lens's own
+   methods is then read as any SAE; a per-token normalization is not linear).
+5. What sae_lens computes, not what it stores: a threshold below 0 is read as 0 (sae_lens's
+   `ReLU(h) * (h > threshold)` is `h * (h > 0)` there, and `h * (h > threshold)` from 0 up);
+   `rescale_acts_by_decoder_norm` (TopK's, sae_lens's default in training: pre-activations
+   times the decoder row norms `n`, activations divided by `n` before the decoder) is folded
+   as sae_lens's `fold_W_dec_norm` does (`W_enc * n`, `b_enc * n`, `W_dec / n`, with its clamp
+   of `n` at 1e-8), so the features' activations are sae_lens's `encode`; the tensors are read
+   in their own precision (float64 stays float64 up to the `dtype` asked for; bfloat16 and
+   float16 become float32).
 
 Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save_model`, into
 `layer_{l}/cfg.json` + `layer_{l}/sae_weights.safetensors`:
 
-5. The architecture is the role's (SAE, transcoder, skip transcoder) in the `sae_lens` of the
+6. The architecture is the role's (SAE, transcoder, skip transcoder) in the `sae_lens` of the
    nonlinearity the set is stored as (`stored_as()`: BatchTopK's inference rule
    `h * (h > threshold)` is written as JumpReLU with its per-layer threshold). A CLT, a role
    sae_lens lacks (a TopK or gated transcoder) and negative thresholds (where step 1's ReLU would
    change the output) are refused before anything is written.
-6. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
+7. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
    (our `b_enc` is the whole encoder bias, under sae_lens's name for it); `hook_name` /
    `hook_name_out` are our hook templates with the layer filled in; `k` when the stored
    nonlinearity `uses_k` (TopK); its `extra_state` as it is.
-7. Whether the model's norms were folded (`TranscoderConfig.folded_norms`, sites.py step 4) is
+8. Whether the model's norms were folded (`TranscoderConfig.folded_norms`, sites.py step 4) is
    read from `metadata.model_from_pretrained_kwargs["fold_ln"]` when it is there (else not
    recorded), and written there when the set records it.
 """
@@ -99,6 +109,27 @@ def _objects(items) -> list:
     return [_load_dir(Path(x)) if isinstance(x, str | os.PathLike) else x for x in items]
 
 
+_NORMALIZATION_ADVICE = {
+    "expected_average_only_in": (
+        "this sae_lens SAE normalizes its input ({!r}): it was trained on activations scaled by a factor "
+        "its files do not hold, so its weights do not fit the model's own activations; load it with "
+        "sae_lens.SAE.from_pretrained(release, sae_id), which folds the factor in, or call "
+        "sae.fold_activation_norm_scaling_factor(factor) and pass the object."
+    ),
+    "covariance_whitening": (
+        "this sae_lens SAE normalizes its input ({!r}): its weights read whitened activations, and the "
+        "whitening's mean and matrix are not in its files; fold them with "
+        "sae.fold_activation_whitening(mean, matrix, inverse) (sae_lens's trainer does at the end) and pass the object."
+    ),
+    "layer_norm": (
+        "this sae_lens SAE normalizes its input at run time ({!r}), token by token: a nonlinear step that the "
+        "replacement model's linear attribution cannot hold; use an SAE trained without it."
+    ),
+}
+"""Step 4: why a run-time input normalization is refused, and what to do (`constant_norm_rescale`
+and any later one as `layer_norm`)."""
+
+
 def _split_hook(name: str | None, what: str) -> tuple[int, str]:
     split = split_block_hook(name) if isinstance(name, str) else None
     if split is None or split[0] is None:
@@ -130,9 +161,10 @@ def load_sae_lens(
             raise UnknownFormatError(
                 f"sae_lens architecture {arch!r} is not one we read; supported: {sorted(ARCHITECTURES)}."
             )
-        if getattr(cfg, "normalize_activations", "none") != "none":
+        norm = getattr(cfg, "normalize_activations", "none")
+        if norm != "none":
             raise UnknownFormatError(
-                f"this sae_lens SAE normalizes its input at run time ({cfg.normalize_activations!r}); fold it first."
+                _NORMALIZATION_ADVICE.get(norm, _NORMALIZATION_ADVICE["layer_norm"]).format(norm)
             )
         if getattr(cfg, "reshape_activations", "none") != "none":
             raise UnknownFormatError(
@@ -146,10 +178,15 @@ def load_sae_lens(
             out_hook = _split_hook(out_name, "hook_name_out")[1] if out_name else (output_hook or MLP_OUTPUT)
         else:
             out_hook = in_hook
-        state = _encoder_state(sae, nl, fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input)
+        state = _encoder_state(
+            sae,
+            nl,
+            fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input,
+            fold_decoder_norm=bool(getattr(cfg, "rescale_acts_by_decoder_norm", False)),
+        )
         W_enc = state["W_enc"]
         if skip:
-            state["W_skip"] = sae.W_skip.detach().float().cpu().T
+            state["W_skip"] = _read(sae.W_skip).T
         before_norm = bool(cfg.metadata.get("output_before_post_norm", False))
         key = {
             "transcoder": is_transcoder,
@@ -193,14 +230,14 @@ def load_sae_lens(
         folded_norms=_fold_ln(saes[0]),
     )
     state = {name: torch.stack([per_layer[l][name] for l in range(n_layers)]) for name in per_layer[0]}
-    tc = build_transcoders(cfg)
+    tc = build_transcoders(cfg).to(dtype)  # before loading, so a float64 SAE keeps its digits (step 5)
     load_state(tc, state, "sae_lens objects")
-    return tc.to(device=device, dtype=dtype)
+    return tc.to(device=device)
 
 
 @contextmanager
 def _no_model_advice():
-    """sae_lens warns on every SAE with `model_from_pretrained_kwargs` ("load the model like so"); step 7
+    """sae_lens warns on every SAE with `model_from_pretrained_kwargs` ("load the model like so"); step 8
     reads and writes them itself (and sites.py refuses a model processed otherwise), so not here."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
@@ -210,28 +247,43 @@ def _no_model_advice():
 
 
 def _fold_ln(sae) -> bool | None:
-    """Step 7: `fold_ln` where the SAE's `model_from_pretrained_kwargs` say it (the model it was
+    """Step 8: `fold_ln` where the SAE's `model_from_pretrained_kwargs` say it (the model it was
     trained on; sae_lens's own loader takes its other defaults from its version), else None."""
     kwargs = getattr(sae.cfg.metadata, "model_from_pretrained_kwargs", None) or {}
     value = kwargs.get("fold_ln")
     return value if isinstance(value, bool) else None
 
 
-def _encoder_state(sae, nl: type[Nonlinearity], fold_b_dec: bool) -> dict[str, torch.Tensor]:
+def _read(x: torch.Tensor) -> torch.Tensor:
+    """One of an SAE's tensors on the CPU, in float64 when it is float64, else float32 (step 5)."""
+    return x.detach().cpu().to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _encoder_state(
+    sae, nl: type[Nonlinearity], fold_b_dec: bool, fold_decoder_norm: bool
+) -> dict[str, torch.Tensor]:
     """`W_enc`, `b_enc` (from sae_lens's name for it), `W_dec`, `b_dec` and the nonlinearity's
-    `extra_state` of one sae_lens object, float32 on the CPU, `b_dec` folded into the encoder (step 2)."""
-
-    def t(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().float().cpu()
-
-    state = {"W_enc": t(sae.W_enc), "b_enc": t(getattr(sae, nl.sae_lens.b_enc))}
-    state |= {"W_dec": t(sae.W_dec), "b_dec": t(sae.b_dec)}
-    state |= {name: t(getattr(sae, name)) for name in nl.extra_state}
-    return nl.fold_input_offset(state, state["b_dec"]) if fold_b_dec else state
+    `extra_state` of one sae_lens object on the CPU, `b_dec` folded into the encoder (step 2),
+    thresholds from 0 and the decoder norms folded (step 5)."""
+    state = {"W_enc": _read(sae.W_enc), "b_enc": _read(getattr(sae, nl.sae_lens.b_enc))}
+    state |= {"W_dec": _read(sae.W_dec), "b_dec": _read(sae.b_dec)}
+    state |= {name: _read(getattr(sae, name)) for name in nl.extra_state}
+    if "threshold" in state:
+        state["threshold"] = state["threshold"].clamp(min=0)
+    if fold_b_dec:
+        state = nl.fold_input_offset(state, state["b_dec"])
+    if fold_decoder_norm:
+        norms = state["W_dec"].norm(dim=-1).clamp(min=1e-8)  # sae_lens's get_W_dec_norm
+        state |= {
+            "W_enc": state["W_enc"] * norms,
+            "b_enc": state["b_enc"] * norms,
+            "W_dec": state["W_dec"] / norms.unsqueeze(-1),
+        }
+    return state
 
 
 def sae_lens_architecture(tc: SparseCoder) -> str:
-    """The sae_lens architecture that holds the set `tc` (step 5), or `UnknownFormatError`."""
+    """The sae_lens architecture that holds the set `tc` (step 6), or `UnknownFormatError`."""
     cfg: TranscoderConfig = tc.cfg
     if cfg.kind == "clt":
         raise UnknownFormatError(
@@ -258,7 +310,7 @@ def _hook_name(template: str, layer: int, what: str) -> str:
 
 
 def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
-    """Write the SAE or PLT set `tc` as sae_lens `save_model` directories `layer_{l}/` (steps 5-6).
+    """Write the SAE or PLT set `tc` as sae_lens `save_model` directories `layer_{l}/` (steps 6-7).
 
     1. Pick the architecture and check hooks and thresholds, before writing anything.
     2. Per layer, build the sae_lens object of that architecture on the meta device, assign our
@@ -299,7 +351,7 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
             meta["hook_name_out"] = hook_out
         if cfg.output_before_post_norm:
             meta["output_before_post_norm"] = True
-        if cfg.folded_norms is not None:  # step 7
+        if cfg.folded_norms is not None:  # step 8
             meta["model_from_pretrained_kwargs"] = {"fold_ln": cfg.folded_norms}
         kw = {
             "d_in": cfg.d_model,
