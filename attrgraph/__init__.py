@@ -116,6 +116,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
         "GraphReplacedWarning",
         "InterventionError",
         "LabelError",
+        "ModelNameWarning",
         "ModelNotFoundError",
         "ModelStateError",
         "NonFiniteValueError",

@@ -10,6 +10,7 @@ re-exported here; importing it loads neither torch nor the transcoder classes.
 """
 
 from transcoders.errors import AttrgraphError
+from transcoders.errors import ModelNameWarning as ModelNameWarning  # warned by sites.check_fits (step 5)
 from transcoders.errors import ModelStateError as ModelStateError  # raised by both packages (model_state.py)
 
 

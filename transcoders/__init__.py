@@ -42,6 +42,7 @@ _EXPORTS = {
         "CorruptCheckpointError",
         "CorruptTranscoderError",
         "DashboardFileError",
+        "ModelNameWarning",
         "ModelStateError",
         "NonFiniteError",
         "RunBusyError",

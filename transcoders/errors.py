@@ -50,6 +50,12 @@ class ModelStateError(TranscoderError, RuntimeError):
     under `torch.inference_mode()` where gradients are needed (model_state.py)."""
 
 
+class ModelNameWarning(UserWarning):
+    """A set recorded another model's name than the one it is used with (sites.py step 5): same
+    shapes and hooks, so it runs, but on a model it was not trained for (or one done on purpose,
+    as a base model's set on its instruction-tuned twin)."""
+
+
 class NonFiniteError(TranscoderError, FloatingPointError):
     """NaN or inf met during training (the last good checkpoint is kept), or in a set's weights when
     it is loaded."""

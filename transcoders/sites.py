@@ -19,10 +19,17 @@ One convention, implemented once here and used by the trainer and the replacemen
    function, but the MLP input of one is `normalized`, of the other `normalized * w + b`: a set on
    the other kind reads other vectors (on the bundled model the graph's replacement score fell
    from 0.94 to 0.85, without a word). `check_fits` refuses the pair (`norms_folded`).
+5. A set records its model's name (`TranscoderConfig.model_name`: its trainer's model, a
+   sae_lens SAE's `metadata.model_name`, a circuit-tracer config's `model_name`). `check_fits`
+   warns (`ModelNameWarning`) when both names are known and name other models after
+   TransformerLens's aliases (`gpt2-small` is `gpt2`, `google/gemma-2-2b` is `gemma-2-2b`):
+   another model of the same shape and hooks runs without any other sign. A warning, not a
+   refusal: a base model's set on its instruction-tuned twin is a common, deliberate choice.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,7 +41,7 @@ from transcoders.block_layout import MLP_INPUT as MLP_INPUT
 from transcoders.block_layout import MLP_OUTPUT as MLP_OUTPUT
 from transcoders.block_layout import BlockLayout
 from transcoders.config import TranscoderConfig
-from transcoders.errors import TranscoderMismatchError
+from transcoders.errors import ModelNameWarning, TranscoderMismatchError
 from transcoders.model_state import check_dtype, check_no_hooks
 
 if TYPE_CHECKING:
@@ -145,6 +152,35 @@ def norms_folded(model: HookedTransformer) -> bool | None:
     return None if kind is None else str(kind).endswith("Pre")
 
 
+UNNAMED = ("", "custom")
+"""Model names that name no model (`TranscoderConfig`'s default; TransformerLens's for a config built by hand)."""
+
+
+def canonical_model_name(name: str) -> str:
+    """`name` as TransformerLens's alias map resolves it, its last path part, lower case (step 5)."""
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        name = get_official_model_name(name)
+    except ValueError:  # not a TransformerLens name: a local folder, a model of our own
+        pass
+    return name.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def trained_for_another_model(model: HookedTransformer, cfg: TranscoderConfig) -> str | None:
+    """Step 5's warning when the set `cfg` records another model's name than `model`'s, else None."""
+    theirs, ours = str(cfg.model_name or ""), str(getattr(model.cfg, "model_name", "") or "")
+    if theirs.lower() in UNNAMED or ours.lower() in UNNAMED:
+        return None
+    if canonical_model_name(theirs) == canonical_model_name(ours):
+        return None
+    return (
+        f"these transcoders were trained for model {theirs!r}, but the model is {ours!r}: they fit its "
+        "shapes and hooks, so a graph is built, of features learned on another model; load the set made "
+        "for this model (or ignore this if the pairing is deliberate)."
+    )
+
+
 def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
     """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
     from transcoders.base import SparseCoder
@@ -184,6 +220,9 @@ def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
             f"{given} (normalization_type {mcfg.normalization_type!r}): they would read other inputs than "
             f"they were trained on; {how}."
         )
+    other = trained_for_another_model(model, cfg)
+    if other is not None:
+        warnings.warn(other, ModelNameWarning, stacklevel=3)
     hooks, layout = model.hook_dict, BlockLayout.of(mcfg)
     for l in range(cfg.n_layers):
         for name in (cfg.hook_in(l), cfg.hook_out(l)):
