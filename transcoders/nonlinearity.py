@@ -47,10 +47,12 @@ A nonlinearity of a set with `n_layers` layers and `d_sae` features per layer:
    `b_mag`). `sae_lens` gives its sae_lens architecture for an SAE, a transcoder and a skip
    transcoder (None where sae_lens has none) and sae_lens's name of `b_enc` (Gated: `b_gate`);
    `circuit_tracer` and `gemmascope` whether those files hold it (circuit-tracer: a ReLU with an
-   optional threshold; GemmaScope: JumpReLU); `label` names it in their refusals;
+   optional threshold; GemmaScope: JumpReLU); `sparsify` its name in EleutherAI sparsify's
+   `cfg.json` "activation" (TopK: "topk"; None where sparsify has none); `label` names it in their refusals;
    `fold_input_offset(state, offset)` rewrites a layer reading `x - offset` to read `x` (sae_lens's
    `apply_b_dec_to_input`). A foreign file tells its nonlinearity by registry lookup:
-   `sae_lens_architectures()` (which nonlinearity reads sae_lens architecture X), `stored_with(extra,
+   `sae_lens_architectures()` (which nonlinearity reads sae_lens architecture X),
+   `sparsify_activations()` (which reads sparsify activation X), `stored_with(extra,
    held)` (of those a format holds, the one whose `extra_state` the file has: a circuit-tracer file
    with a threshold is JumpReLU, without one ReLU).
 """
@@ -143,6 +145,8 @@ class Nonlinearity:
     """Step 13: circuit-tracer's files hold it (they know a ReLU, with a threshold or without)."""
     gemmascope: ClassVar[bool] = False
     """Step 13: GemmaScope's params.npz files hold it (they hold JumpReLU's threshold)."""
+    sparsify: ClassVar[str | None] = None
+    """Step 13: its name in EleutherAI sparsify's `cfg.json` "activation", None where sparsify has none."""
 
     @classmethod
     def stored_as(cls) -> type[Nonlinearity]:
@@ -336,6 +340,8 @@ class TopK(_AuxK):
     label = "TopK"
     sae_lens = SaeLens("topk")
     """sae_lens has TopK SAEs only; circuit-tracer and GemmaScope have no per-token top-k rule."""
+    sparsify = "topk"
+    """sparsify's TopK keeps the k largest of ReLU(h): the same activations as the ReLU of the k largest."""
 
     def __call__(self, h, threshold):
         return topk(h, self.k)
@@ -551,6 +557,11 @@ def sae_lens_architectures() -> dict[str, tuple[type[Nonlinearity], str]]:
         for cls in NONLINEARITIES.values()
         for role, arch in cls.sae_lens.architectures().items()
     }
+
+
+def sparsify_activations() -> dict[str, type[Nonlinearity]]:
+    """Step 13: `{sparsify activation name: the nonlinearity that reads it}`."""
+    return {cls.sparsify: cls for cls in NONLINEARITIES.values() if cls.sparsify is not None}
 
 
 def stored_with(extra_state: Iterable[str], held: Callable[[type[Nonlinearity]], bool]) -> type[Nonlinearity]:

@@ -6,10 +6,12 @@
 3. a directory in our format (`config.json` with "format": "attrgraph-transcoders");
 4. a circuit-tracer directory (`config.yaml`, `layer_{i}.safetensors` or `W_enc_{i}.safetensors`);
 5. a sae_lens directory (`cfg.json` + `sae_weights.safetensors`), or a directory / list of them;
-6. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files.
-`format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "gemmascope").
+6. an EleutherAI sparsify directory: one `<prefix>.{i}.mlp/` folder (`cfg.json` +
+   `sae.safetensors`) per layer, as its trainer and the hub hold them (sparsify.py);
+7. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files.
+`format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "sparsify", "gemmascope").
 
-`save_transcoders(tc, path, format="native" | "circuit-tracer" | "sae-lens" | "gemmascope")`.
+`save_transcoders(tc, path, format="native" | "circuit-tracer" | "sae-lens" | "sparsify" | "gemmascope")`.
 
 What each nonlinearity is in a foreign format (its sae_lens architectures, whether circuit-tracer's or
 GemmaScope's files hold it, what it is stored as, its extra tensors) lives with the nonlinearity
@@ -38,14 +40,15 @@ from transcoders.errors import (
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
 from transcoders.formats.native import broken_json, is_native, load_native, save_native
+from transcoders.formats.sparsify import holds_sparsify, load_sparsify, save_sparsify
 from transcoders.output_folder import check_output_folder
 from transcoders.paths import BUNDLED
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
 
-READ_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
-WRITE_FORMATS = ("native", "circuit-tracer", "sae-lens", "gemmascope")
+READ_FORMATS = ("native", "circuit-tracer", "sae-lens", "sparsify", "gemmascope")
+WRITE_FORMATS = ("native", "circuit-tracer", "sae-lens", "sparsify", "gemmascope")
 
 
 def _is_sae_lens_object(obj) -> bool:
@@ -64,6 +67,8 @@ def detect_format(folder: Path) -> str:
         return "circuit-tracer"
     if _is_sae_lens_dir(folder) or any(_is_sae_lens_dir(p) for p in folder.iterdir() if p.is_dir()):
         return "sae-lens"
+    if holds_sparsify(folder):
+        return "sparsify"
     if any(folder.rglob("*.npz")):
         return "gemmascope"
     why = broken_json(folder / "config.json")
@@ -71,7 +76,8 @@ def detect_format(folder: Path) -> str:
         raise CorruptTranscoderError(why)
     raise UnknownFormatError(
         f"{folder} is in no format we read; expected our config.json, circuit-tracer's config.yaml / "
-        "layer_{i}.safetensors, sae_lens cfg.json + sae_weights.safetensors, or GemmaScope params.npz files."
+        "layer_{i}.safetensors, sae_lens cfg.json + sae_weights.safetensors, sparsify cfg.json + sae.safetensors, "
+        "or GemmaScope params.npz files."
     )
 
 
@@ -126,6 +132,7 @@ READER_OPTIONS = {
     "native": (),
     "circuit-tracer": (),
     "sae-lens": ("output_hook", "model_name"),
+    "sparsify": ("model_name",),
     "gemmascope": ("input_hook", "output_hook", "model_name"),
 }
 """The keyword arguments each format's reader takes beyond device and dtype (what its files do not say)."""
@@ -177,11 +184,14 @@ def _load(name_or_path, format, device, dtype, **kwargs):
         return load_circuit_tracer(folder, device=device, dtype=dtype)
     if fmt == "sae-lens":
         return sl.load_sae_lens(folder, device=device, dtype=dtype, **kwargs)
+    if fmt == "sparsify":
+        return load_sparsify(folder, device=device, dtype=dtype, **kwargs)
     return load_gemmascope(folder, device=device, dtype=dtype, **kwargs)
 
 
 def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "native") -> Path:
-    """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens" or "gemmascope")."""
+    """Write `tc` to the directory `path` in `format` ("native", "circuit-tracer", "sae-lens", "sparsify" or
+    "gemmascope")."""
     from transcoders.base import SparseCoder
     from transcoders.formats.sae_lens import save_sae_lens
 
@@ -200,6 +210,8 @@ def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "na
         return save_circuit_tracer(tc, path)
     if format == "sae-lens":
         return save_sae_lens(tc, path)
+    if format == "sparsify":
+        return save_sparsify(tc, path)
     save_gemmascope(tc, path)
     return Path(path)
 

@@ -1,0 +1,268 @@
+"""EleutherAI sparsify transcoders (`SparseCoder.save_to_disk` folders) read into a set, and a TopK
+set written as them.
+
+sparsify trains on a Hugging Face model and names each coder by the module it replaces (its
+"hookpoint", relative to the model's base: `layers.3.mlp` for Llama, Qwen, Gemma and Pythia,
+`h.3.mlp` for GPT-2); a run, or a hub repository such as EleutherAI's skip transcoders, is one
+folder per hookpoint holding `cfg.json` and `sae.safetensors`. Reading:
+
+1. Which folders: `path` itself when it holds `cfg.json` + `sae.safetensors`, else its sub-folders
+   that do. Each hookpoint must be an MLP, `<prefix>.{i}.mlp` (`HOOKPOINT`), with `"transcode":
+   true` (the module's input predicts its output); a set needs every layer `i` from 0, once. A
+   sparsify SAE (`transcode` false: it autoencodes the module's output) or a coder of another module
+   (a residual stream `layers.3`, an attention block) is refused: the replacement model puts
+   transcoders on MLPs.
+2. Sites: an MLP module's input is its block's normalized residual stream with the norm's weight,
+   our `MLP_INPUT` (sites.py step 1); its output is what the module returns, before a post-MLP norm
+   where the model has one (Gemma-2's `post_feedforward_layernorm`), so `output_before_post_norm`
+   is set (it changes nothing on models without one). The model sparsify trained on is Hugging
+   Face's, norms unfolded: `folded_norms=False`.
+3. The function, from `SparseCoder.encode` / `forward`: `acts = TopK_k(ReLU(x @ encoder.weight.T +
+   encoder.bias))`, `out = acts @ W_dec + b_dec (+ x @ W_skip.T)`. So `W_enc = encoder.weight.T`,
+   `b_enc = encoder.bias`, `W_dec`, `b_dec` as they are, `W_skip = W_skip_sf.T`; the activation by
+   registry lookup of cfg.json's "activation" (nonlinearity.py step 13: "topk" is TopK with cfg.json's
+   `k`; "groupmax" has no nonlinearity here and is refused). A cfg.json without "activation" or
+   "transcode" (sparsify before 1.1) means TopK, and an SAE.
+4. Tensors are read in their own precision (float64 stays float64, bfloat16 becomes float32) and
+   the set is built in the `dtype` asked for.
+
+Writing (`save_sparsify`, TopK transcoder sets: the one kind sparsify holds):
+
+5. One folder per layer named by `hookpoint` (default `layers.{layer}.mlp`; GPT-2's is
+   `h.{layer}.mlp`), written as `SparseCoder.save_to_disk` writes it: `cfg.json` (its fields, with
+   `d_in`) and `sae.safetensors` (float32); step 3's tensors inverted. A set sparsify cannot hold
+   (another nonlinearity, an SAE or CLT, other sites than the MLP's, a set on a model with folded
+   norms) is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from transcoders.config import TranscoderConfig
+from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError, WriteError
+from transcoders.h5file import write_error
+from transcoders.nonlinearity import sparsify_activations
+from transcoders.output_folder import replaced
+from transcoders.sites import MLP_INPUT, MLP_OUTPUT
+
+if TYPE_CHECKING:
+    from transcoders.base import SparseCoder
+
+CFG, WEIGHTS = "cfg.json", "sae.safetensors"
+HOOKPOINT = re.compile(r"(?:.+\.)?(\d+)\.mlp")
+"""A hookpoint of an MLP module, capturing its layer (step 1): `layers.3.mlp`, `h.3.mlp`,
+`model.layers.3.mlp`, `gpt_neox.layers.3.mlp`."""
+ACTIVATIONS = sparsify_activations()
+"""sparsify activation -> the nonlinearity that reads it (step 3)."""
+TENSORS = ("encoder.weight", "encoder.bias", "W_dec", "b_dec")
+
+
+def is_sparsify_dir(folder: Path) -> bool:
+    """Whether `folder` is one sparsify coder (`cfg.json` + `sae.safetensors`)."""
+    return (folder / CFG).is_file() and (folder / WEIGHTS).is_file()
+
+
+def holds_sparsify(folder: Path) -> bool:
+    """Whether `folder` is a sparsify coder or holds some (step 1)."""
+    return is_sparsify_dir(folder) or any(is_sparsify_dir(p) for p in folder.iterdir() if p.is_dir())
+
+
+def _coder_dirs(folder: Path) -> list[Path]:
+    if is_sparsify_dir(folder):
+        return [folder]
+    found = sorted(p for p in folder.iterdir() if p.is_dir() and is_sparsify_dir(p))
+    if not found:
+        raise TranscoderNotFoundError(f"{folder} holds no sparsify coders ({CFG} + {WEIGHTS} per hookpoint).")
+    return found
+
+
+def _read_cfg(path: Path) -> dict:
+    try:
+        cfg = json.loads((path / CFG).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptTranscoderError(
+            f"{path / CFG} is not readable JSON ({e}); the folder is damaged."
+        ) from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("d_in"), int) or not isinstance(cfg.get("k"), int):
+        raise CorruptTranscoderError(
+            f"{path / CFG} lacks sparsify's integer d_in and k; it is not a sparsify coder's config."
+        )
+    return cfg
+
+
+def _read_tensors(path: Path, skip: bool) -> dict[str, torch.Tensor]:
+    names = (*TENSORS, "W_skip") if skip else TENSORS
+    try:
+        with safe_open(str(path / WEIGHTS), framework="pt") as f:
+            missing = [n for n in names if n not in f.keys()]
+            if missing:
+                raise CorruptTranscoderError(
+                    f"{path / WEIGHTS} lacks {missing}; a sparsify coder holds {list(names)}."
+                )
+            raw = {n: f.get_tensor(n) for n in names}
+    except (OSError, SafetensorError) as e:
+        raise CorruptTranscoderError(
+            f"{path / WEIGHTS} could not be read ({e}); the file is truncated or not safetensors."
+        ) from e
+    return {n: t.to(torch.promote_types(t.dtype, torch.float32)) for n, t in raw.items()}
+
+
+def _layer(path: Path, cfg: dict) -> int:
+    m = HOOKPOINT.fullmatch(path.name)
+    if m is None:
+        raise UnknownFormatError(
+            f"sparsify coder {path.name!r} is not of an MLP module ('<prefix>.<layer>.mlp', e.g. 'layers.3.mlp'); "
+            "the replacement model puts transcoders on MLPs, so read sparsify transcoders of MLP modules."
+        )
+    if not cfg.get("transcode", False):
+        raise UnknownFormatError(
+            f"sparsify coder {path.name!r} is an SAE (transcode false: it autoencodes the MLP's output); "
+            "attrgraph reads sparsify transcoders (transcode true), which predict the MLP's output from its input."
+        )
+    return int(m.group(1))
+
+
+def load_sparsify(
+    path: str | os.PathLike, model_name: str = "", device="cpu", dtype: torch.dtype = torch.float32
+) -> SparseCoder:
+    """A `PerLayerTranscoder` from sparsify transcoder folders; see the module docstring."""
+    from transcoders import build_transcoders
+    from transcoders.formats.native import load_state
+
+    per_layer: dict[int, tuple[Path, dict, dict[str, torch.Tensor]]] = {}
+    for coder in _coder_dirs(Path(path)):
+        cfg = _read_cfg(coder)
+        layer = _layer(coder, cfg)
+        if layer in per_layer:
+            raise CorruptTranscoderError(
+                f"{per_layer[layer][0].name!r} and {coder.name!r} are both for layer {layer}; keep one per layer."
+            )
+        per_layer[layer] = (coder, cfg, _read_tensors(coder, bool(cfg.get("skip_connection", False))))
+    n_layers = max(per_layer) + 1
+    missing = sorted(set(range(n_layers)) - set(per_layer))
+    if missing:
+        raise CorruptTranscoderError(
+            f"{path} has no sparsify coder for layers {missing}; a set needs every layer."
+        )
+    first, cfg0, t0 = per_layer[0]
+    kind = {key: cfg0.get(key) for key in ("activation", "k", "skip_connection", "d_in")}
+    for coder, cfg, t in per_layer.values():
+        differ = [f"{k} {cfg.get(k)!r} vs {v!r}" for k, v in kind.items() if cfg.get(k) != v]
+        if t["W_dec"].shape != t0["W_dec"].shape:
+            differ.append(f"W_dec {tuple(t['W_dec'].shape)} vs {tuple(t0['W_dec'].shape)}")
+        if differ:
+            raise CorruptTranscoderError(
+                f"sparsify coder {coder.name!r} differs from {first.name!r} ({'; '.join(differ)}); a set needs one kind."
+            )
+    activation = cfg0.get("activation", next(iter(ACTIVATIONS)))  # before sparsify 1.1: TopK (step 3)
+    if activation not in ACTIVATIONS:
+        raise UnknownFormatError(
+            f"sparsify activation {activation!r} is not one we read; supported: {sorted(ACTIVATIONS)}."
+        )
+    d_sae, d_in = t0["encoder.weight"].shape
+    if d_in != cfg0["d_in"] or t0["W_dec"].shape != (d_sae, d_in):
+        raise CorruptTranscoderError(
+            f"{first / WEIGHTS}: encoder.weight {tuple(t0['encoder.weight'].shape)} and W_dec "
+            f"{tuple(t0['W_dec'].shape)} do not fit d_in {cfg0['d_in']}; sparsify's are [num_latents, d_in]."
+        )
+    skip = bool(cfg0.get("skip_connection", False))
+    cfg = TranscoderConfig(
+        kind="plt",
+        n_layers=n_layers,
+        d_model=d_in,
+        d_sae=d_sae,
+        activation=ACTIVATIONS[activation].name,
+        k=cfg0["k"],
+        input_hook=MLP_INPUT,
+        output_hook=MLP_OUTPUT,
+        output_before_post_norm=True,
+        skip=skip,
+        model_name=model_name,
+        folded_norms=False,
+    )
+    layers = [per_layer[l][2] for l in range(n_layers)]
+    state = {
+        "W_enc": torch.stack([t["encoder.weight"].T for t in layers]),
+        "b_enc": torch.stack([t["encoder.bias"] for t in layers]),
+        "W_dec": torch.stack([t["W_dec"] for t in layers]),
+        "b_dec": torch.stack([t["b_dec"] for t in layers]),
+    }
+    if skip:
+        state["W_skip"] = torch.stack([t["W_skip"].T for t in layers])
+    tc = build_transcoders(cfg).to(dtype)  # before loading, so float64 keeps its digits (step 4)
+    load_state(tc, state, path)
+    return tc.to(device=device)
+
+
+def save_sparsify(tc: SparseCoder, path: str | os.PathLike, hookpoint: str = "layers.{layer}.mlp") -> Path:
+    """Write the TopK transcoder set `tc` as sparsify folders `hookpoint.format(layer=l)` (step 5)."""
+    cfg: TranscoderConfig = tc.cfg
+    activation = tc.nonlinearity.sparsify
+    if activation is None or cfg.kind != "plt":
+        what = f"{tc.nonlinearity.label} " if activation is None else ""
+        raise UnknownFormatError(
+            f"sparsify holds per-layer TopK transcoders, not a {what}{cfg.kind} set; save it in the native format."
+        )
+    if cfg.input_hook != MLP_INPUT or cfg.output_hook != MLP_OUTPUT:
+        raise UnknownFormatError(
+            f"sparsify's transcoders replace an MLP module (its input to its output), not {cfg.input_hook!r} -> "
+            f"{cfg.output_hook!r}; save this set in the native format."
+        )
+    if cfg.folded_norms:
+        raise UnknownFormatError(
+            "sparsify reads a Hugging Face model, whose norms keep their weights, and this set was trained on a "
+            "model with them folded (TransformerLens's default processing); save it in the native format."
+        )
+    names = [hookpoint.format(layer=l) for l in range(cfg.n_layers)]
+    if any(
+        HOOKPOINT.fullmatch(n) is None or int(HOOKPOINT.fullmatch(n).group(1)) != l
+        for l, n in enumerate(names)
+    ):
+        raise UnknownFormatError(
+            f"hookpoint {hookpoint!r} does not name layer {{layer}}'s MLP module ('<prefix>.{{layer}}.mlp', "
+            "e.g. 'layers.{layer}.mlp', GPT-2's 'h.{layer}.mlp')."
+        )
+    fields = {
+        "activation": activation,
+        "expansion_factor": max(1, cfg.d_sae // cfg.d_model),
+        "normalize_decoder": False,
+        "num_latents": cfg.d_sae,
+        "k": cfg.k,
+        "multi_topk": False,
+        "skip_connection": tc.W_skip is not None,
+        "transcode": True,
+        "d_in": cfg.d_model,
+    }
+
+    def t(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().float().cpu().contiguous().clone()
+
+    folder = Path(path)
+    for l, name in enumerate(names):
+        tensors = {
+            "encoder.weight": t(tc.W_enc[l].T),
+            "encoder.bias": t(tc.b_enc[l]),
+            "W_dec": t(tc.W_dec[l]),
+            "b_dec": t(tc.b_dec[l]),
+        }
+        if tc.W_skip is not None:
+            tensors["W_skip"] = t(tc.W_skip[l].T)
+        out = folder / name
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(out, e, WriteError) from None
+        with replaced(out / WEIGHTS) as tmp:  # each file whole or not at all; errors as WriteError
+            save_file(tensors, str(tmp))
+        with replaced(out / CFG) as tmp:
+            tmp.write_text(json.dumps(fields))
+    return folder
