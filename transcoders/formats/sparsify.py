@@ -23,8 +23,9 @@ folder per hookpoint holding `cfg.json` and `sae.safetensors`. Reading:
    registry lookup of cfg.json's "activation" (nonlinearity.py step 13: "topk" is TopK with cfg.json's
    `k`; "groupmax" has no nonlinearity here and is refused). A cfg.json without "activation" or
    "transcode" (sparsify before 1.1) means TopK, and an SAE.
-4. Tensors are read in their own precision (float64 stays float64, bfloat16 becomes float32) and
-   the set is built in the `dtype` asked for.
+4. The set is allocated once, in the `dtype` asked for, and filled one layer's file at a time
+   (a 131k-latent Llama-1B skip transcoder is 17 GB in bfloat16: never two copies, nor a float32
+   one when bfloat16 is asked for); values convert straight from the file's precision.
 
 Writing (`save_sparsify`, TopK transcoder sets: the one kind sparsify holds):
 
@@ -64,6 +65,14 @@ HOOKPOINT = re.compile(r"(?:.+\.)?(\d+)\.mlp")
 ACTIVATIONS = sparsify_activations()
 """sparsify activation -> the nonlinearity that reads it (step 3)."""
 TENSORS = ("encoder.weight", "encoder.bias", "W_dec", "b_dec")
+FROM_SPARSIFY = {
+    "encoder.weight": ("W_enc", True),
+    "encoder.bias": ("b_enc", False),
+    "W_dec": ("W_dec", False),
+    "b_dec": ("b_dec", False),
+    "W_skip": ("W_skip", True),
+}
+"""sparsify's tensor -> (ours, transposed) (step 3)."""
 
 
 def is_sparsify_dir(folder: Path) -> bool:
@@ -99,7 +108,8 @@ def _read_cfg(path: Path) -> dict:
     return cfg
 
 
-def _read_tensors(path: Path, skip: bool) -> dict[str, torch.Tensor]:
+def _shapes(path: Path, skip: bool) -> dict[str, tuple[int, ...]]:
+    """The shapes of a coder's tensors (step 3's names), read from the file's header alone."""
     names = (*TENSORS, "W_skip") if skip else TENSORS
     try:
         with safe_open(str(path / WEIGHTS), framework="pt") as f:
@@ -108,12 +118,20 @@ def _read_tensors(path: Path, skip: bool) -> dict[str, torch.Tensor]:
                 raise CorruptTranscoderError(
                     f"{path / WEIGHTS} lacks {missing}; a sparsify coder holds {list(names)}."
                 )
-            raw = {n: f.get_tensor(n) for n in names}
+            shapes = {n: tuple(f.get_slice(n).get_shape()) for n in names}
+            dtypes = {n: f.get_slice(n).get_dtype() for n in names}
     except (OSError, SafetensorError) as e:
         raise CorruptTranscoderError(
             f"{path / WEIGHTS} could not be read ({e}); the file is truncated or not safetensors."
         ) from e
-    return {n: t.to(torch.promote_types(t.dtype, torch.float32)) for n, t in raw.items()}
+    floats = ("F16", "BF16", "F32", "F64")
+    bad = [n for n, d in dtypes.items() if d not in floats]
+    if bad:
+        raise CorruptTranscoderError(
+            f"{path / WEIGHTS}: {bad[0]} holds {dtypes[bad[0]]} values, not floating point; the file is damaged "
+            "or not a sparsify coder."
+        )
+    return shapes
 
 
 def _layer(path: Path, cfg: dict) -> int:
@@ -136,9 +154,8 @@ def load_sparsify(
 ) -> SparseCoder:
     """A `PerLayerTranscoder` from sparsify transcoder folders; see the module docstring."""
     from transcoders import build_transcoders
-    from transcoders.formats.native import load_state
 
-    per_layer: dict[int, tuple[Path, dict, dict[str, torch.Tensor]]] = {}
+    per_layer: dict[int, tuple[Path, dict, dict[str, tuple[int, ...]]]] = {}
     for coder in _coder_dirs(Path(path)):
         cfg = _read_cfg(coder)
         layer = _layer(coder, cfg)
@@ -146,19 +163,18 @@ def load_sparsify(
             raise CorruptTranscoderError(
                 f"{per_layer[layer][0].name!r} and {coder.name!r} are both for layer {layer}; keep one per layer."
             )
-        per_layer[layer] = (coder, cfg, _read_tensors(coder, bool(cfg.get("skip_connection", False))))
+        per_layer[layer] = (coder, cfg, _shapes(coder, bool(cfg.get("skip_connection", False))))
     n_layers = max(per_layer) + 1
     missing = sorted(set(range(n_layers)) - set(per_layer))
     if missing:
         raise CorruptTranscoderError(
             f"{path} has no sparsify coder for layers {missing}; a set needs every layer."
         )
-    first, cfg0, t0 = per_layer[0]
+    first, cfg0, shapes0 = per_layer[0]
     kind = {key: cfg0.get(key) for key in ("activation", "k", "skip_connection", "d_in")}
-    for coder, cfg, t in per_layer.values():
+    for coder, cfg, shapes in per_layer.values():
         differ = [f"{k} {cfg.get(k)!r} vs {v!r}" for k, v in kind.items() if cfg.get(k) != v]
-        if t["W_dec"].shape != t0["W_dec"].shape:
-            differ.append(f"W_dec {tuple(t['W_dec'].shape)} vs {tuple(t0['W_dec'].shape)}")
+        differ += [f"{n} {shapes[n]} vs {shapes0[n]}" for n in shapes0 if shapes[n] != shapes0[n]]
         if differ:
             raise CorruptTranscoderError(
                 f"sparsify coder {coder.name!r} differs from {first.name!r} ({'; '.join(differ)}); a set needs one kind."
@@ -168,13 +184,20 @@ def load_sparsify(
         raise UnknownFormatError(
             f"sparsify activation {activation!r} is not one we read; supported: {sorted(ACTIVATIONS)}."
         )
-    d_sae, d_in = t0["encoder.weight"].shape
-    if d_in != cfg0["d_in"] or t0["W_dec"].shape != (d_sae, d_in):
-        raise CorruptTranscoderError(
-            f"{first / WEIGHTS}: encoder.weight {tuple(t0['encoder.weight'].shape)} and W_dec "
-            f"{tuple(t0['W_dec'].shape)} do not fit d_in {cfg0['d_in']}; sparsify's are [num_latents, d_in]."
-        )
+    d_sae, d_in = shapes0["encoder.weight"]
     skip = bool(cfg0.get("skip_connection", False))
+    expected = {
+        "encoder.weight": (d_sae, d_in),
+        "encoder.bias": (d_sae,),
+        "W_dec": (d_sae, d_in),
+        "b_dec": (d_in,),
+    }
+    expected |= {"W_skip": (d_in, d_in)} if skip else {}
+    if d_in != cfg0["d_in"] or any(shapes0[n] != s for n, s in expected.items()):
+        raise CorruptTranscoderError(
+            f"{first / WEIGHTS}: its shapes ({', '.join(f'{n} {shapes0[n]}' for n in expected)}) do not fit "
+            f"d_in {cfg0['d_in']}; sparsify's are encoder.weight and W_dec [num_latents, d_in], W_skip [d_in, d_in]."
+        )
     cfg = TranscoderConfig(
         kind="plt",
         n_layers=n_layers,
@@ -189,17 +212,19 @@ def load_sparsify(
         model_name=model_name,
         folded_norms=False,
     )
-    layers = [per_layer[l][2] for l in range(n_layers)]
-    state = {
-        "W_enc": torch.stack([t["encoder.weight"].T for t in layers]),
-        "b_enc": torch.stack([t["encoder.bias"] for t in layers]),
-        "W_dec": torch.stack([t["W_dec"] for t in layers]),
-        "b_dec": torch.stack([t["b_dec"] for t in layers]),
-    }
-    if skip:
-        state["W_skip"] = torch.stack([t["W_skip"].T for t in layers])
-    tc = build_transcoders(cfg).to(dtype)  # before loading, so float64 keeps its digits (step 4)
-    load_state(tc, state, path)
+    with torch.device("meta"):  # no memory until the set is allocated once, in `dtype` (step 4)
+        tc = build_transcoders(cfg)
+    tc = tc.to(dtype).to_empty(device="cpu")
+    ours = dict(tc.named_parameters())
+    assert set(ours) == {FROM_SPARSIFY[t][0] for t in expected}, "every tensor of the set is filled below"
+    with torch.no_grad():
+        for l in range(n_layers):  # one layer's tensors in memory at a time
+            coder = per_layer[l][0]
+            with safe_open(str(coder / WEIGHTS), framework="pt") as f:
+                for theirs, (name, transpose) in FROM_SPARSIFY.items():
+                    if theirs in expected:
+                        t = f.get_tensor(theirs)
+                        ours[name][l].copy_(t.T if transpose else t)
     return tc.to(device=device)
 
 

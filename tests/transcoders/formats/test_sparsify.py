@@ -75,6 +75,28 @@ def test_one_coder_folder_and_gpt2_names_and_bfloat16(tmp_path):
     assert torch.equal(tc.W_enc[0], coders[0].encoder.weight.detach().float().T)
 
 
+def test_a_bfloat16_set_is_read_into_bfloat16_as_stored(tmp_path):
+    """The set is allocated once in the dtype asked for and filled from the files (no float32 copy)."""
+    coders = saved(tmp_path, n_layers=2, dtype=torch.bfloat16)
+    tc = load_transcoders(tmp_path, dtype=torch.bfloat16)
+    assert {p.dtype for p in tc.parameters()} == {torch.bfloat16}
+    for l, sc in enumerate(coders):
+        assert torch.equal(tc.W_enc[l], sc.encoder.weight.detach().T)
+        assert torch.equal(tc.W_skip[l], sc.W_skip.detach().T)
+        assert torch.equal(tc.b_dec[l], sc.b_dec.detach())
+
+
+def test_integer_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    saved(tmp_path, n_layers=2, dtype=torch.float32)
+    path = tmp_path / "layers.1.mlp" / "sae.safetensors"
+    tensors = load_file(path) | {"W_dec": torch.zeros(M, D, dtype=torch.int32)}
+    save_file(tensors, path)
+    with pytest.raises(CorruptTranscoderError, match=r"W_dec holds I32 values, not floating point"):
+        load_transcoders(tmp_path)
+
+
 def test_the_mlp_modules_input_is_what_the_set_reads(tmp_path):
     """sparsify hooks the MLP module: its input, captured here by a torch hook on `blocks[i].mlp`, is
     what the set reads (sites.collect), and its output is the set's output on that input."""
