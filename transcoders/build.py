@@ -1,4 +1,5 @@
-"""The set class of each kind, and an untrained set of one: `build_transcoders(cfg)`."""
+"""The set class of each kind, and an untrained set of one: `build_transcoders(cfg)`; `allocated(cfg,
+dtype)` is the one a reader fills."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def build_transcoders(cfg: TranscoderConfig) -> SparseCoder:
             "(or TranscoderConfig.from_dict(d) for a saved config)."
         )
     return CLASSES[cfg.kind](cfg)
+
+
+def allocated(cfg: TranscoderConfig, dtype: torch.dtype = torch.float32) -> SparseCoder:
+    """The set `cfg` describes on the CPU, its memory allocated once in `dtype` and left uninitialized
+    (built on the meta device): for a reader that fills every tensor (formats/native.py `load_state`).
+    A set read in bfloat16 so never exists in float32 beside it, nor as zeros first."""
+    with torch.device("meta"):
+        tc = build_transcoders(cfg)
+    return tc.to(dtype).to_empty(device="cpu")
 
 
 def feature_dims_of(cfg: TranscoderConfig) -> dict[str, int | None]:

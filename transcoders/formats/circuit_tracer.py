@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from transcoders.block_layout import MLP_INPUT, MLP_OUTPUT, block_hook, split_block_hook
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError
-from transcoders.formats.native import check_floating, read_safetensors
+from transcoders.formats.native import LazyState, SafetensorsFile, check_floating
 from transcoders.nonlinearity import Nonlinearity, stored_with
 from transcoders.output_folder import replaced
 
@@ -125,7 +125,7 @@ def read_yaml(folder: Path) -> dict:
 
 def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
     """Read a circuit-tracer transcoder directory into a `PerLayerTranscoder` or `CrossLayerTranscoder`."""
-    from transcoders import build_transcoders
+    from transcoders.build import allocated
     from transcoders.formats.native import load_state
 
     folder = Path(path)
@@ -157,9 +157,9 @@ def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtyp
         model_name=str(meta.get("model_name") or ""),
         folded_norms=False,  # circuit-tracer runs its model unprocessed (fold_ln=False): sites.py step 4
     )
-    tc = build_transcoders(cfg)
+    tc = allocated(cfg, dtype)
     load_state(tc, state, folder)
-    return tc.to(device=device, dtype=dtype)
+    return tc.to(device=device)
 
 
 def _layer_files(folder: Path, pattern: str) -> list[Path]:
@@ -215,7 +215,7 @@ def _same_presence(layers: list[dict], keys: list[str], files: list[Path]) -> No
 
 def _read_plt(folder: Path):
     files = _layer_files(folder, r"layer_(\d+)\.safetensors")
-    layers = [read_safetensors(f) for f in files]
+    layers = [SafetensorsFile(f) for f in files]  # headers now, each tensor when its key is stacked
     first = layers[0]
     for optional in (PLT_THRESHOLD, "W_skip"):
         _same_presence(layers, [optional] * len(layers), files)
@@ -226,23 +226,27 @@ def _read_plt(folder: Path):
     def stacked(key: str, transpose: bool = False) -> torch.Tensor:
         return _stack([_get(d, key, f) for d, f in zip(layers, files, strict=True)], key, files, transpose)
 
-    state = {"W_enc": stacked("W_enc", True), "W_dec": stacked("W_dec"), "b_enc": stacked("b_enc")}
-    state["b_dec"] = stacked("b_dec")
+    state = {
+        "W_enc": lambda: stacked("W_enc", True),
+        "W_dec": lambda: stacked("W_dec"),
+        "b_enc": lambda: stacked("b_enc"),
+        "b_dec": lambda: stacked("b_dec"),
+    }
     if "threshold" in act.extra_state:  # a scalar threshold serves every feature
-        state["threshold"] = _stack(
+        state["threshold"] = lambda: _stack(
             [_get(d, PLT_THRESHOLD, f).reshape(-1).expand(d_sae) for d, f in zip(layers, files, strict=True)],
             PLT_THRESHOLD,
             files,
         )
     if skip:
-        state["W_skip"] = stacked("W_skip", True)
-    return state, d_model, d_sae, len(files), act, skip
+        state["W_skip"] = lambda: stacked("W_skip", True)
+    return LazyState(state), d_model, d_sae, len(files), act, skip
 
 
 def _read_clt(folder: Path):
     enc_files = _layer_files(folder, r"W_enc_(\d+)\.safetensors")
     n = len(enc_files)
-    encs = [read_safetensors(f) for f in enc_files]
+    encs = [SafetensorsFile(f) for f in enc_files]
     decs = []
     for i in range(n):
         f = folder / f"W_dec_{i}.safetensors"
@@ -250,7 +254,7 @@ def _read_clt(folder: Path):
             raise CorruptTranscoderError(
                 f"{f} is missing; a circuit-tracer CLT needs W_dec_{{i}} for every layer."
             )
-        decs.append((read_safetensors(f), f))
+        decs.append((SafetensorsFile(f), f))
     _same_presence(encs, [f"threshold_{i}" for i in range(n)], enc_files)
     act = nonlinearity_with(threshold="threshold_0" in encs[0])
     d_sae, d_model = _get(encs[0], "W_enc_0", enc_files[0]).shape
@@ -259,16 +263,20 @@ def _read_clt(folder: Path):
         tensors = [_get(e, f"{name}_{i}", enc_files[i]) for i, e in enumerate(encs)]
         return _stack(tensors, name, enc_files, transpose)
 
-    state = {"W_enc": stacked("W_enc", True), "b_enc": stacked("b_enc"), "b_dec": stacked("b_dec")}
+    state = {
+        "W_enc": lambda: stacked("W_enc", True),
+        "b_enc": lambda: stacked("b_enc"),
+        "b_dec": lambda: stacked("b_dec"),
+    }
     if "threshold" in act.extra_state:  # a scalar threshold serves every feature
-        state["threshold"] = _stack(
+        state["threshold"] = lambda: _stack(
             [_get(e, f"threshold_{i}", enc_files[i]).reshape(-1).expand(d_sae) for i, e in enumerate(encs)],
             "threshold",
             enc_files,
         )
     for i, (d, f) in enumerate(decs):
-        state[f"W_dec.{i}"] = _get(d, f"W_dec_{i}", f)
-    return state, d_model, d_sae, n, act, False
+        state[f"W_dec.{i}"] = lambda d=d, f=f, i=i: _get(d, f"W_dec_{i}", f)
+    return LazyState(state), d_model, d_sae, n, act, False
 
 
 def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | None = None) -> Path:

@@ -92,7 +92,7 @@ def load_gemmascope(
     dtype: torch.dtype = torch.float32,
 ):
     """A `PerLayerTranscoder` (or `SAE` when input_hook == output_hook) from GemmaScope files."""
-    from transcoders import build_transcoders
+    from transcoders.build import allocated
     from transcoders.formats.native import load_state
 
     files = (
@@ -120,9 +120,9 @@ def load_gemmascope(
         model_name=model_name,
         folded_norms=False,  # trained on Hugging Face's Gemma-2, whose norms keep their weights
     )
-    tc = build_transcoders(cfg)
+    tc = allocated(cfg, dtype)
     load_state(tc, state, files[0].parent)
-    return tc.to(device=device, dtype=dtype)
+    return tc.to(device=device)
 
 
 def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:

@@ -14,13 +14,13 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import ConfigError, CorruptTranscoderError, TranscoderNotFoundError
@@ -136,7 +136,7 @@ def save_native_streamed(
 
 def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32):
     """Read a directory written by `save_native`."""
-    from transcoders import build_transcoders
+    from transcoders.build import allocated
 
     folder = Path(path)
     meta = _read_config(folder)
@@ -160,38 +160,88 @@ def load_native(path: str | os.PathLike, device="cpu", dtype: torch.dtype = torc
             f"{weights} is missing; a transcoder directory needs config.json and {WEIGHTS}."
         )
     verify_manifest(folder, TranscoderNotFoundError, CorruptTranscoderError)
-    state = read_safetensors(weights)
-    tc = build_transcoders(cfg)
-    load_state(tc, state, weights)
-    return tc.to(device=device, dtype=dtype)
+    tc = allocated(cfg, dtype)
+    load_state(tc, SafetensorsFile(weights), weights)  # one tensor of the file in memory at a time
+    return tc.to(device=device)
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """`safetensors.torch.load_file`, with a truncated or foreign file reported as `CorruptTranscoderError`."""
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CorruptTranscoderError(
-            f"{path} could not be read ({e}); the file is truncated or not safetensors."
-        ) from e
+class SafetensorsFile(Mapping):
+    """A safetensors file as a read-only mapping whose tensors are read when asked for, one at a time
+    (what `load_state` takes); a truncated or foreign file is `CorruptTranscoderError`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with self._open() as f:
+            self._keys = list(f.keys())
+
+    def _open(self):
+        try:
+            return safe_open(str(self.path), framework="pt")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise _unreadable(self.path, e) from e
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._keys:
+            raise KeyError(key)
+        with self._open() as f:
+            try:
+                return f.get_tensor(key)
+            except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+                raise _unreadable(self.path, e) from e
+
+    def __contains__(self, key) -> bool:  # Mapping's own would read the tensor
+        return key in self._keys
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
-def load_state(tc: SparseCoder, state: dict[str, torch.Tensor], source) -> None:
-    """`tc.load_state_dict(state)`, with missing keys or wrong shapes reported as `CorruptTranscoderError`."""
-    want = tc.state_dict()
+class LazyState(Mapping):
+    """A set's tensors by name, each made only when asked for (a reader stacking per-layer files), so
+    that `load_state` holds one at a time beside the set."""
+
+    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]):
+        self._makers = makers
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._makers[key]()
+
+    def __iter__(self):
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+def _unreadable(path: Path, e: Exception) -> CorruptTranscoderError:
+    return CorruptTranscoderError(
+        f"{path} could not be read ({e}); the file is truncated or not safetensors."
+    )
+
+
+def load_state(tc: SparseCoder, state: Mapping[str, torch.Tensor], source) -> None:
+    """`tc.load_state_dict(state)`, tensor by tensor into `tc`'s own memory (so a `SafetensorsFile`
+    is read one tensor at a time, each converted straight to `tc`'s dtype), with missing keys, wrong
+    shapes and non-floating values reported as `CorruptTranscoderError`."""
+    want = tc.state_dict()  # views of tc's parameters: copying into them fills tc
     missing = sorted(set(want) - set(state))
     unexpected = sorted(set(state) - set(want))
     if missing or unexpected:
         raise CorruptTranscoderError(
             f"{source} does not fit its config: missing {missing[:4]}, unexpected {unexpected[:4]}."
         )
-    for k, v in state.items():
-        check_floating(k, v, source)
-        if tuple(v.shape) != tuple(want[k].shape):
-            raise CorruptTranscoderError(
-                f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(want[k].shape)}."
-            )
-    tc.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()})
+    with torch.no_grad():
+        for k in want:
+            v = state[k]
+            check_floating(k, v, source)
+            if tuple(v.shape) != tuple(want[k].shape):
+                raise CorruptTranscoderError(
+                    f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(want[k].shape)}."
+                )
+            want[k].copy_(v)
 
 
 def check_floating(name: str, value: torch.Tensor, source) -> None:

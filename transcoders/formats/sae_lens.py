@@ -148,7 +148,7 @@ def load_sae_lens(
     dtype: torch.dtype = torch.float32,
 ):
     """A set from sae_lens objects or directories (one per layer); see the module docstring."""
-    from transcoders import build_transcoders
+    from transcoders.build import allocated
     from transcoders.formats.native import load_state
 
     saes = _objects(items)
@@ -230,7 +230,7 @@ def load_sae_lens(
         folded_norms=_fold_ln(saes[0]),
     )
     state = {name: torch.stack([per_layer[l][name] for l in range(n_layers)]) for name in per_layer[0]}
-    tc = build_transcoders(cfg).to(dtype)  # before loading, so a float64 SAE keeps its digits (step 5)
+    tc = allocated(cfg, dtype)  # in `dtype` before loading, so a float64 SAE keeps its digits (step 5)
     load_state(tc, state, "sae_lens objects")
     return tc.to(device=device)
 

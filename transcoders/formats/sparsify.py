@@ -153,7 +153,7 @@ def load_sparsify(
     path: str | os.PathLike, model_name: str = "", device="cpu", dtype: torch.dtype = torch.float32
 ) -> SparseCoder:
     """A `PerLayerTranscoder` from sparsify transcoder folders; see the module docstring."""
-    from transcoders import build_transcoders
+    from transcoders.build import allocated
 
     per_layer: dict[int, tuple[Path, dict, dict[str, tuple[int, ...]]]] = {}
     for coder in _coder_dirs(Path(path)):
@@ -212,9 +212,7 @@ def load_sparsify(
         model_name=model_name,
         folded_norms=False,
     )
-    with torch.device("meta"):  # no memory until the set is allocated once, in `dtype` (step 4)
-        tc = build_transcoders(cfg)
-    tc = tc.to(dtype).to_empty(device="cpu")
+    tc = allocated(cfg, dtype)  # once, in `dtype` (step 4)
     ours = dict(tc.named_parameters())
     assert set(ours) == {FROM_SPARSIFY[t][0] for t in expected}, "every tensor of the set is filled below"
     with torch.no_grad():
