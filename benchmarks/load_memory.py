@@ -1,8 +1,8 @@
 """Peak memory of `load_transcoders` against the size of the set, per format and dtype.
 
 One set of random weights (`--layers` x `--latents` x `--d-model`, a PLT with a skip connection:
-ReLU for the formats that hold it, TopK for sparsify, the one it holds) is written in each
-format; then, per (format, dtype), a fresh process loads it and reports its peak resident set
+ReLU for the formats that hold it, TopK for sparsify and JumpReLU without the skip for GemmaScope,
+the ones they hold) is written in each format (`--formats`); then, per (format, dtype), a fresh process loads it and reports its peak resident set
 (VmHWM) minus that of a process that loaded a tiny set of the same format (imports, torch),
 next to the size of the loaded set. Peaks include the pages of memory-mapped files read
 (safetensors), which the kernel can drop; a loader that holds one copy of the set is near 1x
@@ -24,7 +24,15 @@ import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-FORMATS = {"native": "relu", "circuit-tracer": "relu", "sae-lens": "relu", "sparsify": "topk"}
+FORMATS = {
+    "native": "relu",
+    "circuit-tracer": "relu",
+    "sae-lens": "relu",
+    "sparsify": "topk",
+    "gemmascope": "jumprelu",
+}
+NO_SKIP = {"gemmascope"}
+"""Formats whose files hold no skip connection."""
 DTYPES = ("float32", "bfloat16")
 
 
@@ -53,7 +61,7 @@ def write_set(folder: Path, fmt: str, layers: int, latents: int, d_model: int) -
     from transcoders import TranscoderConfig, build_transcoders, save_transcoders
 
     cfg = TranscoderConfig(
-        kind="plt", n_layers=layers, d_model=d_model, d_sae=latents, activation=FORMATS[fmt], k=32, skip=True,
+        kind="plt", n_layers=layers, d_model=d_model, d_sae=latents, activation=FORMATS[fmt], k=32, skip=fmt not in NO_SKIP,
         folded_norms=False,
     )  # fmt: skip
     tc = build_transcoders(cfg)
@@ -79,13 +87,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--latents", type=int, default=32768)
     ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
     ap.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._worker:
         return worker(*args._worker)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt in FORMATS:
+        for fmt in args.formats:
             big, tiny = Path(tmp) / f"{fmt}-big", Path(tmp) / f"{fmt}-tiny"
             write_set(big, fmt, args.layers, args.latents, args.d_model)
             write_set(tiny, fmt, args.layers, 64, args.d_model)
@@ -97,6 +106,8 @@ def main() -> None:
                       f"({extra / run['set_mb']:.2f}x)")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     shape = {"layers": args.layers, "latents": args.latents, "d_model": args.d_model}
+    if args.formats != list(FORMATS):
+        return  # a partial run does not replace the results
     (RESULTS / "load_memory.json").write_text(json.dumps({"shape": shape, "rows": rows}, indent=1))
     lines = [
         f"# load_transcoders peak memory ({args.layers} layers x {args.latents} latents x d_model {args.d_model}, skip)",

@@ -61,26 +61,61 @@ def gemmascope_files(folder: Path) -> list[Path]:
     return [found[i] for i in range(n)]
 
 
-def read_npz(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        with np.load(path) as z:
-            missing = [k for k in KEYS if k not in z.files]
-            if missing:
+def _npy_header(f) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from an .npy stream's header, reading no data (versions 1 and 2; a later one
+    is read whole, to be exact rather than guess its header)."""
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(
+        version
+    )
+    if read is None:
+        f.seek(0)
+        a = np.lib.format.read_array(f)
+        return tuple(a.shape), a.dtype
+    shape, _, dtype = read(f)
+    return tuple(shape), np.dtype(dtype)
+
+
+class NpzLayer:
+    """One layer's `params.npz`: its arrays' shapes and dtypes from their headers when opened (each
+    checked: present, floating, of GemmaScope's number of axes), each array read when asked for."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        headers = {}
+        try:
+            with zipfile.ZipFile(path) as z:
+                members = {name.removesuffix(".npy"): name for name in z.namelist()}
+                missing = [k for k in KEYS if k not in members]
+                if missing:
+                    raise CorruptTranscoderError(
+                        f"{path} lacks {missing}; a GemmaScope params.npz holds {list(KEYS)}."
+                    )
+                for k in KEYS:
+                    with z.open(members[k]) as f:
+                        headers[k] = _npy_header(f)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+            raise self._unreadable(e) from e
+        for k, (shape, dtype) in headers.items():
+            if dtype.kind != "f" or len(shape) != NDIM[k]:
+                what = f"{dtype} values" if dtype.kind != "f" else f"{len(shape)} axes (shape {shape})"
                 raise CorruptTranscoderError(
-                    f"{path} lacks {missing}; a GemmaScope params.npz holds {list(KEYS)}."
+                    f"{path}: {k} holds {what}; GemmaScope's {k} is a {NDIM[k]}-D array of floats."
                 )
-            arrays = {k: z[k] for k in KEYS}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise CorruptTranscoderError(
-            f"{path} could not be read ({e}); the file is truncated or not an npz."
-        ) from e
-    for k, a in arrays.items():
-        if a.dtype.kind != "f" or a.ndim != NDIM[k]:
-            what = f"{a.dtype} values" if a.dtype.kind != "f" else f"{a.ndim} axes (shape {a.shape})"
-            raise CorruptTranscoderError(
-                f"{path}: {k} holds {what}; GemmaScope's {k} is a {NDIM[k]}-D array of floats."
-            )
-    return {k: torch.from_numpy(np.asarray(a, dtype=np.float32)) for k, a in arrays.items()}
+        self.shapes = {k: shape for k, (shape, _) in headers.items()}
+
+    def _unreadable(self, e: Exception) -> CorruptTranscoderError:
+        return CorruptTranscoderError(
+            f"{self.path} could not be read ({e}); the file is truncated or not an npz."
+        )
+
+    def read(self, key: str) -> torch.Tensor:
+        """The array `key`, as float32."""
+        try:
+            with np.load(self.path) as z:
+                return torch.from_numpy(np.asarray(z[key], dtype=np.float32))
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+            raise self._unreadable(e) from e
 
 
 def load_gemmascope(
@@ -93,21 +128,21 @@ def load_gemmascope(
 ):
     """A `PerLayerTranscoder` (or `SAE` when input_hook == output_hook) from GemmaScope files."""
     from transcoders.build import allocated
-    from transcoders.formats.native import load_state
+    from transcoders.formats.native import LazyState, load_state
 
     files = (
         gemmascope_files(Path(paths)) if isinstance(paths, str | os.PathLike) else [Path(p) for p in paths]
     )
-    layers = [read_npz(p) for p in files]
-    d_model, d_sae = layers[0]["W_enc"].shape
-    if layers[0]["W_dec"].shape != (d_sae, d_model):
+    layers = [NpzLayer(p) for p in files]  # headers now, each array when its key is stacked
+    d_model, d_sae = layers[0].shapes["W_enc"]
+    if layers[0].shapes["W_dec"] != (d_sae, d_model):
         raise CorruptTranscoderError(
-            f"{files[0]}: W_enc has shape {tuple(layers[0]['W_enc'].shape)} and W_dec "
-            f"{tuple(layers[0]['W_dec'].shape)}; GemmaScope's W_enc is [d_model, d_sae] and W_dec [d_sae, d_model]."
+            f"{files[0]}: W_enc has shape {layers[0].shapes['W_enc']} and W_dec "
+            f"{layers[0].shapes['W_dec']}; GemmaScope's W_enc is [d_model, d_sae] and W_dec [d_sae, d_model]."
         )
     for k in KEYS:
         _check_same_shape(layers, k, files)
-    state = {k: torch.stack([d[k] for d in layers]) for k in KEYS}
+    state = LazyState({k: lambda k=k: torch.stack([layer.read(k) for layer in layers]) for k in KEYS})
     kind = "sae" if input_hook == output_hook else "plt"
     cfg = TranscoderConfig(
         kind=kind,
@@ -125,13 +160,11 @@ def load_gemmascope(
     return tc.to(device=device)
 
 
-def _check_same_shape(layers: list[dict], key: str, files: list[Path]) -> None:
-    shape = layers[0][key].shape
+def _check_same_shape(layers: list[NpzLayer], key: str, files: list[Path]) -> None:
+    shape = layers[0].shapes[key]
     for d, f in zip(layers, files, strict=True):
-        if d[key].shape != shape:
-            raise CorruptTranscoderError(
-                f"{f}: {key} has shape {tuple(d[key].shape)}, layer 0 has {tuple(shape)}."
-            )
+        if d.shapes[key] != shape:
+            raise CorruptTranscoderError(f"{f}: {key} has shape {d.shapes[key]}, layer 0 has {shape}.")
 
 
 def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
