@@ -165,6 +165,17 @@ def load_sets(options: dict):
     return [tc, load_transcoders(options["attn_transcoders"], device=device)]
 
 
+def model_for(name: str, sets, device="cpu"):
+    """The model `name`, loaded as the sets `sets` (one, or a list) were trained on it: with
+    TransformerLens's default processing (folded norms) when a set records that, else as it is
+    (transcoders/sites.py step 4). Python callers choose with `load_model(..., processing=)`; the
+    command line has no such option: the sets decide, so a graph is never refused for it."""
+    from attrgraph.bundled.loading import load_model
+
+    folded = any(s.cfg.folded_norms for s in (sets if isinstance(sets, list) else [sets]))
+    return load_model(name, device=device, processing=bool(folded))
+
+
 def graph_sources(options: dict) -> dict:
     """What a graph's meta records of where its model and sets came from."""
     out = dict(model=str(options["model"]), transcoders=str(options["transcoders"]))
@@ -231,7 +242,6 @@ def warn_if_replacing(output, name: str | None, full: bool) -> None:
 
 
 def run(args) -> int:
-    from attrgraph.bundled.loading import load_model
     from attrgraph.engine.attribute import attribute
     from attrgraph.engine.pruned_build import attribute_pruned
     from attrgraph.engine.sources import check_prompt_text, to_tokens
@@ -253,9 +263,9 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress and not args.json  # tqdm bars on stderr
     t0 = time.perf_counter()
-    model = load_model(args.model, device=args.device)
-    tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
     tc = load_sets(vars(args))
+    model = model_for(args.model, tc, device=args.device)
+    tokens = to_tokens(model, args.prompt, strict=args.strict, truncate=args.truncate)
     t1 = time.perf_counter()
     method, options = attribute_options(vars(args), progress)
     if method == "standard" and not args.full and args.node_threshold < 1:

@@ -48,6 +48,7 @@ from attrgraph.cli.build import (
     check_build_options,
     graph_sources,
     load_sets,
+    model_for,
 )
 from attrgraph.errors import ClusterError, OptionError, OutputBusyError, ResumeError
 
@@ -267,15 +268,14 @@ class GraphWorker:
     def __init__(self, options: dict):
         import torch
 
-        from attrgraph.bundled.loading import load_model
         from attrgraph.errors import AttrgraphError
 
         torch.set_num_threads(options["threads"])
         self.options = options
         self.error = None
         try:
-            self.model = load_model(options["model"], device=options.get("device", "cpu"))
             self.tc = load_sets(options)
+            self.model = model_for(options["model"], self.tc, device=options.get("device", "cpu"))
         except AttrgraphError as e:  # a wrong --model or --transcoders: the driver raises it
             self.error = e
 

@@ -57,7 +57,7 @@ def _config(args) -> ValidateConfig:
 def run(args) -> int:
     from attrgraph.analysis.validate import validate_graph
     from attrgraph.analysis.validation_report import write_report
-    from attrgraph.bundled.loading import load_model
+    from attrgraph.cli.build import model_for
     from attrgraph.engine.replacement import ReplacementModel
     from attrgraph.graph.store import list_graphs, load_graph
     from transcoders import load_transcoders
@@ -77,10 +77,10 @@ def run(args) -> int:
     model_name = args.model or graphs[0].meta.get("model", "default")
     tc_name = args.transcoders or graphs[0].meta.get("transcoders", "default-plt")
     attn_name = args.attn_transcoders or graphs[0].meta.get("attn_transcoders")
-    model = load_model(model_name, device=args.device)
     tc = load_transcoders(tc_name, device=args.device)
     if attn_name:
         tc = [tc, load_transcoders(attn_name, device=args.device)]
+    model = model_for(model_name, tc, device=args.device)
     rm = ReplacementModel(model, tc)
     results = [validate_graph(model, rm, g, cfg, progress=not args.no_progress) for g in graphs]
     summary = write_report(results, names, out, title=f"validation of {args.file}")
