@@ -149,7 +149,7 @@ def load_sae_lens(
 ):
     """A set from sae_lens objects or directories (one per layer); see the module docstring."""
     from transcoders.build import allocated
-    from transcoders.formats.native import load_state
+    from transcoders.formats.native import LazyState, load_state
 
     saes = _objects(items)
     per_layer: dict[int, dict] = {}
@@ -229,7 +229,12 @@ def load_sae_lens(
         model_name=model_name or str(saes[0].cfg.metadata.model_name or ""),
         folded_norms=_fold_ln(saes[0]),
     )
-    state = {name: torch.stack([per_layer[l][name] for l in range(n_layers)]) for name in per_layer[0]}
+    state = LazyState(  # one stacked tensor at a time beside the set
+        {
+            name: lambda name=name: torch.stack([per_layer[l][name] for l in range(n_layers)])
+            for name in per_layer[0]
+        }
+    )
     tc = allocated(cfg, dtype)  # in `dtype` before loading, so a float64 SAE keeps its digits (step 5)
     load_state(tc, state, "sae_lens objects")
     return tc.to(device=device)
