@@ -178,7 +178,7 @@ class SafetensorsFile(Mapping):
         try:
             return safe_open(str(self.path), framework="pt")
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise _unreadable(self.path, e) from e
+            raise unreadable_safetensors(self.path, e) from e
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._keys:
@@ -187,7 +187,7 @@ class SafetensorsFile(Mapping):
             try:
                 return f.get_tensor(key)
             except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-                raise _unreadable(self.path, e) from e
+                raise unreadable_safetensors(self.path, e) from e
 
     def __contains__(self, key) -> bool:  # Mapping's own would read the tensor
         return key in self._keys
@@ -216,7 +216,7 @@ class LazyState(Mapping):
         return len(self._makers)
 
 
-def _unreadable(path: Path, e: Exception) -> CorruptTranscoderError:
+def unreadable_safetensors(path: Path, e: Exception) -> CorruptTranscoderError:
     return CorruptTranscoderError(
         f"{path} could not be read ({e}); the file is truncated or not safetensors."
     )

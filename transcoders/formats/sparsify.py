@@ -50,6 +50,7 @@ from safetensors.torch import save_file
 
 from transcoders.config import TranscoderConfig
 from transcoders.errors import CorruptTranscoderError, TranscoderNotFoundError, UnknownFormatError, WriteError
+from transcoders.formats.native import unreadable_safetensors
 from transcoders.h5file import write_error
 from transcoders.nonlinearity import sparsify_activations
 from transcoders.output_folder import replaced
@@ -121,9 +122,7 @@ def _shapes(path: Path, skip: bool) -> dict[str, tuple[int, ...]]:
             shapes = {n: tuple(f.get_slice(n).get_shape()) for n in names}
             dtypes = {n: f.get_slice(n).get_dtype() for n in names}
     except (OSError, SafetensorError) as e:
-        raise CorruptTranscoderError(
-            f"{path / WEIGHTS} could not be read ({e}); the file is truncated or not safetensors."
-        ) from e
+        raise unreadable_safetensors(path / WEIGHTS, e) from e
     floats = ("F16", "BF16", "F32", "F64")
     bad = [n for n, d in dtypes.items() if d not in floats]
     if bad:
@@ -246,10 +245,8 @@ def save_sparsify(tc: SparseCoder, path: str | os.PathLike, hookpoint: str = "la
             "model with them folded (TransformerLens's default processing); save it in the native format."
         )
     names = [hookpoint.format(layer=l) for l in range(cfg.n_layers)]
-    if any(
-        HOOKPOINT.fullmatch(n) is None or int(HOOKPOINT.fullmatch(n).group(1)) != l
-        for l, n in enumerate(names)
-    ):
+    matches = [HOOKPOINT.fullmatch(n) for n in names]
+    if any(m is None or int(m.group(1)) != l for l, m in enumerate(matches)):
         raise UnknownFormatError(
             f"hookpoint {hookpoint!r} does not name layer {{layer}}'s MLP module ('<prefix>.{{layer}}.mlp', "
             "e.g. 'layers.{layer}.mlp', GPT-2's 'h.{layer}.mlp')."
