@@ -8,7 +8,10 @@
 5. a sae_lens directory (`cfg.json` + `sae_weights.safetensors`), or a directory / list of them;
 6. an EleutherAI sparsify directory: one `<prefix>.{i}.mlp/` folder (`cfg.json` +
    `sae.safetensors`) per layer, as its trainer and the hub hold them (sparsify.py);
-7. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files.
+7. a GemmaScope directory of `layer_{i}/.../params.npz` (or `layer_{i}.npz`) files;
+8. failing those, a Hugging Face hub reference (`owner/repo[/folder][@revision]`, `hf://...`, or
+   circuit-tracer's "gemma" / "llama"): the folder huggingface_hub's cache holds (or downloads, where
+   allowed), read as 3-7 (hub.py).
 `format=` names one of them explicitly ("native", "circuit-tracer", "sae-lens", "sparsify", "gemmascope").
 
 `save_transcoders(tc, path, format="native" | "circuit-tracer" | "sae-lens" | "sparsify" | "gemmascope")`.
@@ -39,6 +42,7 @@ from transcoders.errors import (
 )
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
+from transcoders.formats.hub import fetch_folder, parse_hub_ref
 from transcoders.formats.native import broken_json, is_native, load_native, save_native
 from transcoders.formats.sparsify import holds_sparsify, load_sparsify, save_sparsify
 from transcoders.output_folder import check_output_folder
@@ -168,9 +172,13 @@ def _load(name_or_path, format, device, dtype, **kwargs):
     key = str(name_or_path)
     folder = BUNDLED.get(key, Path(key))
     if not folder.exists():
-        raise TranscoderNotFoundError(
-            f"no transcoders at {folder}; pass 'default-plt', 'default-clt', 'default-attn-sae', or a directory in a format we read."
-        )
+        ref = parse_hub_ref(key) if isinstance(name_or_path, str) else None
+        if ref is None:
+            raise TranscoderNotFoundError(
+                f"no transcoders at {folder}; pass 'default-plt', 'default-clt', 'default-attn-sae', a directory "
+                "in a format we read, or a Hugging Face hub reference (owner/repo[/folder][@revision])."
+            )
+        folder = fetch_folder(ref)
     if folder.is_file():
         if folder.suffix == ".npz":
             _check_options("gemmascope", kwargs)

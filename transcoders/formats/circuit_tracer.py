@@ -21,6 +21,12 @@ Conversion to ours (TransformerLens orientation, `x @ W`):
    hold them, the one whose `extra_state` the files have (a threshold: JumpReLU; none: ReLU). A
    set is written as the nonlinearity it is `stored_as()` (BatchTopK: JumpReLU); one these files
    cannot hold (TopK, gated) is refused, named by its `label`.
+4. A `config.yaml` may list the set's files instead (`transcoders:`, layer i the i-th), as
+   circuit-tracer's hub sets do (`mwhanna/gemma-scope-transcoders` lists GemmaScope's
+   `hf://google/gemma-scope-2b-pt-transcoders/.../params.npz`): `hf://` files come through
+   huggingface_hub's cache (hub.py), paths relative to the folder or as given; `.npz` files are
+   read as GemmaScope's (gemmascope.py) with the config's hooks, `.safetensors` as `layer_{i}` files.
+   A list for a CLT (GemmaScope 2, for Gemma 3) is refused.
 """
 
 from __future__ import annotations
@@ -134,16 +140,35 @@ def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtyp
     in_hook, out_hook, before_norm = hooks_from_ct(
         meta.get("feature_input_hook", "hook_resid_mid"), meta.get("feature_output_hook", "hook_mlp_out")
     )
-    if kind == PLT_KIND:
-        state, d_model, d_sae, n_layers, act, skip = _read_plt(folder)
-        ours = "plt"
-    elif kind == CLT_KIND:
-        state, d_model, d_sae, n_layers, act, skip = _read_clt(folder)
-        ours = "clt"
-    else:
+    model_name = str(meta.get("model_name") or "")
+    if kind not in (PLT_KIND, CLT_KIND):
         raise UnknownFormatError(
             f"{folder / 'config.yaml'} has model_kind {kind!r}; expected {PLT_KIND!r} or {CLT_KIND!r}."
         )
+    if "transcoders" in meta and kind == CLT_KIND:
+        raise UnknownFormatError(
+            f"{folder / 'config.yaml'} lists one file per layer for a cross-layer transcoder, GemmaScope 2's "
+            "layout for Gemma 3, which TransformerLens runs only through its TransformerBridge, not the "
+            "HookedTransformer attrgraph builds graphs on."
+        )
+    if "transcoders" in meta:  # step 4
+        files = _listed_files(folder, meta["transcoders"])
+        if all(f.suffix == ".npz" for f in files):
+            from transcoders.formats.gemmascope import load_gemmascope
+
+            return load_gemmascope(
+                files, in_hook, out_hook, model_name, device, dtype, output_before_post_norm=before_norm
+            )
+        state, d_model, d_sae, n_layers, act, skip = _read_plt(files)
+        ours = "plt"
+    elif kind == PLT_KIND:
+        state, d_model, d_sae, n_layers, act, skip = _read_plt(
+            _layer_files(folder, r"layer_(\d+)\.safetensors")
+        )
+        ours = "plt"
+    else:
+        state, d_model, d_sae, n_layers, act, skip = _read_clt(folder)
+        ours = "clt"
     cfg = TranscoderConfig(
         kind=ours,
         n_layers=n_layers,
@@ -154,7 +179,7 @@ def load_circuit_tracer(path: str | os.PathLike, device="cpu", dtype: torch.dtyp
         output_hook=out_hook,
         skip=skip,
         output_before_post_norm=before_norm,
-        model_name=str(meta.get("model_name") or ""),
+        model_name=model_name,
         folded_norms=False,  # circuit-tracer runs its model unprocessed (fold_ln=False): sites.py step 4
     )
     tc = allocated(cfg, dtype)
@@ -179,6 +204,34 @@ def _layer_files(folder: Path, pattern: str) -> list[Path]:
             f"{folder} lacks the files of layers {missing}; a set needs every layer."
         )
     return [found[i] for i in range(n)]
+
+
+def _listed_files(folder: Path, listed) -> list[Path]:
+    """The local files of a `transcoders:` list (step 4), layer i the i-th: `hf://` entries fetched
+    through huggingface_hub's cache (hub.py), paths taken relative to the folder, else as given."""
+    from transcoders.formats.hub import fetch_file
+
+    config = folder / "config.yaml"
+    if not isinstance(listed, list) or not listed or not all(isinstance(p, str) for p in listed):
+        raise CorruptTranscoderError(
+            f"{config}: transcoders is {listed!r}; it must list one file (a path or hf:// URI) per layer."
+        )
+    files = []
+    for entry in listed:
+        if entry.startswith("hf://"):
+            files.append(fetch_file(entry, config))
+            continue
+        path = next((p for p in (folder / entry, Path(entry)) if p.is_file()), None)
+        if path is None:
+            raise TranscoderNotFoundError(f"{config} lists {entry!r}, which is no file here or in {folder}.")
+        files.append(path)
+    kinds = {f.suffix for f in files}
+    if not kinds <= {".npz", ".safetensors"} or len(kinds) > 1:
+        raise CorruptTranscoderError(
+            f"{config} lists files of kinds {sorted(kinds)}; a set is one kind: GemmaScope .npz or "
+            "circuit-tracer .safetensors, one per layer."
+        )
+    return files
 
 
 def _get(d: dict, key: str, source) -> torch.Tensor:
@@ -213,8 +266,7 @@ def _same_presence(layers: list[dict], keys: list[str], files: list[Path]) -> No
             )
 
 
-def _read_plt(folder: Path):
-    files = _layer_files(folder, r"layer_(\d+)\.safetensors")
+def _read_plt(files: list[Path]):
     layers = [SafetensorsFile(f) for f in files]  # headers now, each tensor when its key is stacked
     first = layers[0]
     for optional in (PLT_THRESHOLD, "W_skip"):

@@ -125,8 +125,10 @@ def load_gemmascope(
     model_name: str = "",
     device="cpu",
     dtype: torch.dtype = torch.float32,
+    output_before_post_norm: bool = False,
 ):
-    """A `PerLayerTranscoder` (or `SAE` when input_hook == output_hook) from GemmaScope files."""
+    """A `PerLayerTranscoder` (or `SAE` when input_hook == output_hook) from GemmaScope files
+    (`output_before_post_norm`: as `TranscoderConfig` has it; a circuit-tracer list's `mlp.hook_out`)."""
     from transcoders.build import allocated
     from transcoders.formats.native import LazyState, load_state
 
@@ -153,6 +155,7 @@ def load_gemmascope(
         input_hook=input_hook,
         output_hook=output_hook,
         model_name=model_name,
+        output_before_post_norm=output_before_post_norm,
         folded_norms=False,  # trained on Hugging Face's Gemma-2, whose norms keep their weights
     )
     tc = allocated(cfg, dtype)
