@@ -1,7 +1,8 @@
 """`attrgraph build PROMPT`: attribute, prune, summarize and store a graph in one command.
 
 1. Load the model (`--model`: "default", a folder, or a TransformerLens name) and the transcoders
-   (`--transcoders`: "default-plt", "default-clt", or a directory in a format `transcoders` reads);
+   (`--transcoders`: "default-plt", "default-clt", a directory in a format `transcoders` reads, or
+   a Hugging Face hub name, e.g. `mntss/clt-gemma-2-2b-426k`, from the cache: transcoders/formats/hub.py);
    `--attn-transcoders NAME_OR_PATH` adds an attention-output SAE set, whose features and errors
    become graph nodes too (engine/sets.py).
    Tokenize and check the prompt (attribute.to_tokens): text that is not UTF-8 and a prompt
@@ -64,7 +65,9 @@ def add_build_options(
     checks), shared by `build` and `build-many`."""
     p.add_argument("--model", default="default", help="'default', a model folder, or a TransformerLens name")
     p.add_argument(
-        "--transcoders", default="default-plt", help="'default-plt', 'default-clt', or a directory"
+        "--transcoders",
+        default="default-plt",
+        help="'default-plt', 'default-clt', a directory, or a Hugging Face hub name (owner/repo[/folder][@rev])",
     )
     p.add_argument(
         "--device",
