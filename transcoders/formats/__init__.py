@@ -42,7 +42,7 @@ from transcoders.errors import (
 )
 from transcoders.formats.circuit_tracer import is_circuit_tracer, load_circuit_tracer, save_circuit_tracer
 from transcoders.formats.gemmascope import load_gemmascope, save_gemmascope
-from transcoders.formats.hub import fetch_folder, parse_hub_ref
+from transcoders.formats.hub import fetch_file, fetch_folder, parse_hub_ref
 from transcoders.formats.native import broken_json, is_native, load_native, save_native
 from transcoders.formats.sparsify import holds_sparsify, load_sparsify, save_sparsify
 from transcoders.output_folder import check_output_folder
@@ -83,6 +83,21 @@ def detect_format(folder: Path) -> str:
         "layer_{i}.safetensors, sae_lens cfg.json + sae_weights.safetensors, sparsify cfg.json + sae.safetensors, "
         "or GemmaScope params.npz files."
     )
+
+
+def _hub_format(folder: Path, ref) -> str:
+    """The format of a hub set's folder: any but GemmaScope's (hub.py `FETCHED`), else one line."""
+    try:
+        fmt = detect_format(folder)
+    except UnknownFormatError:
+        fmt = None
+    if fmt is None or fmt == "gemmascope":
+        raise UnknownFormatError(
+            f"the hub reference {ref} holds no set of ours, circuit-tracer, sae_lens or sparsify; a GemmaScope "
+            f"repository holds every width and L0 of each layer: pass a list of one hf://{ref.repo_id}/layer_{{i}}/"
+            ".../params.npz per layer, or circuit-tracer's 'gemma'."
+        )
+    return fmt
 
 
 def load_transcoders(
@@ -163,14 +178,23 @@ def _load(name_or_path, format, device, dtype, **kwargs):
         if not items or bad:
             raise ConfigError(
                 f"a list of transcoders holds {type(bad[0]).__name__ if bad else 'nothing'}; pass one sae_lens "
-                "SAE (or its directory, or a GemmaScope params.npz) per layer, in layer order."
+                "SAE (or its directory, or a GemmaScope params.npz, or its hf:// file) per layer, in layer order."
             )
+        if format is None and all(
+            isinstance(x, str | os.PathLike) and str(x).endswith(".npz") for x in items
+        ):
+            format = "gemmascope"
         _check_options(format or "sae-lens", kwargs)
+        items = [
+            fetch_file(x, "the list given") if isinstance(x, str) and x.startswith("hf://") else x
+            for x in items
+        ]
         if format == "gemmascope":
             return load_gemmascope(items, device=device, dtype=dtype, **kwargs)
         return sl.load_sae_lens(items, device=device, dtype=dtype, **kwargs)
     key = str(name_or_path)
     folder = BUNDLED.get(key, Path(key))
+    ref = None
     if not folder.exists():
         ref = parse_hub_ref(key) if isinstance(name_or_path, str) else None
         if ref is None:
@@ -184,7 +208,7 @@ def _load(name_or_path, format, device, dtype, **kwargs):
             _check_options("gemmascope", kwargs)
             return load_gemmascope([folder], device=device, dtype=dtype, **kwargs)
         raise UnknownFormatError(f"{folder} is a file; pass the directory that holds it (and its config).")
-    fmt = format or detect_format(folder)
+    fmt = format or (detect_format(folder) if ref is None else _hub_format(folder, ref))
     _check_options(fmt, kwargs)
     if fmt == "native":
         return load_native(folder, device=device, dtype=dtype)

@@ -35,6 +35,13 @@ _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """One component of a repository id or of a path inside one (no `..`, no leading `.` or `-`)."""
 
 
+FETCHED = ("*.json", "*.yaml", "*.safetensors")
+"""What a download of a set takes from its repository (or folder): the configs and weights of every
+format read from a folder. Not GemmaScope's npz: its repositories hold every width and L0 of every
+layer (hundreds of GB), so its files are named one per layer (a list of `hf://` files, or
+circuit-tracer's "gemma" config, which lists them)."""
+
+
 class HubRef(NamedTuple):
     """A set on the hub: its repository, the folder (or file) inside it, and the revision."""
 
@@ -91,7 +98,8 @@ def fetch_folder(ref: HubRef) -> Path:
     """The local folder of `ref` (a snapshot of the repository, or of its folder `ref.path` alone)."""
     from huggingface_hub import snapshot_download
 
-    patterns = [f"{ref.path}/*"] if ref.path else None
+    prefix = f"{ref.path}/" if ref.path else ""
+    patterns = [prefix + p for p in FETCHED]
     try:
         root = Path(snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns))
     except Exception as e:  # huggingface_hub's errors, and the network's, told apart in _why
@@ -106,7 +114,7 @@ def fetch_folder(ref: HubRef) -> Path:
     return folder
 
 
-def fetch_file(uri: str, listed_in: Path) -> Path:
+def fetch_file(uri: str, listed_in: Path | str) -> Path:
     """The local copy of the file an `hf://owner/repo/path/file?revision=R` URI names (`listed_in`:
     the file that lists it, for the error)."""
     from huggingface_hub import hf_hub_download

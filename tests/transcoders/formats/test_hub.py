@@ -166,6 +166,23 @@ def test_gemma_loads_the_gemmascope_files_its_config_lists(cache, tmp_path):
     )
     hooks = assert_computes_as_ct(ours, str(tmp_path / "config.yaml"), "gemma-scope", tmp_path)
     assert hooks == {"input": "ln2.hook_normalized", "output": "hook_mlp_out"}
+    # the same files named in a list, in Python (no format needed: they are npz), and refused by the
+    # repository's name, which would fetch every width and L0 of every layer
+    listed = load_transcoders(config["transcoders"])
+    for name, value in ours.state_dict().items():
+        torch.testing.assert_close(listed.state_dict()[name], value, rtol=0, atol=0)
+    with pytest.raises(UnknownFormatError) as e:
+        load_transcoders(repo)
+    assert "pass a list of one hf://google/gemma-scope-2b-pt-transcoders/layer_{i}/" in one_line(e)
+
+
+def test_a_list_of_npz_files_is_read_as_gemmascope(tmp_path):
+    tc = random_set("plt", "jumprelu", n_layers=2, seed=9)
+    save_transcoders(tc, tmp_path, format="gemmascope")
+    ours = load_transcoders([tmp_path / f"layer_{l}/params.npz" for l in range(2)])
+    assert ours.cfg.kind == "plt"
+    for name, value in tc.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], value, rtol=0, atol=0)
 
 
 def test_a_local_config_listing_its_layer_files(tmp_path):
