@@ -75,16 +75,18 @@ class RunBusyError(TranscoderError, OSError):
     """A training run folder (`--out`) that another training run is using."""
 
 
-class Terminated(TranscoderError):
-    """A training run stopped at a step for a SIGTERM, that step's checkpoint written
-    (stop_signal.py); the commands end on its sentence with exit 143, not as an error."""
+def resumes_at(checkpoint, step: int) -> str:
+    """What a stopped run's line says of its checkpoint `checkpoint` holding step `step`."""
+    return f"the checkpoint in {checkpoint} holds step {step}: the same command resumes there."
 
-    def __init__(self, checkpoint, step: int):
-        super().__init__(
-            f"terminated (SIGTERM); the checkpoint in {checkpoint} holds step {step}: the same command "
-            "resumes there."
-        )
-        self.checkpoint, self.step = checkpoint, step
+
+class Terminated(TranscoderError):
+    """A training run stopped for a SIGTERM (stop_signal.py): at a step, that step's checkpoint
+    written, or outside the steps; `where` says what the run folder holds (`resumes_at`). The
+    commands end on its sentence with exit 143, not as an error."""
+
+    def __init__(self, where: str):
+        super().__init__(f"terminated (SIGTERM); {where}")
 
 
 class StalledRankError(TranscoderError, TimeoutError):

@@ -55,13 +55,14 @@ from transcoders.command import (
     restore_interrupt,
 )
 from transcoders.config_cli import add_fields, parse_config
-from transcoders.errors import AttrgraphError, Terminated, WriteError
+from transcoders.errors import AttrgraphError, Terminated, WriteError, resumes_at
 from transcoders.formats.native import save_native, save_native_streamed
 from transcoders.manifest import sha256
 from transcoders.metrics import reconstruction_metrics, replacement_metrics, spliced_metrics
 from transcoders.model_state import grad_mode
 from transcoders.output_folder import replaced
 from transcoders.run_folder import one_run
+from transcoders.stop_signal import SigtermOutsideSteps, sigterm_raises
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -214,7 +215,17 @@ def _run_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """Train, save, evaluate and write the manifest for the options in `args`."""
+    """Train, save, evaluate and write the manifest for the options in `args`. A SIGTERM outside the
+    steps (loading; saving and evaluating after them) is `Terminated` saying what the run folder
+    holds (stop_signal.py step 4), as one at a step is."""
+    try:
+        with sigterm_raises():
+            return _run(args, argv)
+    except SigtermOutsideSteps:
+        raise Terminated(resume_hint(Path(args.out))) from None
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     torch.set_flush_denormal(True)  # Adam moments of rarely active features decay into slow denormals
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
@@ -302,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = interrupt_once()
     try:
         return run(args, argv)
-    except Terminated as e:  # SIGTERM while training: stopped at a step, checkpointed (stop_signal.py)
+    except Terminated as e:  # SIGTERM: stopped at a checkpointed step, or outside the steps (stop_signal.py)
         close_progress_bars()
         if os.environ.get("RANK", "0") == "0":
             print(f"{parser.prog}: {e}", file=sys.stderr)
@@ -334,7 +345,7 @@ def resume_hint(out: Path) -> str:
         return (
             f"no checkpoint of this run is in {out} yet (--checkpoint-every): the same command starts afresh."
         )
-    return f"the checkpoint in {found} holds step {step}: the same command resumes there."
+    return resumes_at(found, step)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from transcoders.checkpoint import (
     state_tensors,
     write_checkpoint,
 )
-from transcoders.errors import ConfigError, NonFiniteError, Terminated
+from transcoders.errors import ConfigError, NonFiniteError, Terminated, resumes_at
 from transcoders.losses import sparsity_schedule
 from transcoders.nonlinearity import Penalty
 from transcoders.stop_signal import StopRequest, deferred_sigterm
@@ -310,14 +310,14 @@ class Trainer:
                     self.stop.honoured = True
                     bar.close()
                     self.checkpoint()
-                    raise Terminated(self.ckpt, self.t)
+                    raise Terminated(resumes_at(self.ckpt, self.t))
                 if self.t % 20 == 0 or self.t == self.total:
                     self._record(res, bar)
                 bar.update(1)
                 if self.t % cfg.checkpoint_every == 0 and self.t < self.total:
                     self.checkpoint()
-        bar.close()
-        self.checkpoint()
+            bar.close()
+            self.checkpoint()  # the last step's, whole before a SIGTERM acts (stop_signal.py step 4)
 
     def _record(self, res: StepOutput, bar) -> None:
         t = self.t

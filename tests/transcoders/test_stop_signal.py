@@ -2,7 +2,7 @@
 writes that step's checkpoint and says so in one line, exit 143; the same command then resumes and
 ends with the set an uninterrupted run trains. Before, SIGTERM killed the run (exit -15 to a
 caller): the steps since the last checkpoint were lost, and no line said where it stood. A SIGTERM
-after the steps acts as before."""
+outside the steps (loading, the final save and evaluation) ends on one line too."""
 
 import contextlib
 import json
@@ -67,13 +67,42 @@ def test_attrgraph_train_transcoders_says_the_same(tmp_path):
     )
 
 
-def test_sigterm_after_the_steps_acts_as_before(tmp_path):
-    """Paused in the evaluation after training: SIGTERM kills the run, as it always did."""
-    args = [*ARGS, "--out", tmp_path / "run"]
+def test_sigterm_in_the_evaluation_after_the_steps_says_so_and_the_same_command_ends_the_run(tmp_path):
+    """Paused in the evaluation after the last step (the set saved, no manifest yet): one line naming
+    the last step's checkpoint, exit 143, no temp file; the same command then saves and evaluates
+    the set an uninterrupted run saves. Before, SIGTERM killed the process
+    there (exit -15), without a word."""
+    out = tmp_path / "run"
+    args = [*ARGS, "--out", out]
     with paused("transcoders.train", args, "transcoders.train", "evaluate") as run:
         run.send_signal(signal.SIGTERM)
-        run.wait(60)
-    assert run.returncode == -signal.SIGTERM
+        _, err = run.communicate("\n", timeout=600)
+    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"{PROG}: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds step 10: "
+        "the same command resumes there."
+    )
+    assert not (out / "transcoders" / "manifest.json").exists()
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert main(list(map(str, args))) == 0
+    assert (out / "transcoders" / "manifest.json").exists()
+    whole = tmp_path / "whole"
+    assert main(list(map(str, [*ARGS, "--out", whole]))) == 0
+    resumed, uninterrupted = weights(out), weights(whole)
+    for name in uninterrupted:
+        assert resumed[name].equal(uninterrupted[name]), name
+
+
+def test_sigterm_while_the_model_loads_says_no_checkpoint_is_there_yet(tmp_path):
+    out = tmp_path / "run"
+    with paused("transcoders.train", [*ARGS, "--out", out], "transcoders.train", "load_any_model") as run:
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate("\n", timeout=600)
+    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"{PROG}: terminated (SIGTERM); no checkpoint of this run is in {out} yet (--checkpoint-every): "
+        "the same command starts afresh."
+    )
 
 
 def _rank(rank: int, root: str, port: str) -> None:
