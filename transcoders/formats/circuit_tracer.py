@@ -27,6 +27,7 @@ Conversion to ours (TransformerLens orientation, `x @ W`):
    huggingface_hub's cache (hub.py), paths relative to the folder or as given; `.npz` files are
    read as GemmaScope's (gemmascope.py) with the config's hooks, `.safetensors` as `layer_{i}` files.
    A list for a CLT (GemmaScope 2, for Gemma 3) is refused.
+5. Tensors are read in the file's precision and written in the set's (float64 and bfloat16 stay so).
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ def _get(d: dict, key: str, source) -> torch.Tensor:
             f"{source} has no tensor {key!r}; it is not a circuit-tracer transcoder file."
         )
     check_floating(key, d[key], source)
-    return d[key].float()
+    return d[key]  # in the file's precision: the set's allocation converts it once (float64 stays)
 
 
 def _stack(tensors: list[torch.Tensor], key: str, files: list[Path], transpose: bool = False) -> torch.Tensor:
@@ -360,7 +361,9 @@ def save_circuit_tracer(tc: SparseCoder, path: str | os.PathLike, scan: str | No
     inp, out = hooks_to_ct(cfg)
 
     def t(x):
-        return x.detach().float().cpu().contiguous()
+        return (
+            x.detach().cpu().contiguous()
+        )  # in the set's precision, as circuit-tracer's own writer keeps its
 
     for l in range(cfg.n_layers):
         if cfg.kind == "plt":

@@ -110,10 +110,11 @@ class NpzLayer:
         )
 
     def read(self, key: str) -> torch.Tensor:
-        """The array `key`, as float32."""
+        """The array `key`, as float32, or float64 when the file holds float64."""
         try:
             with np.load(self.path) as z:
-                return torch.from_numpy(np.asarray(z[key], dtype=np.float32))
+                a = np.asarray(z[key])
+                return torch.from_numpy(a if a.dtype == np.float64 else a.astype(np.float32))
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
             raise self._unreadable(e) from e
 
@@ -188,6 +189,13 @@ def save_gemmascope(tc: SparseCoder, folder: str | os.PathLike) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {name: getattr(tc, name)[l] for name in KEYS}
         with replaced(path) as tmp:  # its name ends in .npz, so savez adds no suffix
-            np.savez(tmp, **{k: v.detach().float().cpu().numpy() for k, v in arrays.items()})
+            np.savez(tmp, **{k: _numpy(v) for k, v in arrays.items()})
         out.append(path)
     return out
+
+
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """A set's tensor for an npz: float64 as it is, any other precision as float32 (GemmaScope's;
+    numpy has no bfloat16)."""
+    x = x.detach().cpu()
+    return (x if x.dtype == torch.float64 else x.float()).numpy()

@@ -268,3 +268,24 @@ def test_saving_a_smaller_set_over_a_larger_one_is_refused(tmp_path, fmt):
         random_set("plt", "jumprelu", n_layers=3, seed=1), tmp_path / "set", format=fmt
     )  # same size: fine
     assert load_transcoders(tmp_path / "set").n_layers == 3
+
+
+@pytest.mark.parametrize("fmt", ["native", "circuit-tracer", "gemmascope"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_set_is_written_and_read_in_its_own_precision(tmp_path, fmt, dtype):
+    """float64 comes back bit for bit (it was rounded through float32: 1e-8 off); bfloat16 too, and
+    is stored as bfloat16 where the format can hold it (safetensors), not doubled to float32
+    (npz has no bfloat16: float32 there, which holds every bfloat16 value exactly)."""
+    from safetensors import safe_open
+
+    tc = random_set("plt", "jumprelu", n_layers=2, folded_norms=False).to(dtype)
+    save_transcoders(tc, tmp_path, format=fmt)
+    back = load_transcoders(tmp_path, dtype=dtype)
+    assert back.dtype == dtype
+    assert_same_set(tc, back, ignore=("k", "output_before_post_norm"))
+    if fmt == "circuit-tracer":
+        with safe_open(tmp_path / "layer_0.safetensors", "pt") as f:
+            assert f.get_tensor("W_enc").dtype == dtype
+    if fmt == "gemmascope":
+        stored = np.load(tmp_path / "layer_0" / "params.npz")["W_enc"].dtype
+        assert stored == (np.float64 if dtype == torch.float64 else np.float32)
