@@ -14,8 +14,8 @@ checkpoint being written was left half in `checkpoint.tmp`.
 3. Under torchrun, a SIGTERM because a rank died is still the `StalledRankError` naming it
    (distributed.py `naming_dead_ranks`); no checkpoint is attempted without that rank.
 4. Outside the steps (loading the model and the data, the final save and evaluation) the command
-   runs under `sigterm_raises`: SIGTERM raises `SigtermOutsideSteps` where the run is, as Ctrl-C
-   raises KeyboardInterrupt, so that a file being written is removed (output_folder.py `replaced`)
+   runs under `sigterm_raises`: SIGTERM raises `Terminated` where the run is, as Ctrl-C raises
+   KeyboardInterrupt, so that a file being written is removed (output_folder.py `replaced`)
    and the command ends on one line saying what the run folder holds (after the steps: the last
    step's checkpoint, so the same command saves and evaluates without training again), exit 143.
    The last step's checkpoint is written inside step 1's block, so a SIGTERM there waits for it.
@@ -28,35 +28,31 @@ import contextlib
 import dataclasses
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from transcoders import distributed as tdist
-
-
-class SigtermOutsideSteps(BaseException):
-    """A SIGTERM outside the steps (step 4). A BaseException, as KeyboardInterrupt is, so that no
-    `except Exception` on its way takes it for an error of the work it stopped."""
+from transcoders.errors import Terminated
 
 
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within: SIGTERM raises `SigtermOutsideSteps` (step 4), once; a further one is ignored while
-    the command ends. `deferred_sigterm` and distributed.py `naming_dead_ranks` take over inside
-    their blocks and hand a SIGTERM they do not keep back to this. Off the main thread: no change."""
+def sigterm_raises(where: Callable[[], str]) -> Iterator[None]:
+    """Within: SIGTERM raises `Terminated(where())` (step 4: `where` says what the run folder holds),
+    once; a second SIGTERM kills, as one did before (and does if code on the way swallowed the
+    first). `deferred_sigterm` and distributed.py `naming_dead_ranks` take over inside their blocks
+    and hand a SIGTERM they do not keep back to this. Off the main thread: no change."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise SigtermOutsideSteps
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated(where())
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # a SIGTERM came: the process ends
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 @dataclasses.dataclass

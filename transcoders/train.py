@@ -62,7 +62,7 @@ from transcoders.metrics import reconstruction_metrics, replacement_metrics, spl
 from transcoders.model_state import grad_mode
 from transcoders.output_folder import replaced
 from transcoders.run_folder import one_run
-from transcoders.stop_signal import SigtermOutsideSteps, sigterm_raises
+from transcoders.stop_signal import sigterm_raises
 from transcoders.train_config import (
     DEFAULTS,
     HELD_OUT_SEED,
@@ -218,11 +218,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Train, save, evaluate and write the manifest for the options in `args`. A SIGTERM outside the
     steps (loading; saving and evaluating after them) is `Terminated` saying what the run folder
     holds (stop_signal.py step 4), as one at a step is."""
-    try:
-        with sigterm_raises():
-            return _run(args, argv)
-    except SigtermOutsideSteps:
-        raise Terminated(resume_hint(Path(args.out))) from None
+    with sigterm_raises(lambda: resume_hint(Path(args.out))):
+        return _run(args, argv)
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
