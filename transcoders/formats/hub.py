@@ -7,7 +7,12 @@ one of the forms circuit-tracer's `load_transcoder_from_hub` takes:
 2. `hf://owner/repo/sub/folder?revision=R`;
 3. circuit-tracer's two legacy names, "gemma" (`mwhanna/gemma-scope-transcoders`) and "llama"
    (`mntss/transcoder-Llama-3.2-1B`).
-It resolves through huggingface_hub's own `snapshot_download` / `hf_hub_download`: from the local
+A set circuit-tracer has moved into its own cache (`save_transcoders_to_cache`, which converts it
+to its `layer_{i}.safetensors` files and by default deletes the hub's copies) is read from there
+first, as circuit-tracer's `load_transcoder_from_hub` reads it: `CIRCUIT_TRACER_CACHE_DIR`, else
+`~/.cache/circuit_tracer`, then the reference (`owner/repo[/folder][@revision]`), complete once its
+`config.yaml` is there (circuit-tracer writes it last). Otherwise
+it resolves through huggingface_hub's own `snapshot_download` / `hf_hub_download`: from the local
 cache (`HF_HUB_CACHE`, `HF_HOME`) when the files are there, downloading only where the network is
 reachable and `HF_HUB_OFFLINE` is unset (the command line sets it unless told otherwise). The folder
 it gives is then read like any other (its format detected), so the sets circuit-tracer, EleutherAI
@@ -21,6 +26,7 @@ token) is one `TranscoderNotFoundError` sentence that names the reference and wh
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -94,9 +100,20 @@ def _why(ref: HubRef, e: Exception) -> str:
     return why
 
 
+def circuit_tracer_cache() -> Path:
+    """circuit-tracer's cache of converted sets (its `get_cache_dir`)."""
+    env = os.environ.get("CIRCUIT_TRACER_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "circuit_tracer"
+
+
 def fetch_folder(ref: HubRef) -> Path:
-    """The local folder of `ref` (a snapshot of the repository, or of its folder `ref.path` alone)."""
+    """The local folder of `ref`: circuit-tracer's converted copy when its cache holds one, else a
+    snapshot of the repository (or of its folder `ref.path` alone)."""
     from huggingface_hub import snapshot_download
+
+    converted = circuit_tracer_cache() / str(ref)
+    if (converted / "config.yaml").is_file():
+        return converted
 
     prefix = f"{ref.path}/" if ref.path else ""
     patterns = [prefix + p for p in FETCHED]

@@ -38,6 +38,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_CACHE", str(folder))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CIRCUIT_TRACER_CACHE_DIR", str(tmp_path / "ct-cache"))  # circuit-tracer's own
     return folder
 
 
@@ -65,9 +66,11 @@ import json, sys
 import numpy as np, torch, yaml
 ref, mode, x_path, out = sys.argv[1:]
 x = torch.from_numpy(np.load(x_path))
-if mode == "hub":
+if mode in ("hub", "cached"):  # the hub's files, or circuit-tracer's own cache first
     from circuit_tracer.utils.hf_utils import load_transcoder_from_hub
-    tc, _ = load_transcoder_from_hub(ref, dtype=torch.float32, lazy_encoder=False, lazy_decoder=False, use_cache=False)
+    tc, _ = load_transcoder_from_hub(
+        ref, dtype=torch.float32, lazy_encoder=False, lazy_decoder=False, use_cache=mode == "cached"
+    )
 else:  # a config.yaml listing hf:// files, read by circuit-tracer's own pieces
     from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
     from circuit_tracer.utils.hf_utils import download_hf_uri
@@ -138,12 +141,16 @@ def test_a_circuit_tracer_clt_in_a_folder_of_a_tagged_revision(cache, tmp_path):
     assert_computes_as_ct(ours, "someone/clts/wide@v1", "hub", tmp_path)
 
 
-def test_gemma_loads_the_gemmascope_files_its_config_lists(cache, tmp_path):
-    """circuit-tracer's "gemma": `mwhanna/gemma-scope-transcoders` holds only a config.yaml listing
-    `hf://google/gemma-scope-2b-pt-transcoders/layer_{i}/width_16k/average_l0_{n}/params.npz`."""
+GEMMASCOPE = "google/gemma-scope-2b-pt-transcoders"
+
+
+def gemma_in_cache(cache: Path, tmp_path: Path) -> dict:
+    """circuit-tracer's "gemma" in the cache: `mwhanna/gemma-scope-transcoders` holds only a
+    config.yaml listing `hf://google/gemma-scope-2b-pt-transcoders/layer_{i}/width_16k/average_l0_{n}/params.npz`,
+    which `google/gemma-scope-2b-pt-transcoders` holds (3 layers of a random JumpReLU set). The config."""
     tc = random_set("plt", "jumprelu", n_layers=3, seed=4)
     save_transcoders(tc, tmp_path / "gs", format="gemmascope")
-    repo = "google/gemma-scope-2b-pt-transcoders"
+    repo = GEMMASCOPE
     names = {
         f"layer_{l}/width_16k/average_l0_{(91, 15, 40)[l]}/params.npz": tmp_path / f"gs/layer_{l}/params.npz"
         for l in range(3)
@@ -158,6 +165,12 @@ def test_gemma_loads_the_gemmascope_files_its_config_lists(cache, tmp_path):
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     put(cache, "mwhanna/gemma-scope-transcoders", {"config.yaml": tmp_path / "config.yaml"})
+    return config
+
+
+def test_gemma_loads_the_gemmascope_files_its_config_lists(cache, tmp_path):
+    config = gemma_in_cache(cache, tmp_path)
+    repo = GEMMASCOPE
     ours = load_transcoders("gemma")
     assert (ours.cfg.kind, ours.cfg.n_layers, ours.cfg.model_name) == ("plt", 3, "google/gemma-2-2b")
     assert (ours.cfg.input_hook, ours.cfg.output_hook) == (
@@ -174,6 +187,26 @@ def test_gemma_loads_the_gemmascope_files_its_config_lists(cache, tmp_path):
     with pytest.raises(UnknownFormatError) as e:
         load_transcoders(repo)
     assert "pass a list of one hf://google/gemma-scope-2b-pt-transcoders/layer_{i}/" in one_line(e)
+
+
+CT_SAVE_TO_CACHE = r"""
+import json, sys
+from circuit_tracer.utils.caching import save_transcoders_to_cache
+print(json.dumps({"path": str(save_transcoders_to_cache(sys.argv[1]))}))
+"""
+
+
+def test_a_set_circuit_tracer_moved_into_its_own_cache_loads_from_there(cache, tmp_path):
+    """circuit-tracer's `save_transcoders_to_cache("gemma")` converts the set into its cache and
+    deletes the hub cache's npz files: "gemma" still loads, from circuit-tracer's copy, as
+    circuit-tracer's own `load_transcoder_from_hub` (which looks there first) reads it."""
+    gemma_in_cache(cache, tmp_path)
+    saved = Path(run_peer(CT_SAVE_TO_CACHE, "gemma")["path"])
+    assert saved == tmp_path / "ct-cache" / "mwhanna/gemma-scope-transcoders"
+    assert not list((cache / f"models--{GEMMASCOPE.replace('/', '--')}").rglob("*.npz"))  # deleted by it
+    ours = load_transcoders("gemma")
+    assert ours.cfg.n_layers == 3
+    assert_computes_as_ct(ours, "gemma", "cached", tmp_path)
 
 
 def test_a_list_of_npz_files_is_read_as_gemmascope(tmp_path):
