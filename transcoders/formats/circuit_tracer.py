@@ -210,12 +210,19 @@ def _layer_files(folder: Path, pattern: str) -> list[Path]:
 def _listed_files(folder: Path, listed) -> list[Path]:
     """The local files of a `transcoders:` list (step 4), layer i the i-th: `hf://` entries fetched
     through huggingface_hub's cache (hub.py), paths taken relative to the folder, else as given."""
-    from transcoders.formats.hub import fetch_file
+    from transcoders.formats.hub import fetch_file, file_ref
 
     config = folder / "config.yaml"
     if not isinstance(listed, list) or not listed or not all(isinstance(p, str) for p in listed):
         raise CorruptTranscoderError(
             f"{config}: transcoders is {listed!r}; it must list one file (a path or hf:// URI) per layer."
+        )
+    names = [file_ref(e, config).path if e.startswith("hf://") else e for e in listed]
+    kinds = {Path(name).suffix for name in names}
+    if not kinds <= {".npz", ".safetensors"} or len(kinds) > 1:  # before anything is fetched
+        raise CorruptTranscoderError(
+            f"{config} lists files of kinds {sorted(kinds)}; a set is one kind: GemmaScope .npz or "
+            "circuit-tracer .safetensors, one per layer."
         )
     files = []
     for entry in listed:
@@ -226,12 +233,6 @@ def _listed_files(folder: Path, listed) -> list[Path]:
         if path is None:
             raise TranscoderNotFoundError(f"{config} lists {entry!r}, which is no file here or in {folder}.")
         files.append(path)
-    kinds = {f.suffix for f in files}
-    if not kinds <= {".npz", ".safetensors"} or len(kinds) > 1:
-        raise CorruptTranscoderError(
-            f"{config} lists files of kinds {sorted(kinds)}; a set is one kind: GemmaScope .npz or "
-            "circuit-tracer .safetensors, one per layer."
-        )
     return files
 
 

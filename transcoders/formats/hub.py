@@ -131,16 +131,22 @@ def fetch_folder(ref: HubRef) -> Path:
     return folder
 
 
-def fetch_file(uri: str, listed_in: Path | str) -> Path:
-    """The local copy of the file an `hf://owner/repo/path/file?revision=R` URI names (`listed_in`:
-    the file that lists it, for the error)."""
-    from huggingface_hub import hf_hub_download
-
+def file_ref(uri: str, listed_in: Path | str) -> HubRef:
+    """The `HubRef` of the file an `hf://owner/repo/path/file?revision=R` URI names, or one line
+    (`listed_in`: what lists it, for the error)."""
     ref = parse_hub_ref(uri)
     if ref is None or ref.path is None:
         raise TranscoderNotFoundError(
             f"{listed_in} lists {uri!r}, which is no hub file reference; name files as hf://owner/repo/path/file."
         )
+    return ref
+
+
+def fetch_file(uri: str, listed_in: Path | str) -> Path:
+    """The local copy of the file `uri` names (`file_ref`)."""
+    from huggingface_hub import hf_hub_download
+
+    ref = file_ref(uri, listed_in)
     try:
         return Path(hf_hub_download(ref.repo_id, ref.path, revision=ref.revision))
     except Exception as e:  # as in fetch_folder
