@@ -30,22 +30,18 @@ def weights(out: Path) -> dict:
     return load_file(out / "transcoders" / "weights.safetensors")
 
 
-def test_sigterm_checkpoints_the_step_and_the_same_command_resumes_to_the_same_set(tmp_path):
-    out = tmp_path / "run"
-    args = [*ARGS, "--out", out]
-    # sparsity_schedule's 6th call is step 5's (0-based), before that step's check
-    with paused("transcoders.train", args, "transcoders.trainer", "sparsity_schedule", nth=6) as run:
+def terminated_line(command: str, args: list, module: str, name: str, nth: int = 1) -> str:
+    """SIGTERM to `python -m COMMAND ARGS` where `paused` stops it: exit 143 without a traceback;
+    its last line of stderr."""
+    with paused(command, args, module, name, nth) as run:
         run.send_signal(signal.SIGTERM)
         _, err = run.communicate("\n", timeout=600)
-    assert run.returncode == 143, err[-3000:]
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == (
-        f"{PROG}: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds step 5: "
-        "the same command resumes there."
-    )
-    assert json.loads((out / "checkpoint" / "meta.json").read_text())["step"] == 5
-    assert not (out / "transcoders").exists()
-    assert main(list(map(str, args))) == 0
+    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+
+def assert_same_as_uninterrupted(out: Path, tmp_path: Path) -> None:
+    """The set the run in `out` saved is, tensor for tensor, the one an uninterrupted run saves."""
     whole = tmp_path / "whole"
     assert main(list(map(str, [*ARGS, "--out", whole]))) == 0
     resumed, uninterrupted = weights(out), weights(whole)
@@ -54,14 +50,24 @@ def test_sigterm_checkpoints_the_step_and_the_same_command_resumes_to_the_same_s
         assert resumed[name].equal(uninterrupted[name]), name
 
 
+def test_sigterm_checkpoints_the_step_and_the_same_command_resumes_to_the_same_set(tmp_path):
+    out = tmp_path / "run"
+    args = [*ARGS, "--out", out]
+    # sparsity_schedule's 6th call is step 5's (0-based), before that step's check
+    assert terminated_line("transcoders.train", args, "transcoders.trainer", "sparsity_schedule", nth=6) == (
+        f"{PROG}: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds step 5: "
+        "the same command resumes there."
+    )
+    assert json.loads((out / "checkpoint" / "meta.json").read_text())["step"] == 5
+    assert not (out / "transcoders").exists()
+    assert main(list(map(str, args))) == 0
+    assert_same_as_uninterrupted(out, tmp_path)
+
+
 def test_attrgraph_train_transcoders_says_the_same(tmp_path):
     out = tmp_path / "run"
     args = ["train-transcoders", *ARGS, "--out", out]
-    with paused("attrgraph.cli", args, "transcoders.trainer", "sparsity_schedule", nth=3) as run:
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate("\n", timeout=600)
-    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == (
+    assert terminated_line("attrgraph.cli", args, "transcoders.trainer", "sparsity_schedule", nth=3) == (
         f"attrgraph train-transcoders: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds "
         "step 2: the same command resumes there."
     )
@@ -70,15 +76,11 @@ def test_attrgraph_train_transcoders_says_the_same(tmp_path):
 def test_sigterm_in_the_evaluation_after_the_steps_says_so_and_the_same_command_ends_the_run(tmp_path):
     """Paused in the evaluation after the last step (the set saved, no manifest yet): one line naming
     the last step's checkpoint, exit 143, no temp file; the same command then saves and evaluates
-    the set an uninterrupted run saves. Before, SIGTERM killed the process
-    there (exit -15), without a word."""
+    the set an uninterrupted run saves. Before, SIGTERM killed the process there (exit -15),
+    without a word."""
     out = tmp_path / "run"
     args = [*ARGS, "--out", out]
-    with paused("transcoders.train", args, "transcoders.train", "evaluate") as run:
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate("\n", timeout=600)
-    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == (
+    assert terminated_line("transcoders.train", args, "transcoders.train", "evaluate") == (
         f"{PROG}: terminated (SIGTERM); the checkpoint in {out / 'checkpoint'} holds step 10: "
         "the same command resumes there."
     )
@@ -86,20 +88,14 @@ def test_sigterm_in_the_evaluation_after_the_steps_says_so_and_the_same_command_
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     assert main(list(map(str, args))) == 0
     assert (out / "transcoders" / "manifest.json").exists()
-    whole = tmp_path / "whole"
-    assert main(list(map(str, [*ARGS, "--out", whole]))) == 0
-    resumed, uninterrupted = weights(out), weights(whole)
-    for name in uninterrupted:
-        assert resumed[name].equal(uninterrupted[name]), name
+    assert_same_as_uninterrupted(out, tmp_path)
 
 
 def test_sigterm_while_the_model_loads_says_no_checkpoint_is_there_yet(tmp_path):
     out = tmp_path / "run"
-    with paused("transcoders.train", [*ARGS, "--out", out], "transcoders.train", "load_any_model") as run:
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate("\n", timeout=600)
-    assert run.returncode == 143 and "Traceback" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1] == (
+    assert terminated_line(
+        "transcoders.train", [*ARGS, "--out", out], "transcoders.train", "load_any_model"
+    ) == (
         f"{PROG}: terminated (SIGTERM); no checkpoint of this run is in {out} yet (--checkpoint-every): "
         "the same command starts afresh."
     )
