@@ -74,6 +74,11 @@ class SupernodeError(AttrgraphError, ValueError):
     """A supernode that names nodes a graph does not hold, or an empty or overlapping grouping."""
 
 
+class ViewError(AttrgraphError, ValueError):
+    """A shared link (a Neuronpedia graph URL, or a graph JSON's qParams) that cannot be read against
+    the graph given: malformed, or showing another prompt or model."""
+
+
 class ValidationError(AttrgraphError, ValueError):
     """A graph that cannot be validated with the given model and transcoders."""
 

@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "show": "attrgraph.cli.show",
     "validate": "attrgraph.cli.validate",
     "export": "attrgraph.cli.export",
+    "import-view": "attrgraph.cli.import_view",
     "serve": "attrgraph.cli.serve",
     "train-transcoders": "transcoders.train",
 }

@@ -153,7 +153,8 @@ def linked(graph: Graph, share: np.ndarray | None = None) -> tuple[Graph, np.nda
     return graph.subgraph(keep), None if share is None else np.asarray(share)[keep]
 
 
-def _node_ids(graph: Graph) -> list[str]:
+def node_ids(graph: Graph) -> list[str]:
+    """Each node's `node_id` in the export (step 1; a repeated id gets its index as a suffix)."""
     n, used, ids = graph.nodes, set(), []
     for i in range(graph.n_nodes):
         kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
@@ -220,7 +221,7 @@ def graph_to_json(
     share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
     graph, share = linked(graph, share)
     n = graph.nodes
-    ids = _node_ids(graph)
+    ids = node_ids(graph)
     activation = _short(n.activation)
     group = {}
     for sn in supernodes:

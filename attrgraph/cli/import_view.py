@@ -1,0 +1,110 @@
+"""`attrgraph import-view LINK FILE[:NAME]`: the supernodes of a shared Neuronpedia graph link
+(graph/shared_view.py), stored beside a graph (supernode_store.py), where `attrgraph serve` draws
+them and `attrgraph export` writes them again.
+
+1. LINK is a Neuronpedia graph URL (quote it: it holds `&`), its query string, or a graph JSON
+   file (`.json`, `.json.gz`) whose `qParams` hold the view.
+2. The graph is NAME, else the file's only graph, else the one named 'graph'; the link is read
+   against it (ids it lacks are kept as keys and listed; another prompt or model is refused).
+3. Supernodes the graph already has are replaced only with `--replace`. Pinned nodes and labels
+   (clerps) are counted, not stored: the file keeps supernodes only (`attrgraph.read_view` returns
+   all three).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from attrgraph.errors import GraphFileError, OptionError, ViewError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "import-view",
+        help="store the supernodes of a shared Neuronpedia graph link beside a stored graph (FILE[:NAME])",
+    )
+    p.add_argument("link", metavar="LINK", help="graph URL (quoted), its query string, or a graph JSON file")
+    p.add_argument("file", metavar="FILE[:NAME]", help="graph file, optionally :NAME of one graph in it")
+    p.add_argument("--replace", action="store_true", help="replace the supernodes the graph already has")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _source(link: str):
+    path = Path(link)
+    if not (path.name.endswith((".json", ".json.gz")) and path.is_file()):
+        return link
+    try:
+        with (
+            gzip.open(path, "rt", encoding="utf-8")
+            if path.suffix == ".gz"
+            else open(path, encoding="utf-8") as f
+        ):
+            data = json.load(f)
+    except (OSError, ValueError, EOFError) as e:
+        raise GraphFileError(f"{path} is not a JSON file ({e}); pass a graph JSON or a link.") from None
+    if not isinstance(data, dict) or not isinstance(data.get("qParams"), dict):
+        raise ViewError(f"{path} holds no qParams; pass a graph JSON that holds a view, or the page's link.")
+    return data["qParams"]
+
+
+def _graph_name(path: str, name: str | None, names: list[str]) -> str:
+    if not names:
+        raise GraphFileError(f"{path} holds no graphs; write one with `attrgraph build` first.")
+    if name is not None:
+        if name not in names:
+            raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
+        return name
+    if len(names) == 1:
+        return names[0]
+    if "graph" in names:
+        return "graph"
+    raise OptionError(f"{path} holds {len(names)} graphs ({names}); name one as {path}:NAME.")
+
+
+def run(args) -> int:
+    from attrgraph.cli.export import split_spec
+    from attrgraph.graph.shared_view import read_view
+    from attrgraph.graph.store import list_graphs, load_graph
+    from attrgraph.graph.supernode_store import load_supernodes, save_supernodes
+
+    path, name = split_spec(args.file)
+    name = _graph_name(path, name, list_graphs(path))
+    source = _source(args.link)
+    graph = load_graph(path, name)
+    view = read_view(source, graph)
+    if not view.supernodes:
+        raise ViewError(
+            f"the link holds no supernodes ({_count(len(view.pinned), 'pinned node')}, "
+            f"{_count(len(view.labels), 'label')}), "
+            "so there is nothing to store; group nodes on the page first, or read the pins with attrgraph.read_view."
+        )
+    old = load_supernodes(path, name)
+    if old and not args.replace:
+        listed = ", ".join(repr(sn.name) for sn in old[:5]) + (", ..." if len(old) > 5 else "")
+        raise OptionError(
+            f"{path}:{name} already has {_count(len(old), 'supernode')} ({listed}); pass --replace to replace them "
+            "with the link's."
+        )
+    save_supernodes(path, view.supernodes, name)
+    n_members = sum(len(sn.members) for sn in view.supernodes)
+    replaced = f", replacing {len(old)}" if old else ""
+    print(
+        f"{path}:{name}: stored {_count(len(view.supernodes), 'supernode')} "
+        f"({_count(n_members, 'member')}){replaced}"
+    )
+    for sn in view.supernodes:
+        print(f"  {sn.name}: {_count(len(sn.members), 'member')}")
+    if view.absent:
+        shown = ", ".join(view.absent[:8]) + (", ..." if len(view.absent) > 8 else "")
+        print(f"not in this graph ({len(view.absent)}, kept as keys): {shown}")
+    if view.pinned or view.labels:
+        print(
+            f"not stored: {_count(len(view.pinned), 'pinned node')} and {_count(len(view.labels), 'label')} "
+            "(attrgraph.read_view returns them)"
+        )
+    return 0
