@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "validate": "attrgraph.cli.validate",
     "export": "attrgraph.cli.export",
     "import-view": "attrgraph.cli.import_view",
+    "convert": "attrgraph.cli.convert",
     "serve": "attrgraph.cli.serve",
     "train-transcoders": "transcoders.train",
 }

@@ -9,6 +9,8 @@
    graphs their root / budget figures.
 6. NaN or inf (a graph stored by a version that did not refuse them): `non_finite` counts them,
    the scores are undefined (None, "not defined"), never a number, and such values show as None.
+   NaN as the activation of an embedding, error or logit node is not counted: it is a value the
+   graph's file did not record (circuit-tracer's JSON and .pt files hold only features').
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def _number(x) -> float | None:
 def _non_finite(graph: Graph) -> dict:
     """Step 6: NaN or inf values per array that holds any (influence is NaN until computed, so not
     counted; its scores are undefined all the same)."""
+    act, feature = graph.nodes.activation, graph.nodes.kind == "feature"
+    # a non-feature node's NaN activation is a value its file did not record (load_json, load_pt)
+    unrecorded = ~feature & np.isnan(act)
     arrays = {
         "edges": graph.adjacency.data,
-        "activations": graph.nodes.activation,
+        "activations": act[~unrecorded],
         "logit_probs": graph.logit_probs,
     }
     counts = {k: int(np.size(v) - np.isfinite(v).sum()) for k, v in arrays.items()}

@@ -1,0 +1,299 @@
+"""circuit-tracer's saved graphs (`Graph.to_pt`, a `.pt` file) read as a `Graph`, so that a graph
+circuit-tracer built can be stored, pruned, scored, drawn and exported here.
+
+Seed: circuit-tracer's `graph.py` (`Graph.to_pt` / `from_pt`: a `torch.save`d dict of
+`input_string`, `input_tokens`, `active_features` [n_active, 3] (layer, pos, feature),
+`selected_features` (indices into active_features of the features with nodes),
+`activation_values` [n_active], `adjacency_matrix` [N, N] (rows = targets), `logit_targets`
+(`LogitTarget(token_str, vocab_idx)`; a tensor of ids in older files), `logit_probabilities`,
+`vocab_size`, `cfg`, `scan`) and `utils/create_graph_files.py` (its node order: the selected
+features, errors layer-major (`layer * n_pos + pos`), one token node per position, the logits).
+
+1. The file is read with `torch.load(weights_only=True, mmap=True)`: no code in it runs, and
+   circuit-tracer need not be installed. Its two classes, `UnifiedConfig` (the model's config, a
+   plain record) and `LogitTarget`, are allowed under circuit-tracer's names as stand-ins here
+   (`torch.serialization.safe_globals`), as are TransformerLens's `HookedTransformerConfig` (the
+   config of older files) with the numpy scalars and dtypes it holds. Anything else the pickle
+   names is refused.
+2. Nodes are put in `NODE_ORDER` (graph.py step 3: embeddings by position, errors by (layer,
+   position), features by (layer, position, feature), logits as stored, most probable first), and
+   the adjacency permuted with them, a block of rows at a time from the memory-mapped matrix, so
+   that a graph of tens of thousands of nodes is never held dense twice.
+3. Node fields: a feature's activation is `activation_values` at its active index; embeddings
+   are `W_E[token]` in circuit-tracer (meta `embedding="token"`); embedding, error and logit
+   activations are not stored (NaN). A logit target with a virtual index (`vocab_idx >=
+   vocab_size`: circuit-tracer's custom targets) has token -1 and its label as its string. Every
+   node circuit-tracer stored is kept, the zero error nodes of the BOS position too.
+4. Token strings: from `tokenizer` (a HookedTransformer or a Hugging Face tokenizer), else from the
+   tokenizer the config names when the Hugging Face cache holds it, else `[id]` with one
+   `PromptWarning` saying so.
+5. meta: `source` "circuit-tracer", the config's `model_name` and `n_layers`, `transcoders` (the
+   scan), `prompt`, `embedding` "token", `circuit_tracer_active_features` and, where circuit-tracer
+   explored fewer features than were active (`max_feature_nodes`), `circuit_tracer_explored_features`:
+   such a graph lacks the unexplored features' edges (circuit-tracer drops them, where
+   `attribute_adaptive` folds them into the errors). Influence is computed from the adjacency, as
+   for every graph.
+A file that is not such a dict, or whose arrays disagree in size, raises `GraphFileError` in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from attrgraph.errors import GraphError, GraphFileError, PromptWarning
+from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.streamed_influence import logit_influence
+
+KEYS = (
+    "adjacency_matrix",
+    "active_features",
+    "selected_features",
+    "activation_values",
+    "input_tokens",
+    "cfg",
+)
+"""The keys of `Graph.to_pt`'s dict a graph cannot be read without."""
+ROWS_PER_BLOCK = 1024
+"""Rows of the dense adjacency converted at a time (step 2)."""
+
+
+class LogitTarget(NamedTuple):
+    """Stand-in for `circuit_tracer.attribution.targets.LogitTarget` (step 1)."""
+
+    token_str: str
+    vocab_idx: int
+
+
+class UnifiedConfig:
+    """Stand-in for `circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig`: its fields as attributes."""
+
+
+def _safe_globals() -> list:
+    from transformer_lens import HookedTransformerConfig
+
+    scalar = np._core.multiarray.scalar  # a HookedTransformerConfig holds numpy floats and dtypes
+    dtypes = [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
+    return [
+        (LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
+        (UnifiedConfig, "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig"),
+        HookedTransformerConfig,
+        scalar,
+        (scalar, "numpy.core.multiarray.scalar"),  # the name numpy 1 pickles it under
+        np.dtype,
+        *dtypes,
+    ]
+
+
+def _read(path: Path) -> dict:
+    import torch
+
+    if not path.is_file():
+        raise GraphFileError(
+            f"{path} does not exist or is not a file; pass a graph circuit-tracer saved with to_pt."
+        )
+    if not zipfile.is_zipfile(path):
+        raise GraphFileError(
+            f"{path} is not a torch.save file (no zip archive); pass a graph saved with to_pt."
+        )
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()
+        why = next(
+            (line.strip() for line in first if "GLOBAL" in line or "Unsupported" in line),
+            first[0] if first else "",
+        )
+        raise GraphFileError(
+            f"{path} holds objects other than circuit-tracer's graph ({why[:160]}); only to_pt's dict is read, "
+            "and nothing in the file is run."
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError) as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise GraphFileError(f"{path} is damaged or truncated ({reason}); save the graph again.") from None
+    missing = [k for k in KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise GraphFileError(f"{path} lacks {missing}: it is not a graph circuit-tracer saved with to_pt.")
+    return data
+
+
+def _config(cfg) -> dict:
+    """The config's fields (a UnifiedConfig stand-in or a HookedTransformerConfig) as a dict."""
+    fields = vars(cfg) if hasattr(cfg, "__dict__") else {}
+    return fields if "n_layers" in fields else {}
+
+
+def _strings(ids: list[int], tokenizer, cfg: dict, path: Path) -> list[str]:
+    if tokenizer is not None:
+        tok = getattr(tokenizer, "tokenizer", None) or tokenizer  # a HookedTransformer's, or itself
+        return [tok.decode([i]) for i in ids]
+    name = cfg.get("tokenizer_name")
+    if name:
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
+            return [tok.decode([i]) for i in ids]
+        except (OSError, ValueError, ImportError):
+            pass
+    warnings.warn(
+        f"{path} names no tokenizer this machine holds ({name or 'none recorded'}): prompt tokens are "
+        "shown as [id]; pass tokenizer= (the model) for their text.",
+        PromptWarning,
+        stacklevel=3,
+    )
+    return [f"[{i}]" for i in ids]
+
+
+def _int_array(x, name: str, path: Path, shape_tail: tuple = ()) -> np.ndarray:
+    a = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    if a.dtype.kind not in "iu" or a.shape[1:] != shape_tail:
+        raise GraphFileError(
+            f"{path}: {name} has shape {a.shape} and dtype {a.dtype}; to_pt writes integers."
+        )
+    return a.astype(np.int64)
+
+
+def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
+    """The graph circuit-tracer saved at `path` (`Graph.to_pt`) as a `Graph` (module docstring).
+    `tokenizer`: a HookedTransformer or tokenizer for the prompt's token strings (step 4)."""
+    import torch
+
+    path = Path(path)
+    data = _read(path)
+    cfg = _config(data["cfg"])
+    if not isinstance(cfg.get("n_layers"), int) or cfg["n_layers"] < 1:
+        raise GraphFileError(f"{path}: its cfg records no layer count; it is not a graph saved with to_pt.")
+    n_layers = cfg["n_layers"]
+    tokens = _int_array(data["input_tokens"], "input_tokens", path)
+    active = _int_array(data["active_features"], "active_features", path, (3,))
+    selected = _int_array(data["selected_features"], "selected_features", path)
+    values = np.asarray(data["activation_values"].float().numpy(), np.float32)
+    targets = data.get("logit_targets", data.get("logit_tokens"))
+    if isinstance(targets, torch.Tensor):  # older files: token ids only
+        targets = [LogitTarget("", int(t)) for t in targets.tolist()]
+    if not isinstance(targets, list) or not all(isinstance(t, tuple) and len(t) == 2 for t in targets):
+        raise GraphFileError(
+            f"{path}: logit_targets is not a list of (token_str, vocab_idx); save the graph again."
+        )
+    probs = np.asarray(data["logit_probabilities"].float().numpy(), np.float32)
+    A = data["adjacency_matrix"]
+    n_pos, n_feat, n_logits = len(tokens), len(selected), len(targets)
+    n = n_feat + n_layers * n_pos + n_pos + n_logits
+    problems = [
+        f"adjacency_matrix is {tuple(A.shape)}, not [{n}, {n}] ({n_feat} features, {n_layers} x {n_pos} errors, "
+        f"{n_pos} tokens, {n_logits} logits)"
+        if tuple(A.shape) != (n, n)
+        else None,
+        f"selected_features points past the {len(active)} active features"
+        if n_feat and (selected.min() < 0 or selected.max() >= len(active))
+        else None,
+        f"activation_values holds {len(values)} values for {len(active)} active features"
+        if len(values) != len(active)
+        else None,
+        f"logit_probabilities holds {len(probs)} values for {n_logits} targets"
+        if len(probs) != n_logits
+        else None,
+    ]
+    problems = [p for p in problems if p]
+    if problems:
+        raise GraphFileError(f"{path}: {problems[0]}; the file is not one graph circuit-tracer saved.")
+    feats = active[selected]
+    if n_feat and (
+        (feats[:, 0] < 0).any() or (feats[:, 0] >= n_layers).any() or (feats[:, 1] >= n_pos).any()
+    ):
+        raise GraphFileError(
+            f"{path}: active_features names layers or positions outside the model and prompt."
+        )
+    # step 2: our order, as indices into circuit-tracer's
+    by_feature = np.lexsort((feats[:, 2], feats[:, 1], feats[:, 0])) if n_feat else np.zeros(0, np.int64)
+    err0, tok0 = n_feat, n_feat + n_layers * n_pos
+    order = np.concatenate(
+        [
+            tok0 + np.arange(n_pos),
+            err0 + np.arange(n_layers * n_pos),
+            by_feature,
+            tok0 + n_pos + np.arange(n_logits),
+        ]
+    ).astype(np.int64)
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.arange(n)
+    vocab = int(data.get("vocab_size") or cfg.get("d_vocab") or 0)
+    logit_ids = [int(t[1]) if 0 <= int(t[1]) < vocab or not vocab else -1 for t in targets]
+    strings = _strings(tokens.tolist(), tokenizer, cfg, path)
+    logit_strings = [str(t[0]) if str(t[0]) else f"[{t[1]}]" for t in targets]
+    err_layer, err_pos = np.divmod(np.arange(n_layers * n_pos), n_pos)
+    f_sorted = feats[by_feature]
+    nodes = Nodes(
+        kind=np.array(
+            ["embedding"] * n_pos
+            + ["error"] * (n_layers * n_pos)
+            + ["feature"] * n_feat
+            + ["logit"] * n_logits
+        ),
+        layer=np.concatenate([np.full(n_pos, -1), err_layer, f_sorted[:, 0], np.full(n_logits, n_layers)]),
+        position=np.concatenate([np.arange(n_pos), err_pos, f_sorted[:, 1], np.full(n_logits, n_pos - 1)]),
+        feature=np.concatenate(
+            [np.full(n_pos + n_layers * n_pos, -1), f_sorted[:, 2], np.full(n_logits, -1)]
+        ),
+        activation=np.concatenate(
+            [
+                np.full(n_pos + n_layers * n_pos, np.nan),
+                values[selected[by_feature]],
+                np.full(n_logits, np.nan),
+            ]
+        ),
+        token=np.concatenate([tokens, np.full(n_layers * n_pos + n_feat, -1), logit_ids]),
+        site=np.array([""] * n_pos + ["mlp"] * (n_layers * n_pos + n_feat) + [""] * n_logits),
+    )
+    indptr, indices, weights = [np.zeros(1, np.int64)], [], []
+    for start in range(0, n, ROWS_PER_BLOCK):
+        rows = A[torch.as_tensor(order[start : start + ROWS_PER_BLOCK])].float().numpy()
+        r, c = np.nonzero(rows)
+        cols = inverse[c]
+        sort = np.lexsort((cols, r))
+        indices.append(cols[sort])
+        weights.append(rows[r, c][sort])
+        indptr.append(indptr[-1][-1] + np.cumsum(np.bincount(r, minlength=len(rows))))
+    adjacency = sp.csr_array(
+        (np.concatenate(weights).astype(np.float32), np.concatenate(indices), np.concatenate(indptr)),
+        shape=(n, n),
+    )
+    meta = {
+        "source": "circuit-tracer",
+        "model": str(cfg.get("model_name") or ""),
+        "n_layers": n_layers,
+        "transcoders": " ".join(data["scan"])
+        if isinstance(data.get("scan"), list)
+        else str(data.get("scan") or ""),
+        "prompt": str(data.get("input_string", "")),
+        "embedding": "token",
+        "circuit_tracer_active_features": len(active),
+    }
+    if n_feat < len(active):
+        meta["circuit_tracer_explored_features"] = n_feat
+    try:
+        graph = Graph(
+            nodes=nodes,
+            adjacency=adjacency,
+            prompt_ids=tokens,
+            prompt_tokens=strings,
+            logit_tokens=logit_ids,
+            logit_probs=probs,
+            logit_strings=logit_strings,
+            meta=meta,
+        )
+    except GraphError as e:
+        raise GraphFileError(f"{path}: its nodes do not form a graph: {e}") from None
+    graph.nodes.influence = logit_influence(graph.adjacency, graph.logit_weights()).influence.astype(
+        np.float32
+    )
+    return graph

@@ -1,0 +1,275 @@
+"""load_pt and `attrgraph convert`: graphs circuit-tracer saved with `Graph.to_pt`, read here.
+
+Expected values from circuit-tracer itself, on the graph.pt its harness run wrote
+(`../shared/peer/ct_graph.py --out`): the adjacency and node arrays it saved beside the file
+(`adjacency.npy`, `active_features.npy`, `selected_features.npy`, in its documented node order),
+and what circuit-tracer's own `Graph.from_pt`, `prune_graph` and `compute_graph_scores` make of the
+same file (peer venv). The refusals are checked on files made here by torch.save."""
+
+import json
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from attrgraph.cli import main
+from attrgraph.errors import GraphFileError, PromptWarning
+from attrgraph.graph.circuit_tracer_pt import load_pt
+from attrgraph.graph.prune import prune_graph
+from attrgraph.graph.scores import compute_graph_scores
+from attrgraph.graph.store import load_graph
+from tests.attrgraph.peer_frontend import peer_case, run_peer
+
+CT_PRUNE = r"""
+import json, sys
+from circuit_tracer.graph import Graph, compute_graph_scores, prune_graph
+g = Graph.from_pt(sys.argv[1])
+replacement, completeness = compute_graph_scores(g)
+out = {"replacement": replacement, "completeness": completeness}
+for node_threshold, edge_threshold in json.loads(sys.argv[2]):
+    r = prune_graph(g, node_threshold, edge_threshold)
+    out[f"{node_threshold} {edge_threshold}"] = [r.node_mask.nonzero().flatten().tolist(), int(r.edge_mask.sum())]
+print(json.dumps(out))
+"""
+THRESHOLDS = [(0.8, 0.98), (0.6, 0.9)]
+CASES = {
+    "gpt2-plt": "--arch gpt2 --transcoder plt --n-layers 2 --d-model 64 --d-transcoder 128 --prompt-len 6 --seed 1",
+    "gemma2-clt-partial": "--arch gemma2 --transcoder clt --n-layers 3 --d-model 64 --d-transcoder 96 "
+    "--prompt-len 7 --seed 2 --max-feature-nodes 20",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    return peer_case(tmp_path_factory.mktemp(request.param), CASES[request.param])
+
+
+def ct_order(g, d) -> np.ndarray:
+    """circuit-tracer's index of each of our nodes, from its saved arrays and documented order
+    (selected features, errors `layer * n_pos + pos`, tokens, logits)."""
+    af, sel = np.load(d / "active_features.npy"), np.load(d / "selected_features.npy")
+    n_pos, L = len(np.load(d / "input_tokens.npy")), int(g.meta["n_layers"])
+    feat = {tuple(af[s].tolist()): i for i, s in enumerate(sel.tolist())}
+    n, idx = g.nodes, []
+    for i in range(g.n_nodes):
+        kind, layer, pos = n.kind[i], int(n.layer[i]), int(n.position[i])
+        if kind == "feature":
+            idx.append(feat[(layer, pos, int(n.feature[i]))])
+        elif kind == "error":
+            idx.append(len(sel) + layer * n_pos + pos)
+        elif kind == "embedding":
+            idx.append(len(sel) + L * n_pos + pos)
+        else:
+            idx.append(
+                len(sel) + L * n_pos + n_pos + int(np.flatnonzero(n.kind == "logit").tolist().index(i))
+            )
+    return np.array(idx)
+
+
+def test_the_graph_circuit_tracer_saved_node_for_node(case):
+    with pytest.warns(PromptWarning, match=r"prompt tokens are shown as \[id\]"):
+        g = load_pt(case / "graph.pt")
+    ref = np.load(case / "adjacency.npy")
+    idx = ct_order(g, case)
+    assert sorted(idx.tolist()) == list(range(len(ref)))  # every node of theirs, once
+    np.testing.assert_array_equal(g.dense(), ref[np.ix_(idx, idx)])
+    feats = g.nodes.kind == "feature"
+    af, sel = np.load(case / "active_features.npy"), np.load(case / "selected_features.npy")
+    values = np.load(case / "activation_values.npy")
+    by_key = {tuple(af[s].tolist()): values[s] for s in sel.tolist()}
+    keys = zip(g.nodes.layer[feats], g.nodes.position[feats], g.nodes.feature[feats])
+    np.testing.assert_array_equal(g.nodes.activation[feats], [by_key[tuple(map(int, k))] for k in keys])
+    np.testing.assert_array_equal(g.prompt_ids, np.load(case / "input_tokens.npy"))
+    np.testing.assert_array_equal(g.logit_tokens, np.load(case / "logit_token_ids.npy"))
+    np.testing.assert_allclose(g.logit_probs, np.load(case / "logit_probabilities.npy"), rtol=1e-7)
+    meta = json.loads((case / "meta.json").read_text())
+    assert g.meta["circuit_tracer_active_features"] == len(af)
+    assert g.meta.get("circuit_tracer_explored_features") == (len(sel) if len(sel) < len(af) else None)
+    assert g.meta["embedding"] == "token" and g.meta["n_layers"] == meta["cfg_kwargs"]["n_layers"]
+
+
+@pytest.fixture(scope="module")
+def circuit_tracers(case) -> dict:
+    """circuit-tracer's prune_graph (at each of THRESHOLDS) and compute_graph_scores of the file."""
+    return run_peer(CT_PRUNE, case / "graph.pt", json.dumps(THRESHOLDS))
+
+
+@pytest.mark.parametrize("thresholds", THRESHOLDS)
+def test_pruned_and_scored_as_circuit_tracer_prunes_and_scores_it(case, circuit_tracers, thresholds):
+    """Our prune_graph (circuit-tracer's rule, the default) keeps the nodes its prune_graph keeps
+    on the same file, with as many edges, and the scores are its compute_graph_scores'."""
+    nodes, edges = circuit_tracers[" ".join(map(str, thresholds))]
+    with pytest.warns(PromptWarning):
+        g = load_pt(case / "graph.pt")
+    idx = ct_order(g, case)
+    pruned = prune_graph(g, *thresholds)
+    kept = np.flatnonzero(np.isin(idx, nodes))
+    assert pruned.n_nodes == len(nodes) == len(kept)
+    assert pruned.n_edges == edges
+    np.testing.assert_array_equal(pruned.dense(), g.dense()[np.ix_(kept, kept)] * (pruned.dense() != 0))
+    scores = compute_graph_scores(g)
+    assert scores.replacement == pytest.approx(circuit_tracers["replacement"], abs=1e-6)
+    assert scores.completeness == pytest.approx(circuit_tracers["completeness"], abs=1e-6)
+
+
+def test_token_strings_come_from_the_tokenizer_given(case):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(case / "tokenizer"))
+    g = load_pt(case / "graph.pt", tokenizer=tok)
+    assert g.prompt_tokens == [tok.decode([i]) for i in np.load(case / "input_tokens.npy").tolist()]
+    # the LogitTarget strings circuit-tracer stored: its tokenizer's decoding of each target
+    assert g.logit_strings == [tok.decode([i]) for i in g.logit_tokens.tolist()]
+
+
+def test_convert_stores_it_for_the_other_commands(case, tmp_path, capsys):
+    out = tmp_path / "g.h5"
+    rc = main(["convert", str(case / "graph.pt"), "-o", str(out), "--tokenizer", str(case / "tokenizer")])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    g = load_graph(out, "graph")
+    assert (
+        f"wrote {out}:/graphs/graph: {g.n_nodes} nodes, {g.n_edges} edges, {g.n_features} features" in printed
+    )
+    np.testing.assert_array_equal(
+        g.dense(), np.load(case / "adjacency.npy")[np.ix_(ct_order(g, case), ct_order(g, case))]
+    )
+    assert main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "NaN" not in shown and "scores: replacement" in shown
+    assert (
+        main(
+            [
+                "export",
+                str(out),
+                "--node-threshold",
+                "0.8",
+                "--edge-threshold",
+                "0.98",
+                "-o",
+                str(tmp_path / "s"),
+            ]
+        )
+        == 0
+    )
+
+
+# ----------------------------------------------------------------------------- refusals
+def saved(tmp_path, data, name="g.pt"):
+    path = tmp_path / name
+    torch.save(data, path)
+    return path
+
+
+class Payload:
+    """A pickle that would run code when loaded unsafely: it creates a file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_nothing_in_the_file_runs(tmp_path):
+    ran = tmp_path / "ran"
+    path = saved(tmp_path, {"adjacency_matrix": torch.zeros(2, 2), "cfg": Payload(ran)})
+    with pytest.raises(GraphFileError, match="holds objects other than circuit-tracer's graph") as e:
+        load_pt(path)
+    assert not ran.exists() and "\n" not in str(e.value)
+
+
+def good(n_pos=2, n_layers=1, n_logits=1) -> dict:
+    n = n_layers * n_pos + n_pos + n_logits
+    return {
+        "input_string": "a b",
+        "input_tokens": torch.tensor([1, 2][:n_pos]),
+        "active_features": torch.zeros(0, 3, dtype=torch.long),
+        "selected_features": torch.zeros(0, dtype=torch.long),
+        "activation_values": torch.zeros(0),
+        "adjacency_matrix": torch.zeros(n, n),
+        "logit_targets": torch.tensor([3]),
+        "logit_probabilities": torch.tensor([0.5]),
+        "vocab_size": 10,
+        "cfg": _cfg(n_layers),
+        "scan": "x",
+    }
+
+
+def _cfg(n_layers):
+    from transformer_lens import HookedTransformerConfig
+
+    return HookedTransformerConfig(n_layers=n_layers, d_model=4, n_ctx=8, d_head=2, d_vocab=10, act_fn="relu")
+
+
+def test_an_older_file_with_a_transformer_lens_config_and_token_ids(tmp_path):
+    with pytest.warns(PromptWarning):
+        g = load_pt(saved(tmp_path, good()))
+    assert g.n_nodes == 5 and list(g.logit_tokens) == [3] and g.logit_strings == ["[3]"]
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda d: d.pop("adjacency_matrix"), "lacks ['adjacency_matrix']"),
+        (lambda d: d.update(adjacency_matrix=torch.zeros(4, 4)), "adjacency_matrix is (4, 4), not [5, 5]"),
+        (lambda d: d.update(selected_features=torch.tensor([3])), "is (5, 5), not [6, 6]"),
+        (
+            lambda d: d.update(logit_probabilities=torch.tensor([0.5, 0.2])),
+            "logit_probabilities holds 2 values",
+        ),
+        (
+            lambda d: d.update(input_tokens=torch.tensor([1.0, 2.0])),
+            "input_tokens has shape (2,) and dtype float32",
+        ),
+        (lambda d: d.update(logit_targets="x"), "logit_targets is not a list of (token_str, vocab_idx)"),
+    ],
+)
+def test_files_that_are_not_one_graph_are_one_line(tmp_path, edit, says):
+    data = good()
+    edit(data)
+    with pytest.raises(GraphFileError) as e:
+        load_pt(saved(tmp_path, data))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_damaged_and_foreign_files(tmp_path):
+    path = saved(tmp_path, good())
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    text = tmp_path / "text.pt"
+    text.write_text("not a graph")
+    old = tmp_path / "old.pt"
+    with open(old, "wb") as f:
+        pickle.dump({"a": 1}, f)
+    for p, says in [
+        (cut, "is not a torch.save file"),
+        (text, "is not a torch.save file"),
+        (old, "is not a torch.save file"),
+        (tmp_path / "none.pt", "does not exist"),
+    ]:
+        with pytest.raises(GraphFileError, match=says):
+            load_pt(p)
+    assert not zipfile.is_zipfile(cut)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["{d}/g.txt", "-o", "{d}/o.h5"], "is neither a .pt graph"),
+        (["{d}/g.pt", "-o", "{d}"], "is a folder; pass a file name"),
+        (["{d}/g.json", "-o", "{d}/o.h5", "--tokenizer", "x"], "--tokenizer is for .pt graphs"),
+        (["{d}/g.pt", "-o", "{d}/o.h5", "--tokenizer", "{d}/nope"], "--tokenizer {d}/nope is no tokenizer"),
+        (["{d}/g.pt", "-o", "{d}/o.h5", "--name", "a/b"], "graph name 'a/b' is empty, '.' or contains '/'"),
+    ],
+)
+def test_convert_refusals_are_one_line(tmp_path, capsys, args, says):
+    saved(tmp_path, good())
+    (tmp_path / "g.txt").write_text("x")
+    (tmp_path / "g.json").write_text("{}")
+    assert main(["convert", *(a.format(d=tmp_path) for a in args)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says.format(d=tmp_path) in err and "\n" not in err
+    assert not (tmp_path / "o.h5").exists()
