@@ -6,7 +6,11 @@ them and `attrgraph export` writes them again.
    file (`.json`, `.json.gz`) whose `qParams` hold the view.
 2. The graph is NAME, else the file's only graph, else the one named 'graph'; the link is read
    against it (ids it lacks are kept as keys and listed; another prompt or model is refused).
-3. Supernodes the graph already has are replaced only with `--replace`. Pinned nodes and labels
+3. What is stored keeps the viewer's rules (viewer/supernode_request.py), so that the page can
+   edit and save it again: members that are not nodes of this graph (pruned away here) are left
+   out and listed, a supernode left without members is not stored, a node in two supernodes and a
+   name the file cannot hold are refused.
+4. Supernodes the graph already has are replaced only with `--replace`. Pinned nodes and labels
    (clerps) are counted, not stored: the file keeps supernodes only (`attrgraph.read_view` returns
    all three).
 """
@@ -66,6 +70,29 @@ def _graph_name(path: str, name: str | None, names: list[str]) -> str:
     raise OptionError(f"{path} holds {len(names)} graphs ({names}); name one as {path}:NAME.")
 
 
+def _stored(graph, supernodes) -> tuple[list, list, list[str]]:
+    """Step 3: (the supernodes to store, the members left out, the names left without members)."""
+    from attrgraph.graph.supernodes import Supernode, node_key
+    from attrgraph.viewer.supernode_request import MAX_NAME, check_members, plain_text
+
+    present = {node_key(graph, i) for i in range(graph.n_nodes)}
+    kept, left_out, emptied = [], [], []
+    for sn in supernodes:
+        if len(sn.name.strip()) > MAX_NAME or not plain_text(sn.name):
+            raise ViewError(
+                f"the link's supernode name {sn.name[:40]!r}... is longer than {MAX_NAME} characters or holds a "
+                "NUL or a lone surrogate; rename it on the page."
+            )
+        members = tuple(m for m in sn.members if m in present)
+        left_out += [m for m in sn.members if m not in present]
+        if members:
+            kept.append(Supernode(sn.name, members))
+        else:
+            emptied.append(sn.name)
+    check_members(graph, kept)
+    return kept, left_out, emptied
+
+
 def run(args) -> int:
     from attrgraph.cli.export import split_spec
     from attrgraph.graph.shared_view import read_view
@@ -77,11 +104,17 @@ def run(args) -> int:
     source = _source(args.link)
     graph = load_graph(path, name)
     view = read_view(source, graph)
+    kept, left_out, emptied = _stored(graph, view.supernodes)
     if not view.supernodes:
         raise ViewError(
             f"the link holds no supernodes ({_count(len(view.pinned), 'pinned node')}, "
             f"{_count(len(view.labels), 'label')}), "
             "so there is nothing to store; group nodes on the page first, or read the pins with attrgraph.read_view."
+        )
+    if not kept:
+        raise ViewError(
+            f"none of the link's {_count(len(view.supernodes), 'supernode')} has a member in {path}:{name} "
+            "(pruned away here?); import it into the graph it was made from, or the unpruned one."
         )
     old = load_supernodes(path, name)
     if old and not args.replace:
@@ -90,18 +123,17 @@ def run(args) -> int:
             f"{path}:{name} already has {_count(len(old), 'supernode')} ({listed}); pass --replace to replace them "
             "with the link's."
         )
-    save_supernodes(path, view.supernodes, name)
-    n_members = sum(len(sn.members) for sn in view.supernodes)
+    save_supernodes(path, kept, name)
+    n_members = sum(len(sn.members) for sn in kept)
     replaced = f", replacing {len(old)}" if old else ""
-    print(
-        f"{path}:{name}: stored {_count(len(view.supernodes), 'supernode')} "
-        f"({_count(n_members, 'member')}){replaced}"
-    )
-    for sn in view.supernodes:
+    print(f"{path}:{name}: stored {_count(len(kept), 'supernode')} ({_count(n_members, 'member')}){replaced}")
+    for sn in kept:
         print(f"  {sn.name}: {_count(len(sn.members), 'member')}")
-    if view.absent:
-        shown = ", ".join(view.absent[:8]) + (", ..." if len(view.absent) > 8 else "")
-        print(f"not in this graph ({len(view.absent)}, kept as keys): {shown}")
+    if left_out:
+        shown = ", ".join(str(list(m)) for m in left_out[:6]) + (", ..." if len(left_out) > 6 else "")
+        print(f"left out, not nodes of this graph: {_count(len(left_out), 'member')} ({shown})")
+    if emptied:
+        print(f"not stored, no member in this graph: {', '.join(repr(n) for n in emptied)}")
     if view.pinned or view.labels:
         print(
             f"not stored: {_count(len(view.pinned), 'pinned node')} and {_count(len(view.labels), 'label')} "

@@ -93,6 +93,57 @@ def test_the_links_supernodes_are_stored_and_exported_again(case, tmp_path, caps
     assert again == [["first", *groups[0][1:]], groups[1], ["first (2)", *groups[2][1:]]]
 
 
+def test_members_the_graph_lacks_are_left_out_as_the_viewer_requires(case, tmp_path, capsys):
+    """A member pruned away here (a feature of the full graph only), and a supernode of such members
+    alone: left out and said; what is stored passes the viewer's own check (so the page can save it)."""
+    from attrgraph.viewer.supernode_request import check_members
+
+    _, _, root, data = case
+    path = tmp_path / "g.h5"
+    path.write_bytes((root / "g.h5").read_bytes())
+    pruned, full = load_graph(path, "graph"), load_graph(path, "graph_full")
+    ids = {d["node_id"] for d in data["nodes"]}
+    gone = [
+        i
+        for i in (
+            f"{l}_{f}_{p}" for l, p, f in zip(full.nodes.layer, full.nodes.position, full.nodes.feature)
+        )
+    ]
+    gone = [i for i, k in zip(gone, full.nodes.kind) if k == "feature" and i not in ids][:3]
+    feats = [d["node_id"] for d in data["nodes"] if d["feature_type"] == "cross layer transcoder"]
+    link = page_link([["kept", feats[0], gone[0]], ["pruned away", gone[1], gone[2]]])
+    assert main(["import-view", link, str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "stored 1 supernode (1 member)" in out
+    assert "left out, not nodes of this graph: 3 members" in out
+    assert "not stored, no member in this graph: 'pruned away'" in out
+    stored = load_supernodes(path, "graph")
+    assert [sn.name for sn in stored] == ["kept"] and len(stored[0].members) == 1
+    check_members(pruned, stored)
+    # into the full graph, the same link keeps every member
+    assert main(["import-view", link, f"{path}:graph_full"]) == 0
+    assert [len(sn.members) for sn in load_supernodes(path, "graph_full")] == [2, 2]
+
+
+def test_a_node_in_two_supernodes_or_a_name_hdf5_cannot_hold_is_refused(case, tmp_path, capsys):
+    _, _, root, data = case
+    feats = [d["node_id"] for d in data["nodes"] if d["feature_type"] == "cross layer transcoder"]
+    before = (root / "g.h5").read_bytes()
+    for groups, says in [
+        (
+            [["a", feats[0], feats[1]], ["b", feats[1]]],
+            "is in supernodes 'a' and 'b'; a node may belong to one",
+        ),
+        ([["nul\x00name", feats[0]]], "holds a NUL or a lone surrogate"),
+        ([["gone", "1_9999_3"]], "none of the link's 1 supernode has a member in"),
+    ]:
+        link = page_link(groups, pinned=[feats[0]])  # json.dumps writes the NUL as \u0000
+        assert main(["import-view", link, str(root / "g.h5")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and "\n" not in err
+    assert (root / "g.h5").read_bytes() == before
+
+
 def test_supernodes_there_already_are_replaced_only_when_asked(case, tmp_path, capsys):
     _, _, root, data = case
     path = tmp_path / "g.h5"
