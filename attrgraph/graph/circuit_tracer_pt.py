@@ -34,22 +34,38 @@ features, errors layer-major (`layer * n_pos + pos`), one token node per positio
    `attribute_adaptive` folds them into the errors). Influence is computed from the adjacency, as
    for every graph.
 A file that is not such a dict, or whose arrays disagree in size, raises `GraphFileError` in one line.
+
+Writing (`save_pt(graph, path, model)`), so that circuit-tracer's own tools (`Graph.from_pt`,
+`prune_graph`, `compute_graph_scores`, `create_graph_files`) read a graph built here:
+6. The dict of step 1 in circuit-tracer's node order: the features by (layer, position, feature)
+   (`active_features`, all of them selected), an error node for every (layer, position) and a token
+   node for every position (those the graph lacks, pruned away or the BOS position's, as zero rows
+   and columns), the logits. `cfg` is a `UnifiedConfig` of the model's config; the stand-ins are
+   pickled under circuit-tracer's names (`_Pickler`), so circuit-tracer need not be installed to
+   write one. A custom target (token -1) gets circuit-tracer's virtual index `vocab_size + k`.
+7. Refused in one line: attention-output features or errors (circuit-tracer's graph holds MLP
+   transcoder nodes only), a target at another position than the last, a model of another layer
+   count. A graph whose embedding nodes hold token + position embeddings (attrgraph's default) is
+   written with one `ExportWarning`: circuit-tracer's token nodes are `W_E[token]` alone
+   (`attribute(..., embedding="token")` builds with its convention).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import tempfile
 import warnings
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
-from attrgraph.errors import GraphError, GraphFileError, PromptWarning
-from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.errors import ExportError, ExportWarning, GraphError, GraphFileError, PromptWarning
+from attrgraph.graph.graph import Graph, Nodes, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
 
 KEYS = (
@@ -297,3 +313,117 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
         np.float32
     )
     return graph
+
+
+# ------------------------------------------------------------------------------------ write
+_NAMES = {
+    LogitTarget: "circuit_tracer.attribution.targets\nLogitTarget\n",
+    UnifiedConfig: "circuit_tracer.utils.tl_nnsight_mapping\nUnifiedConfig\n",
+}
+CONFIG_FIELDS = (
+    "n_layers", "d_model", "d_head", "n_heads", "d_mlp", "d_vocab", "tokenizer_name", "model_name",
+    "original_architecture", "n_key_value_heads", "dtype",
+)  # fmt: skip
+"""`UnifiedConfig`'s fields, read off the model's config."""
+
+
+class _Pickler(pickle._Pickler):
+    """Pickles the stand-ins under circuit-tracer's names (step 6); everything else as pickle does."""
+
+    def save_global(self, obj, name=None):
+        where = _NAMES.get(obj) if isinstance(obj, type) else None
+        if where is None:
+            return super().save_global(obj, name)
+        self.write(pickle.GLOBAL + where.encode("utf-8"))
+        self.memoize(obj)
+
+
+def _unified_config(cfg) -> UnifiedConfig:
+    out = UnifiedConfig()
+    for name in CONFIG_FIELDS:
+        setattr(out, name, getattr(cfg, name, None))
+    return out
+
+
+def save_pt(graph: Graph, path: str | os.PathLike, model, scan: str | None = None) -> Path:
+    """Write `graph` as circuit-tracer's `Graph.to_pt` does (steps 6 and 7), atomically. `model`:
+    the HookedTransformer it was built on (or its config), for circuit-tracer's `cfg`; `scan`: its
+    transcoders' identifier (default: the graph's `meta["transcoders"]`)."""
+    import torch
+
+    check_graph(graph, "save_pt")
+    cfg = getattr(model, "cfg", model)
+    L = getattr(cfg, "n_layers", None)
+    if not isinstance(L, int):
+        raise ExportError(f"save_pt takes the graph's model (or its config), got a {type(model).__name__}.")
+    n, n_pos = graph.nodes, len(graph.prompt_ids)
+    if (n.site == "attn").any():
+        raise ExportError(
+            "the graph holds attention-output features or errors; circuit-tracer's graph holds MLP "
+            "transcoder nodes only, so it cannot be written as one (export_json writes both kinds)."
+        )
+    recorded = graph.meta.get("n_layers")
+    if recorded is not None and int(recorded) != L:
+        raise ExportError(
+            f"the graph was built on {recorded} layers, the model given has {L}; pass its model."
+        )
+    logits = np.flatnonzero(n.kind == "logit")
+    if (n.position[logits] != n_pos - 1).any():
+        raise ExportError(
+            "the graph has targets at other positions than the last; circuit-tracer's graph holds the "
+            "last position's only."
+        )
+    if graph.meta.get("embedding", "token") != "token":
+        warnings.warn(
+            "the graph's embedding nodes hold token + position embeddings, circuit-tracer's W_E[token] alone: "
+            "its edges from them differ from circuit-tracer's own; build with embedding='token' for its convention.",
+            ExportWarning,
+            stacklevel=2,
+        )
+    feats = np.flatnonzero(n.kind == "feature")
+    order = np.lexsort((n.feature[feats], n.position[feats], n.layer[feats]))
+    feats = feats[order]
+    n_feat, n_logits = len(feats), len(logits)
+    size = n_feat + L * n_pos + n_pos + n_logits
+    index = np.empty(graph.n_nodes, np.int64)
+    index[feats] = np.arange(n_feat)
+    err = np.flatnonzero(n.kind == "error")
+    index[err] = n_feat + n.layer[err].astype(np.int64) * n_pos + n.position[err]
+    emb = np.flatnonzero(n.kind == "embedding")
+    index[emb] = n_feat + L * n_pos + n.position[emb]
+    index[logits] = n_feat + L * n_pos + n_pos + np.arange(n_logits)
+    A = graph.adjacency.tocoo()
+    dense = torch.zeros(size, size, dtype=torch.float32)
+    dense[torch.as_tensor(index[A.row]), torch.as_tensor(index[A.col])] = torch.as_tensor(
+        A.data, dtype=torch.float32
+    )
+    vocab = int(getattr(cfg, "d_vocab", 0) or 0)
+    targets = [
+        LogitTarget(str(s), int(t) if t >= 0 else vocab + k)
+        for k, (s, t) in enumerate(zip(graph.logit_strings, graph.logit_tokens.tolist()))
+    ]
+    keys = np.stack([n.layer[feats], n.position[feats], n.feature[feats]], 1).astype(np.int64)
+    data = {
+        "input_string": str(graph.meta.get("prompt", "".join(graph.prompt_tokens))),
+        "adjacency_matrix": dense,
+        "cfg": _unified_config(cfg),
+        "active_features": torch.as_tensor(keys.reshape(-1, 3)),
+        "logit_targets": targets,
+        "logit_probabilities": torch.as_tensor(graph.logit_probs, dtype=torch.float32),
+        "vocab_size": vocab,
+        "input_tokens": torch.as_tensor(graph.prompt_ids, dtype=torch.long),
+        "selected_features": torch.arange(n_feat),
+        "activation_values": torch.as_tensor(n.activation[feats], dtype=torch.float32),
+        "scan": scan if scan is not None else (graph.meta.get("transcoders") or None),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(data, f, pickle_module=SimpleNamespace(__name__="pickle", Pickler=_Pickler))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from attrgraph.cli import main
-from attrgraph.errors import GraphFileError, PromptWarning
-from attrgraph.graph.circuit_tracer_pt import load_pt
+from attrgraph.errors import ExportError, ExportWarning, GraphFileError, PromptWarning
+from attrgraph.graph.circuit_tracer_pt import load_pt, save_pt
 from attrgraph.graph.prune import prune_graph
 from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.store import load_graph
@@ -41,9 +41,19 @@ CASES = {
 }
 
 
+_RUNS: dict = {}
+
+
+def harness_run(name: str, tmp_path_factory):
+    """The harness folder of CASES[name], run once per session."""
+    if name not in _RUNS:
+        _RUNS[name] = peer_case(tmp_path_factory.mktemp(name), CASES[name])
+    return _RUNS[name]
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
-    return peer_case(tmp_path_factory.mktemp(request.param), CASES[request.param])
+    return harness_run(request.param, tmp_path_factory)
 
 
 def ct_order(g, d) -> np.ndarray:
@@ -273,3 +283,106 @@ def test_convert_refusals_are_one_line(tmp_path, capsys, args, says):
     err = capsys.readouterr().err.strip()
     assert says.format(d=tmp_path) in err and "\n" not in err
     assert not (tmp_path / "o.h5").exists()
+
+
+# ------------------------------------------------------------------------------------ write
+CT_READ = r"""
+import json, sys
+import numpy as np
+from circuit_tracer.graph import Graph, compute_graph_scores
+g = Graph.from_pt(sys.argv[1])
+np.save(sys.argv[2], g.adjacency_matrix.numpy())
+replacement, completeness = compute_graph_scores(g)
+print(json.dumps({"active_features": g.active_features.tolist(), "selected": g.selected_features.tolist(),
+                  "activations": g.activation_values.tolist(), "targets": [list(t) for t in g.logit_targets],
+                  "n_layers": g.cfg.n_layers, "d_model": g.cfg.d_model, "scan": g.scan,
+                  "replacement": replacement, "completeness": completeness}))
+"""
+
+
+def test_circuit_tracer_reads_our_graph_as_its_own(tmp_path_factory, tmp_path):
+    """Our graph of the harness's weights (its conventions: BOS excluded, W_E[token] embeddings),
+    written by save_pt and read by circuit-tracer's own Graph.from_pt: its adjacency is the one
+    circuit-tracer computed itself (4e-7 of the largest edge), with the same features, activations
+    and targets, and its compute_graph_scores gives ours."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from transcoders.formats import load_transcoders
+
+    d = harness_run("gpt2-plt", tmp_path_factory)
+    model, tc = load_model(d), load_transcoders(d / "transcoders")
+    g = attribute(
+        model, tc, np.load(d / "input_tokens.npy"), exclude_bos=True, embedding="token", progress=False
+    )
+    path = save_pt(g, tmp_path / "sub" / "ours.pt", model, scan="toy-plt")
+    assert [p.name for p in path.parent.iterdir()] == ["ours.pt"]  # no temporary left
+    theirs = run_peer(CT_READ, path, tmp_path / "adjacency.npy")
+    ref = np.load(d / "adjacency.npy")
+    got = np.load(tmp_path / "adjacency.npy")
+    assert got.shape == ref.shape and np.abs(got - ref).max() <= 4e-7 * np.abs(ref).max()
+    np.testing.assert_array_equal(theirs["active_features"], np.load(d / "active_features.npy"))
+    np.testing.assert_allclose(theirs["activations"], np.load(d / "activation_values.npy"), rtol=1e-6)
+    assert [t[1] for t in theirs["targets"]] == np.load(d / "logit_token_ids.npy").tolist()
+    assert (theirs["n_layers"], theirs["d_model"], theirs["scan"]) == (2, 64, "toy-plt")
+    scores = compute_graph_scores(g)
+    assert scores.replacement == pytest.approx(theirs["replacement"], abs=1e-6)
+    assert scores.completeness == pytest.approx(theirs["completeness"], abs=1e-6)
+
+
+def small_graph():
+    from tests.attrgraph.graph.test_neuronpedia import D_VOCAB, N_LAYERS, layered_graph
+
+    return layered_graph(6), _cfg_of(N_LAYERS, D_VOCAB)
+
+
+def _cfg_of(n_layers, d_vocab):
+    from transformer_lens import HookedTransformerConfig
+
+    return HookedTransformerConfig(
+        n_layers=n_layers, d_model=4, n_ctx=8, d_head=2, d_vocab=d_vocab, act_fn="relu"
+    )
+
+
+def test_written_and_read_back(tmp_path):
+    """save_pt then load_pt: every node and edge of the graph, and the zero error nodes save_pt adds
+    where the graph has none (here the graph has them all), with tokens, targets and activations."""
+    g, cfg = small_graph()
+    g.meta["embedding"] = "token"
+    path = save_pt(g, tmp_path / "g.pt", cfg)
+    with pytest.warns(PromptWarning):
+        h = load_pt(path)
+    assert h.n_nodes == g.n_nodes
+    np.testing.assert_array_equal(h.dense(), g.dense())
+    for field in ("kind", "layer", "position", "feature", "token"):
+        np.testing.assert_array_equal(getattr(h.nodes, field), getattr(g.nodes, field))
+    feats = g.nodes.kind == "feature"
+    np.testing.assert_array_equal(h.nodes.activation[feats], g.nodes.activation[feats])
+    assert h.logit_strings == g.logit_strings
+    np.testing.assert_array_equal(h.logit_probs, g.logit_probs)
+    # a pruned graph: the nodes it lost come back as zero rows and columns
+    pruned = prune_graph(g, 0.5, 0.9)
+    with pytest.warns(PromptWarning):
+        back = load_pt(save_pt(pruned, tmp_path / "p.pt", cfg))
+    assert back.n_nodes > pruned.n_nodes and back.n_edges == pruned.n_edges
+    assert compute_graph_scores(back) == pytest.approx(tuple(compute_graph_scores(pruned)), abs=1e-12)
+
+
+def test_what_circuit_tracer_cannot_hold_is_refused(tmp_path):
+    g, cfg = small_graph()
+    attn = g.subgraph(np.arange(g.n_nodes))
+    attn.nodes.site = np.where(np.isin(attn.nodes.kind, ("feature", "error")), "mlp", "").astype("<U4")
+    attn.nodes.site[np.flatnonzero(attn.nodes.kind == "feature")[0]] = "attn"
+    moved = g.subgraph(np.arange(g.n_nodes))
+    moved.nodes.position[moved.nodes.kind == "logit"] -= 1
+    for graph, model, says in [
+        (attn, cfg, "holds attention-output features or errors"),
+        (moved, cfg, "targets at other positions than the last"),
+        (g, _cfg_of(3, 435), "built on 2 layers, the model given has 3"),
+        (g, "gpt2", r"takes the graph's model \(or its config\), got a str"),
+    ]:
+        with pytest.raises(ExportError, match=says):
+            save_pt(graph, tmp_path / "x.pt", model)
+    assert not list(tmp_path.iterdir())
+    g.meta["embedding"] = "token+position"  # attrgraph's default
+    with pytest.warns(ExportWarning, match="token \\+ position embeddings"):
+        save_pt(g, tmp_path / "w.pt", cfg)
