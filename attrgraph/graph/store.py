@@ -330,7 +330,24 @@ def _check_hdf5(path: Path) -> None:
     except _H5_ERRORS:
         ok = False
     if not ok:
-        raise GraphFileError(f"{path} is not an HDF5 file; pass a file written by save_graph.")
+        raise GraphFileError(f"{path} is not an HDF5 file; {_foreign_hint(path)}.")
+
+
+def _foreign_hint(path: Path) -> str:
+    """What to do with a graph file of another tool that was passed where ours goes."""
+    name = path.name.lower()
+    if name.endswith(".pt") or name.endswith(".pth"):
+        reader = "a graph circuit-tracer saved (to_pt)"
+        python = "load_pt"
+    elif name.endswith((".json", ".json.gz")):
+        reader = "a circuit-tracer / Neuronpedia graph JSON"
+        python = "load_json"
+    else:
+        return "pass a file written by save_graph"
+    return (
+        f"if it is {reader}, store it as one with `attrgraph convert {path} -o graph.h5` "
+        f"(from Python: attrgraph.{python}), else pass a file written by save_graph"
+    )
 
 
 def _corrupt(where, e: Exception) -> GraphFileError:

@@ -386,3 +386,16 @@ def test_what_circuit_tracer_cannot_hold_is_refused(tmp_path):
     g.meta["embedding"] = "token+position"  # attrgraph's default
     with pytest.warns(ExportWarning, match="token \\+ position embeddings"):
         save_pt(g, tmp_path / "w.pt", cfg)
+
+
+@pytest.mark.parametrize("name, says", [("g.pt", "attrgraph.load_pt"), ("g.json", "attrgraph.load_json")])
+def test_a_foreign_graph_where_ours_goes_names_convert(tmp_path, capsys, name, says):
+    path = tmp_path / name
+    if name.endswith(".pt"):
+        saved(tmp_path, good(), name)
+    else:
+        path.write_text("{}")
+    for command in (["show", str(path)], ["export", str(path), "-o", str(tmp_path / "s")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"store it as one with `attrgraph convert {path} -o graph.h5` (from Python: {says})" in err
