@@ -64,6 +64,27 @@ def layered_graph(
     )
 
 
+def circuit_tracer_export(g: Graph, tmp_path, node_threshold: float, edge_threshold: float):
+    """circuit-tracer's create_graph_files on `g` (given in its node order) with those thresholds:
+    the path of the graph JSON it wrote, `tmp_path/ct/ct.json`."""
+    n = g.nodes
+    order = np.concatenate([np.flatnonzero(n.kind == k) for k in ("feature", "error", "embedding", "logit")])
+    np.savez(
+        tmp_path / "g.npz",
+        n_layers=N_LAYERS,
+        d_vocab=D_VOCAB,
+        input_tokens=g.prompt_ids,
+        active_features=np.stack([n.layer, n.position, n.feature], 1)[n.kind == "feature"],
+        activation_values=n.activation[n.kind == "feature"],
+        adjacency=g.dense()[np.ix_(order, order)],
+        logit_tokens=g.logit_tokens,
+        logit_strings=np.array(g.logit_strings),
+        logit_probs=g.logit_probs,
+    )
+    run_peer(CT_EXPORT, tmp_path / "g.npz", tmp_path / "ct", "ct", node_threshold, edge_threshold)
+    return tmp_path / "ct" / "ct.json"
+
+
 def linked_only(g: Graph) -> Graph:
     """`g` without the feature and error nodes that have no link (the export leaves them out)."""
     D = g.dense() != 0
@@ -543,21 +564,7 @@ def test_same_nodes_influence_and_links_as_circuit_tracers_exporter(tmp_path, se
     # circuit-tracer 0.5.0 names error (layer, pos) `0_{layer}_{pos}`, which is also the id of
     # feature `layer` of layer 0 at pos: keep feature indices above the layers, so ids are unique
     n.feature[n.kind == "feature"] += N_LAYERS
-    order = np.concatenate([np.flatnonzero(n.kind == k) for k in ("feature", "error", "embedding", "logit")])
-    np.savez(
-        tmp_path / "g.npz",
-        n_layers=N_LAYERS,
-        d_vocab=D_VOCAB,
-        input_tokens=g.prompt_ids,
-        active_features=np.stack([n.layer, n.position, n.feature], 1)[n.kind == "feature"],
-        activation_values=n.activation[n.kind == "feature"],
-        adjacency=g.dense()[np.ix_(order, order)],
-        logit_tokens=g.logit_tokens,
-        logit_strings=np.array(g.logit_strings),
-        logit_probs=g.logit_probs,
-    )
-    run_peer(CT_EXPORT, tmp_path / "g.npz", tmp_path / "ct", "ct", *thresholds)
-    theirs = json.loads((tmp_path / "ct" / "ct.json").read_text())
+    theirs = json.loads(circuit_tracer_export(g, tmp_path, *thresholds).read_text())
     nt, et = thresholds
     save_graph(prune_graph(g, nt, et), tmp_path / "g.h5", "pruned")
     paths = {

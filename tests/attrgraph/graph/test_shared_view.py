@@ -18,8 +18,8 @@ from attrgraph.graph.neuronpedia import graph_to_json, load_json, node_ids
 from attrgraph.graph.neuronpedia_features import cantor
 from attrgraph.graph.shared_view import read_view
 from attrgraph.graph.supernodes import NodeKey, Supernode, node_key, supernode
-from tests.attrgraph.graph.test_neuronpedia import D_VOCAB, N_LAYERS, layered_graph
-from tests.attrgraph.peer_frontend import CT_EXPORT, run_peer
+from tests.attrgraph.graph.test_neuronpedia import N_LAYERS, circuit_tracer_export, layered_graph
+from tests.attrgraph.peer_frontend import run_peer
 
 pytestmark = pytest.mark.filterwarnings("ignore::attrgraph.errors.ExportWarning")
 
@@ -88,21 +88,7 @@ def test_ids_of_circuit_tracers_export_name_the_nodes_it_wrote(tmp_path):
     g = layered_graph(5, n_pos=6)
     n = g.nodes
     n.feature[n.kind == "feature"] += N_LAYERS  # so that circuit-tracer's error ids name no feature
-    order = np.concatenate([np.flatnonzero(n.kind == k) for k in ("feature", "error", "embedding", "logit")])
-    np.savez(
-        tmp_path / "g.npz",
-        n_layers=N_LAYERS,
-        d_vocab=D_VOCAB,
-        input_tokens=g.prompt_ids,
-        active_features=np.stack([n.layer, n.position, n.feature], 1)[n.kind == "feature"],
-        activation_values=n.activation[n.kind == "feature"],
-        adjacency=g.dense()[np.ix_(order, order)],
-        logit_tokens=g.logit_tokens,
-        logit_strings=np.array(g.logit_strings),
-        logit_probs=g.logit_probs,
-    )
-    run_peer(CT_EXPORT, tmp_path / "g.npz", tmp_path / "ct", "ct", 0.8, 0.98)
-    data = json.loads((tmp_path / "ct" / "ct.json").read_text())
+    data = json.loads(circuit_tracer_export(g, tmp_path, 0.8, 0.98).read_text())
     h = load_json(tmp_path / "ct" / "ct.json")
     kinds = {"cross layer transcoder": "feature", "mlp reconstruction error": "error"}
     kinds |= {"embedding": "embedding", "logit": "logit"}
