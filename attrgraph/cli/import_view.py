@@ -6,8 +6,8 @@ them and `attrgraph export` writes them again.
    file (`.json`, `.json.gz`) whose `qParams` hold the view.
 2. The graph is NAME, else the file's only graph, else the one named 'graph'; the link is read
    against it (ids it lacks are kept as keys and listed; another prompt or model is refused).
-3. What is stored keeps the viewer's rules (viewer/supernode_request.py), so that the page can
-   edit and save it again: members that are not nodes of this graph (pruned away here) are left
+3. What is stored keeps the viewer's rules (viewer/supernode_request.py `storable`), so that the
+   page can edit and save it again: members that are not nodes of this graph (pruned away here) are left
    out and listed, a supernode left without members is not stored, a node in two supernodes and a
    name the file cannot hold are refused.
 4. Supernodes the graph already has are replaced only with `--replace`. Pinned nodes and labels
@@ -70,41 +70,19 @@ def _graph_name(path: str, name: str | None, names: list[str]) -> str:
     raise OptionError(f"{path} holds {len(names)} graphs ({names}); name one as {path}:NAME.")
 
 
-def _stored(graph, supernodes) -> tuple[list, list, list[str]]:
-    """Step 3: (the supernodes to store, the members left out, the names left without members)."""
-    from attrgraph.graph.supernodes import Supernode, node_key
-    from attrgraph.viewer.supernode_request import MAX_NAME, check_members, plain_text
-
-    present = {node_key(graph, i) for i in range(graph.n_nodes)}
-    kept, left_out, emptied = [], [], []
-    for sn in supernodes:
-        if len(sn.name.strip()) > MAX_NAME or not plain_text(sn.name):
-            raise ViewError(
-                f"the link's supernode name {sn.name[:40]!r}... is longer than {MAX_NAME} characters or holds a "
-                "NUL or a lone surrogate; rename it on the page."
-            )
-        members = tuple(m for m in sn.members if m in present)
-        left_out += [m for m in sn.members if m not in present]
-        if members:
-            kept.append(Supernode(sn.name, members))
-        else:
-            emptied.append(sn.name)
-    check_members(graph, kept)
-    return kept, left_out, emptied
-
-
 def run(args) -> int:
     from attrgraph.cli.export import split_spec
     from attrgraph.graph.shared_view import read_view
     from attrgraph.graph.store import list_graphs, load_graph
     from attrgraph.graph.supernode_store import load_supernodes, save_supernodes
+    from attrgraph.viewer.supernode_request import storable
 
     path, name = split_spec(args.file)
     name = _graph_name(path, name, list_graphs(path))
     source = _source(args.link)
     graph = load_graph(path, name)
     view = read_view(source, graph)
-    kept, left_out, emptied = _stored(graph, view.supernodes)
+    kept, left_out, emptied = storable(graph, view.supernodes)
     if not view.supernodes:
         raise ViewError(
             f"the link holds no supernodes ({_count(len(view.pinned), 'pinned node')}, "

@@ -26,6 +26,10 @@
                               supernode_store.save_supernodes (the one atomic writer)
      POST /api/labels         label_request.py: checked, then `transcoders.set_labels` on the
                               dashboards file that labels those features (the same writer)
+     POST /api/view           `{"graph", "link"}`: a shared Neuronpedia link read against a stored
+                              graph (graph/shared_view.py; supernode_request.storable), for the
+                              page to show; nothing is written (a POST, under the writes' rules,
+                              because a link can be longer than a request line may be)
      /api/global?graph=NAME&node=ID[&k=K]
                               global_request.py: a feature's strongest global connections
      /api/heads?graph=NAME&source=ID&target=ID
@@ -67,6 +71,7 @@ from attrgraph.errors import (
     OptionError,
     ServeError,
     SupernodeError,
+    ViewError,
     ViewRequestError,
 )
 from attrgraph.viewer.access import (
@@ -95,6 +100,8 @@ MAX_CONNECTIONS = 256
 """Connections served at once; the next is answered 503 and closed before a byte of it is read.
 Each holds at most `connection.MAX_HEAD` bytes of head and a thread, for `HEAD_TIMEOUT` seconds."""
 WRITES = ("/api/supernodes", "/api/labels")
+POST_READS = ("/api/view",)
+"""POSTs that write nothing (step 3), checked as the writes are."""
 MODEL_READS = ("/api/global", "/api/heads")
 """The reads that need the graph's model (step 3)."""
 SECURITY_HEADERS = (
@@ -336,6 +343,33 @@ class Viewer:
             save_supernodes(self.path, supernodes, name)
         return {"saved": len(supernodes), "graph": name, "file": self.path.name}
 
+    def read_link(self, body: bytes) -> dict:
+        """POST /api/view: a shared link's supernodes (those storable in this graph) and pins."""
+        from attrgraph.graph.shared_view import read_view
+        from attrgraph.graph.store import load_graph
+        from attrgraph.viewer.supernode_request import read_json, storable
+
+        data = read_json(body, ViewRequestError, "{'graph': ..., 'link': ...}")
+        if not isinstance(data, dict) or set(data) != {"graph", "link"} or not isinstance(data["link"], str):
+            raise ViewRequestError(
+                "the request must be a JSON object {'graph': NAME, 'link': the link's text}."
+            )
+        name, names = data["graph"], self.graphs()
+        if name not in names:
+            raise ViewRequestError(f"graph {name!r} is not in this file; it holds {names}.")
+        graph = load_graph(self.path, name)
+        view = read_view(data["link"], graph)
+        kept, left_out, emptied = storable(graph, view.supernodes)
+        return {
+            "graph": name,
+            "supernodes": [{"name": sn.name, "members": [list(m) for m in sn.members]} for sn in kept],
+            "pinned": [list(k) for k in view.pinned],
+            "left_out": len(left_out),
+            "emptied": emptied,
+            "labels": len(view.labels),
+            "absent": list(view.absent),
+        }
+
     def save_labels(self, body: bytes) -> dict:
         from attrgraph.graph.store import load_graph
         from attrgraph.viewer.label_request import check_features, parse_labels
@@ -537,8 +571,8 @@ class Handler(BaseHTTPRequestHandler):
         refusal = self._refusal(True)
         if refusal:
             return self._error(403, refusal)
-        if route not in WRITES:
-            return self._error(404, f"no such endpoint {route}; POST to {' or '.join(WRITES)}.")
+        if route not in WRITES + POST_READS:
+            return self._error(404, f"no such endpoint {route}; POST to {' or '.join(WRITES + POST_READS)}.")
         origin = self.headers.get("Origin")
         if not self.server.access.origin_ok(origin):
             return self._error(403, f"refused: a request from {origin} may not write this file.")
@@ -561,14 +595,15 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         viewer = self.server.viewer
-        write = viewer.save_supernodes if route == "/api/supernodes" else viewer.save_labels
-        self._guarded(lambda: self._json(200, write(body)))
+        write = {"/api/supernodes": viewer.save_supernodes, "/api/labels": viewer.save_labels}
+        answer = write.get(route, viewer.read_link)
+        self._guarded(lambda: self._json(200, answer(body)))
 
     def _guarded(self, route) -> None:
         """Run a route; every failure becomes a JSON error (step 3)."""
         try:
             route()
-        except (SupernodeError, LabelError, ViewRequestError) as e:
+        except (SupernodeError, LabelError, ViewError, ViewRequestError) as e:
             self._error(400, str(e))
         except LookupError as e:
             self._error(404, str(e.args[0]))

@@ -13,6 +13,10 @@ one raises `SupernodeError` with one sentence, and the file is not touched:
    and at least one member; a member is `[kind, layer, position, feature]` with a node kind
    and three integers, and is a node of the stored graph.
 4. No node belongs to two supernodes (supernodes.supernode_adjacency refuses that too).
+5. Supernodes read from a shared link (graph/shared_view.py), for `attrgraph import-view` and the
+   page's import: `storable` leaves out the members that are not nodes of the graph (and a
+   supernode left without any), then applies steps 3 and 4, so that what is stored is what the
+   page can save again.
 """
 
 from __future__ import annotations
@@ -114,3 +118,23 @@ def check_members(graph: Graph, supernodes: list[Supernode]) -> None:
                     f"node {list(m)} is in supernodes {owner[m]!r} and {sn.name!r}; a node may belong to one."
                 )
             owner[m] = sn.name
+
+
+def storable(graph: Graph, supernodes) -> tuple[list[Supernode], list[NodeKey], list[str]]:
+    """Step 5: (the supernodes to store, the members left out, the names left without members)."""
+    present = {node_key(graph, i) for i in range(graph.n_nodes)}
+    kept, left_out, emptied = [], [], []
+    for sn in supernodes:
+        if len(sn.name.strip()) > MAX_NAME or not plain_text(sn.name):
+            raise SupernodeError(
+                f"the supernode name {sn.name[:40]!r}... is longer than {MAX_NAME} characters or holds a "
+                "NUL or a lone surrogate; rename it."
+            )
+        members = tuple(m for m in sn.members if m in present)
+        left_out += [m for m in sn.members if m not in present]
+        if members:
+            kept.append(Supernode(sn.name, members))
+        else:
+            emptied.append(sn.name)
+    check_members(graph, kept)
+    return kept, left_out, emptied

@@ -261,6 +261,7 @@
     $("group-controls").style.display = data.kind === "graph" ? "" : "none";
     $("ranked-box").style.display = data.kind === "graph" ? "" : "none";
     $("save").style.display = data.editable ? "" : "none";
+    $("import-controls").style.display = data.editable ? "" : "none";
     $("save-status").textContent = "";
     layout(data);
     if (!keepCam) fit();
@@ -1127,6 +1128,39 @@
     applyOnlyPinned();
   }
 
+  // a shared Neuronpedia link's supernodes and pins (POST api/view reads it against the stored graph)
+  async function importView() {
+    const d = state.data, link = $("view-link").value.trim();
+    if (!link) return say("paste a Neuronpedia graph link first.", true);
+    $("import-view").disabled = true;
+    try {
+      const r = await getJSON("api/view", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ graph: d.name, link }),
+      });
+      const replaced = state.supernodes.length;
+      state.supernodes = r.supernodes.map((sn, i) => ({ name: sn.name, members: sn.members, color: PALETTE[i % PALETTE.length] }));
+      for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.remove("pinned");
+      state.pinned = new Set(r.pinned.flatMap((k) => state.keyIndex.get(keyStr(k)) || []));
+      for (const id of state.pinned) if (state.nodeEls.has(id)) state.nodeEls.get(id).classList.add("pinned");
+      const parts = [`imported ${r.supernodes.length} supernode${r.supernodes.length === 1 ? "" : "s"} and ${state.pinned.size} pin${state.pinned.size === 1 ? "" : "s"}`];
+      if (replaced) parts.push(`replacing the ${replaced} shown`);
+      if (r.left_out) parts.push(`${r.left_out} member${r.left_out === 1 ? "" : "s"} not in this graph left out`);
+      if (r.emptied.length) parts.push(`${r.emptied.map((n) => JSON.stringify(n)).join(", ")} left without members`);
+      say(parts.join("; ") + "; not saved yet.");
+      $("view-link").value = "";
+      if (state.collapse) recompute();
+      else {
+        renderPins();
+        renderSupernodes();
+        writeHash();
+      }
+    } catch (e) {
+      say(e.message, true);
+    } finally {
+      $("import-view").disabled = false;
+    }
+  }
+
   async function save() {
     const d = state.data;
     const body = JSON.stringify({
@@ -1174,6 +1208,7 @@
     });
     $("group").addEventListener("click", group);
     $("save").addEventListener("click", save);
+    $("import-view").addEventListener("click", importView);
     const centre = () => [($("canvas").clientWidth || 800) / 2, ($("canvas").clientHeight || 600) / 2];
     $("zoom-in").addEventListener("click", () => zoomAt(1.25, ...centre()));
     $("zoom-out").addEventListener("click", () => zoomAt(1 / 1.25, ...centre()));

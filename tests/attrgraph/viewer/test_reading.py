@@ -21,23 +21,13 @@ from attrgraph.graph.scores import compute_graph_scores
 from attrgraph.graph.supernode_store import save_supernodes
 from attrgraph.graph.supernodes import supernode
 from attrgraph.viewer.payload import view_keys
-from tests.attrgraph.viewer.viewer_helpers import click_node, get_json, served, sha
+from tests.attrgraph.viewer.viewer_helpers import click_node, get_json, open_page, served, sha
 
 pytestmark = pytest.mark.bundled("default", "default-plt")
 
 
 def severe(browser) -> list:
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-
-
-def open_page(browser, server, hash_: str, n_nodes: int | None = None):
-    browser.get("about:blank")
-    browser.get(server.url + "#" + hash_)
-    WebDriverWait(browser, 20).until(
-        lambda b: b.execute_script("return !!(window.attrgraphViewer && window.attrgraphViewer.data)")
-    )
-    if n_nodes is not None:
-        WebDriverWait(browser, 20).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == n_nodes)
 
 
 def js(browser, script, *args):

@@ -21,7 +21,7 @@ from attrgraph.graph.supernodes import supernode
 from attrgraph.viewer.access import TOKEN_HEADER
 from attrgraph.viewer.server import STATIC, Viewer, ViewerServer, make_server, static_file
 from tests.attrgraph.ag_helpers import random_graph
-from tests.attrgraph.viewer.viewer_helpers import PAGE_HEADER, request, served, sha
+from tests.attrgraph.viewer.viewer_helpers import PAGE_HEADER, request, served, sha, token_headers
 
 HOSTS = ["127.0.0.1", "0.0.0.0"]
 READS = (
@@ -65,10 +65,6 @@ def statuses(reply: bytes) -> list[int]:
 
 def host_of(server) -> str:
     return f"127.0.0.1:{server.server_address[1]}"
-
-
-def token_headers(server) -> dict:
-    return {TOKEN_HEADER: server.access.token} if server.access.token else {}
 
 
 def http(method: str, path: str, headers: dict, body: bytes = b"", length: bool = True) -> bytes:

@@ -128,6 +128,27 @@ def chromium(tmpdir: Path):
     )
 
 
+def open_page(browser, server, hash_: str, n_nodes: int | None = None):
+    """Load the page at view `hash_` and wait for its data (and for `n_nodes` drawn nodes)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get("about:blank")
+    browser.get(server.url + "#" + hash_)
+    WebDriverWait(browser, 20).until(
+        lambda b: b.execute_script("return !!(window.attrgraphViewer && window.attrgraphViewer.data)")
+    )
+    if n_nodes is not None:
+        WebDriverWait(browser, 20).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "g.node")) == n_nodes)
+
+
+def token_headers(server) -> dict:
+    """The token header a server beyond loopback needs on every API call (none on loopback)."""
+    from attrgraph.viewer.access import TOKEN_HEADER
+
+    return {TOKEN_HEADER: server.access.token} if server.access.token else {}
+
+
 def click_node(browser, node: int, shift: bool = False) -> None:
     """A (shift-)click on node `node` wherever the camera is: the page's own click handler runs, as
     for a person who panned to it first (WebDriver refuses a click on a node outside the window)."""
