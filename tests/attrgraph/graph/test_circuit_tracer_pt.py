@@ -399,3 +399,30 @@ def test_a_foreign_graph_where_ours_goes_names_convert(tmp_path, capsys, name, s
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
         assert f"store it as one with `attrgraph convert {path} -o graph.h5` (from Python: {says})" in err
+
+
+def test_circuit_tracers_graph_is_validated_by_interventions_on_its_model(tmp_path_factory):
+    """validate_graph on the converted graph, with the harness's model and set loaded here: the
+    interventions score it as they score our own graph of the same weights (the two graphs agree to
+    float32 rounding, and the interventions are the same runs)."""
+    from attrgraph.analysis.validate import ValidateConfig, validate_graph
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.engine.attribute import attribute
+    from transcoders.formats import load_transcoders
+
+    d = harness_run("gpt2-plt", tmp_path_factory)
+    model, tc = load_model(d), load_transcoders(d / "transcoders")
+    cfg = ValidateConfig(max_features=24, n_perturbations=4)
+    theirs = validate_graph(model, tc, load_pt(d / "graph.pt", tokenizer=model), cfg)
+    g = attribute(
+        model, tc, np.load(d / "input_tokens.npy"), exclude_bos=True, embedding="token", progress=False
+    )
+    ours = validate_graph(model, tc, g, cfg)
+    for kind in ("influence", "activation", "direct_logit_edge"):
+        assert theirs["node_to_logit"]["mean"][kind] == pytest.approx(
+            ours["node_to_logit"]["mean"][kind], abs=1e-5
+        )
+    assert theirs["feature_to_feature"]["spearman"] == pytest.approx(
+        ours["feature_to_feature"]["spearman"], abs=1e-5
+    )
+    assert theirs["feature_to_feature"]["n_pairs"] == ours["feature_to_feature"]["n_pairs"] > 0
