@@ -1,5 +1,6 @@
 """`attrgraph convert IN -o OUT.h5`: a graph another tool saved, stored as an attrgraph graph file,
-where `show`, `serve`, `export` and `import-view` read it.
+where `show`, `serve`, `export` and `import-view` read it; `attrgraph convert FILE[:NAME] -o OUT.pt`:
+one of ours written as circuit-tracer's `to_pt` writes a graph (step 4).
 
 1. IN is a graph circuit-tracer saved with `Graph.to_pt` (`.pt`, graph/circuit_tracer_pt.py, read
    without running anything in the file) or a circuit-tracer / Neuronpedia graph JSON (`.json`,
@@ -8,8 +9,12 @@ where `show`, `serve`, `export` and `import-view` read it.
    name in OUT is replaced (with the warning `save_graph` gives). OUT is checked before IN is read.
 3. `--tokenizer` (a Hugging Face tokenizer folder or cached name) gives a `.pt` graph's token
    strings, which the file does not hold; without it the one its config names is used when cached.
-The graph is stored as circuit-tracer computed it (unpruned): `attrgraph export OUT --node-threshold
-0.8 --edge-threshold 0.98` prunes it by circuit-tracer's rule, as its `create_graph_files` does.
+4. OUT ending in `.pt`: IN is an attrgraph graph file (FILE[:NAME]: NAME, else its only graph,
+   else 'graph'), written by `circuit_tracer_pt.save_pt` with the config of `--model` (default:
+   the model the graph records); circuit-tracer's own `Graph.from_pt` reads it.
+A graph read is stored as circuit-tracer computed it (unpruned): `attrgraph export OUT
+--node-threshold 0.8 --edge-threshold 0.98` prunes it by circuit-tracer's rule, as its
+`create_graph_files` does.
 """
 
 from __future__ import annotations
@@ -21,12 +26,19 @@ from attrgraph.errors import GraphFileError, OptionError
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "convert", help="store a graph circuit-tracer saved (.pt, or graph JSON) as an attrgraph graph file"
+        "convert",
+        help="store a graph circuit-tracer saved (.pt, or graph JSON) as an attrgraph graph file, or write one as .pt",
     )
     p.add_argument(
         "input", metavar="IN", help="circuit-tracer graph (.pt from to_pt) or graph JSON (.json[.gz])"
     )
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="HDF5 graph file to write or extend")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="HDF5 graph file to write or extend, or a .pt to write",
+    )
     p.add_argument(
         "--name", default=None, help="name of the stored graph (default: IN's name without suffixes)"
     )
@@ -35,6 +47,11 @@ def add_parser(sub) -> None:
         default=None,
         metavar="PATH",
         help="tokenizer for a .pt graph's token strings (default: its config's)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="writing a .pt: the graph's model, for its config (default: the one it records)",
     )
 
 
@@ -49,6 +66,10 @@ def run(args) -> int:
     from attrgraph.graph.store import check_name, check_output, save_graph
 
     src, out = Path(args.input), Path(args.output)
+    if out.suffix == ".pt":
+        return _to_pt(args, out)
+    if args.model is not None:
+        raise OptionError("--model is for writing a .pt (-o OUT.pt); reading one needs no model.")
     name = _stem(src) if args.name is None else args.name
     check_name(name)
     check_output(out)
@@ -93,3 +114,29 @@ def _tokenizer(spec: str | None):
         raise OptionError(
             f"--tokenizer {spec} is no tokenizer folder or cached name ({reason}); pass the folder of one."
         ) from None
+
+
+def _to_pt(args, out: Path) -> int:
+    """Step 4."""
+    from attrgraph.bundled.loading import load_model
+    from attrgraph.cli.export import pick_graph, split_spec
+    from attrgraph.graph.circuit_tracer_pt import save_pt
+    from attrgraph.graph.store import list_graphs, load_graph
+
+    if args.tokenizer is not None or args.name is not None:
+        raise OptionError(
+            "--tokenizer and --name are for reading a graph; writing a .pt takes FILE[:NAME] and --model."
+        )
+    if out.is_dir():
+        raise OptionError(f"{out} is a folder; pass a file name to write, such as {out / 'graph.pt'}.")
+    path, name = split_spec(args.input)
+    name = pick_graph(path, name, list_graphs(path))
+    graph = load_graph(path, name)
+    model = load_model(args.model or graph.meta.get("model", "default"))
+    save_pt(graph, out, model)
+    size = len(graph.prompt_ids) * (int(model.cfg.n_layers) + 1) + graph.n_features + len(graph.logit_tokens)
+    print(
+        f"wrote {out}: {path}:{name} in circuit-tracer's layout ({size} nodes, {graph.n_edges} edges, "
+        f"{graph.n_features} features); circuit-tracer reads it with Graph.from_pt"
+    )
+    return 0

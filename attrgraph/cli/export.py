@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attrgraph.errors import ExportError, GraphFileError
+from attrgraph.errors import ExportError, GraphFileError, OptionError
 
 
 def add_parser(sub) -> None:
@@ -71,6 +71,21 @@ def split_spec(spec: str) -> tuple[str, str | None]:
         return spec, None
     path, name = spec.rsplit(":", 1)
     return path, name or None
+
+
+def pick_graph(path: str, name: str | None, names: list[str]) -> str:
+    """The one graph a command acts on: NAME, else the file's only graph, else the one named 'graph'."""
+    if not names:
+        raise GraphFileError(f"{path} holds no graphs; write one with `attrgraph build` first.")
+    if name is not None:
+        if name not in names:
+            raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
+        return name
+    if len(names) == 1:
+        return names[0]
+    if "graph" in names:
+        return "graph"
+    raise OptionError(f"{path} holds {len(names)} graphs ({names}); name one as {path}:NAME.")
 
 
 def run(args) -> int:

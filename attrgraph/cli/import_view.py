@@ -56,29 +56,15 @@ def _source(link: str):
     return data["qParams"]
 
 
-def _graph_name(path: str, name: str | None, names: list[str]) -> str:
-    if not names:
-        raise GraphFileError(f"{path} holds no graphs; write one with `attrgraph build` first.")
-    if name is not None:
-        if name not in names:
-            raise GraphFileError(f"{path} has no graph named {name!r}; it holds {names}.")
-        return name
-    if len(names) == 1:
-        return names[0]
-    if "graph" in names:
-        return "graph"
-    raise OptionError(f"{path} holds {len(names)} graphs ({names}); name one as {path}:NAME.")
-
-
 def run(args) -> int:
-    from attrgraph.cli.export import split_spec
+    from attrgraph.cli.export import pick_graph, split_spec
     from attrgraph.graph.shared_view import read_view
     from attrgraph.graph.store import list_graphs, load_graph
     from attrgraph.graph.supernode_store import load_supernodes, save_supernodes
     from attrgraph.viewer.supernode_request import storable
 
     path, name = split_spec(args.file)
-    name = _graph_name(path, name, list_graphs(path))
+    name = pick_graph(path, name, list_graphs(path))
     source = _source(args.link)
     graph = load_graph(path, name)
     view = read_view(source, graph)

@@ -273,6 +273,8 @@ def test_damaged_and_foreign_files(tmp_path):
         (["{d}/g.json", "-o", "{d}/o.h5", "--tokenizer", "x"], "--tokenizer is for .pt graphs"),
         (["{d}/g.pt", "-o", "{d}/o.h5", "--tokenizer", "{d}/nope"], "--tokenizer {d}/nope is no tokenizer"),
         (["{d}/g.pt", "-o", "{d}/o.h5", "--name", "a/b"], "graph name 'a/b' is empty, '.' or contains '/'"),
+        (["{d}/g.pt", "-o", "{d}/o.h5", "--model", "default"], "--model is for writing a .pt"),
+        (["{d}/g.h5", "-o", "{d}/o.pt", "--name", "x"], "--tokenizer and --name are for reading a graph"),
     ],
 )
 def test_convert_refusals_are_one_line(tmp_path, capsys, args, says):
@@ -426,3 +428,29 @@ def test_circuit_tracers_graph_is_validated_by_interventions_on_its_model(tmp_pa
         ours["feature_to_feature"]["spearman"], abs=1e-5
     )
     assert theirs["feature_to_feature"]["n_pairs"] == ours["feature_to_feature"]["n_pairs"] > 0
+
+
+def test_convert_writes_ours_for_circuit_tracer(tmp_path):
+    """`attrgraph convert FILE:NAME -o OUT.pt` (the model from the graph's meta): circuit-tracer's
+    own from_pt reads every edge, feature and target, and scores it as we do."""
+    from attrgraph.graph.store import save_graph
+
+    g, _ = small_graph()
+    g.meta.update(model="default", embedding="token")  # the bundled model stands in for its config
+    g.meta["n_layers"] = 4
+    save_graph(_four_layers(g), tmp_path / "g.h5", "mine")
+    assert main(["convert", f"{tmp_path / 'g.h5'}:mine", "-o", str(tmp_path / "g.pt")]) == 0
+    theirs = run_peer(CT_READ, tmp_path / "g.pt", tmp_path / "adjacency.npy")
+    h = load_graph(tmp_path / "g.h5", "mine")
+    assert theirs["n_layers"] == 4 and len(theirs["active_features"]) == h.n_features
+    assert np.count_nonzero(np.load(tmp_path / "adjacency.npy")) == h.n_edges
+    scores = compute_graph_scores(h)
+    assert theirs["replacement"] == pytest.approx(scores.replacement, abs=1e-6)
+    assert theirs["completeness"] == pytest.approx(scores.completeness, abs=1e-6)
+
+
+def _four_layers(g):
+    """`g` (a 2-layer hand-built graph) with its logits moved to layer 4, as for a 4-layer model."""
+    h = g.subgraph(np.arange(g.n_nodes))
+    h.nodes.layer[h.nodes.kind == "logit"] = 4
+    return h
