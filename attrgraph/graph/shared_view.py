@@ -150,15 +150,15 @@ class _Resolver:
     def __init__(self, graph: Graph):
         n = graph.nodes
         self.graph = graph
-        logits = np.flatnonzero(n.kind == "logit")
-        self.n_layers = int(n.layer[logits[0]]) if len(logits) else int(graph.meta.get("n_layers", 0))
+        logit_layers = n.layer[n.kind == "logit"]  # n_layers, or a hook's layer for a direction target
+        recorded = graph.meta.get("n_layers")
+        self.n_layers = int(recorded) if recorded else int(logit_layers.max(initial=0))
         self.n_pos = len(graph.prompt_tokens)
         self.index: dict[str, int] = {}
         for i, node_id in enumerate(node_ids(graph)):
             self.index[node_id] = i
-            if (
-                n.kind[i] == "logit"
-            ):  # custom targets that share a token get a suffix; the bare id is the first
+            # custom targets that share a token get a suffix there; the bare id names the first
+            if n.kind[i] == "logit":
                 self.index.setdefault(f"{int(n.layer[i]) + 1}_{int(n.token[i])}_{int(n.position[i])}", i)
         for i in np.flatnonzero((n.kind == "error") & (n.site != "attn")):
             self.index.setdefault(f"0_{int(n.layer[i])}_{int(n.position[i])}", i)  # circuit-tracer's id
@@ -246,11 +246,19 @@ def _feature_of_clerp(feature_id: str, resolver: _Resolver) -> NodeKey | None:
 
 
 def _unique_names(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
+    """Step 5 (a counted name that is also given, 'a (2)' beside two 'a', counts on past it)."""
+    count: dict[str, int] = {}
+    used: set[str] = set()
     out = []
     for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        out.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
+        k = count.get(name, 0) + 1
+        unique = name if k == 1 else f"{name} ({k})"
+        while unique in used:
+            k += 1
+            unique = f"{name} ({k})"
+        count[name] = k
+        used.add(unique)
+        out.append(unique)
     return out
 
 

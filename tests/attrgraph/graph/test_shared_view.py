@@ -311,3 +311,11 @@ def test_what_is_not_a_link_or_a_graph():
         read_view(3, g)
     with pytest.raises(GraphError, match="read_view takes a Graph, got a str"):
         read_view(link({"pinnedIds": "0_1_1"}), "g.h5")
+
+
+def test_repeated_names_stay_unique_when_a_counted_name_is_also_given():
+    g = layered_graph(3)
+    feats = [node_ids(g)[i] for i in np.flatnonzero(g.nodes.kind == "feature")]
+    groups = [["a", feats[0]], ["a", feats[1]], ["a (2)", feats[2]], ["a", feats[3]]]
+    view = read_view({"supernodes": groups}, g)
+    assert [sn.name for sn in view.supernodes] == ["a", "a (2)", "a (2) (2)", "a (3)"]
