@@ -95,7 +95,8 @@ class UnifiedConfig:
 def _safe_globals() -> list:
     from transformer_lens import HookedTransformerConfig
 
-    scalar = np._core.multiarray.scalar  # a HookedTransformerConfig holds numpy floats and dtypes
+    core = getattr(np, "_core", None) or np.core  # numpy 2 and numpy 1
+    scalar = core.multiarray.scalar  # a HookedTransformerConfig holds numpy floats and dtypes
     dtypes = [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
     return [
         (LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
@@ -169,6 +170,17 @@ def _strings(ids: list[int], tokenizer, cfg: dict, path: Path) -> list[str]:
     return [f"[{i}]" for i in ids]
 
 
+def _tensor(data: dict, name: str, path: Path, dim: int):
+    """`data[name]`, a tensor of `dim` dimensions, or `GraphFileError`."""
+    import torch
+
+    x = data.get(name)
+    if not isinstance(x, torch.Tensor) or x.dim() != dim:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise GraphFileError(f"{path}: {name} is {shape}, not a {dim}-d tensor as to_pt writes it.")
+    return x
+
+
 def _int_array(x, name: str, path: Path, shape_tail: tuple = ()) -> np.ndarray:
     a = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
     if a.dtype.kind not in "iu" or a.shape[1:] != shape_tail:
@@ -192,7 +204,7 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
     tokens = _int_array(data["input_tokens"], "input_tokens", path)
     active = _int_array(data["active_features"], "active_features", path, (3,))
     selected = _int_array(data["selected_features"], "selected_features", path)
-    values = np.asarray(data["activation_values"].float().numpy(), np.float32)
+    values = _tensor(data, "activation_values", path, 1).float().numpy()
     targets = data.get("logit_targets", data.get("logit_tokens"))
     if isinstance(targets, torch.Tensor):  # older files: token ids only
         targets = [LogitTarget("", int(t)) for t in targets.tolist()]
@@ -200,8 +212,8 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
         raise GraphFileError(
             f"{path}: logit_targets is not a list of (token_str, vocab_idx); save the graph again."
         )
-    probs = np.asarray(data["logit_probabilities"].float().numpy(), np.float32)
-    A = data["adjacency_matrix"]
+    probs = _tensor(data, "logit_probabilities", path, 1).float().numpy()
+    A = _tensor(data, "adjacency_matrix", path, 2)
     n_pos, n_feat, n_logits = len(tokens), len(selected), len(targets)
     n = n_feat + n_layers * n_pos + n_pos + n_logits
     problems = [

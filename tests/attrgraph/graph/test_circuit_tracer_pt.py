@@ -235,6 +235,11 @@ def test_an_older_file_with_a_transformer_lens_config_and_token_ids(tmp_path):
             "input_tokens has shape (2,) and dtype float32",
         ),
         (lambda d: d.update(logit_targets="x"), "logit_targets is not a list of (token_str, vocab_idx)"),
+        (lambda d: d.update(adjacency_matrix=None), "adjacency_matrix is NoneType, not a 2-d tensor"),
+        (
+            lambda d: d.update(activation_values=torch.zeros(2, 2)),
+            "activation_values is (2, 2), not a 1-d tensor",
+        ),
     ],
 )
 def test_files_that_are_not_one_graph_are_one_line(tmp_path, edit, says):
