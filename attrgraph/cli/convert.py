@@ -127,8 +127,6 @@ def _to_pt(args, out: Path) -> int:
         raise OptionError(
             "--tokenizer and --name are for reading a graph; writing a .pt takes FILE[:NAME] and --model."
         )
-    if out.is_dir():
-        raise OptionError(f"{out} is a folder; pass a file name to write, such as {out / 'graph.pt'}.")
     path, name = split_spec(args.input)
     name = pick_graph(path, name, list_graphs(path))
     graph = load_graph(path, name)

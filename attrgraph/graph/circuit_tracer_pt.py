@@ -429,12 +429,24 @@ def save_pt(graph: Graph, path: str | os.PathLike, model, scan: str | None = Non
         "scan": scan if scan is not None else (graph.meta.get("transcoders") or None),
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise ExportError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.pt'}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ExportError(
+            f"cannot write into {path.parent} ({e.strerror}); pass a folder you can write to."
+        ) from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(data, f, pickle_module=SimpleNamespace(__name__="pickle", Pickler=_Pickler))
         os.replace(tmp, path)
+    except OSError as e:  # a full disk: the old file, if any, is unchanged
+        Path(tmp).unlink(missing_ok=True)
+        raise ExportError(
+            f"cannot write {path} ({e.strerror}); free some space or write elsewhere."
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

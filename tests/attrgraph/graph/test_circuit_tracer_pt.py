@@ -390,6 +390,14 @@ def test_what_circuit_tracer_cannot_hold_is_refused(tmp_path):
         with pytest.raises(ExportError, match=says):
             save_pt(graph, tmp_path / "x.pt", model)
     assert not list(tmp_path.iterdir())
+    for where, says in [
+        (tmp_path, "is a folder; pass a file name"),
+        (tmp_path / "f" / "x.pt", "cannot write into"),
+    ]:
+        if where != tmp_path:
+            (tmp_path / "f").write_text("a file where a folder goes")
+        with pytest.raises(ExportError, match=says):
+            save_pt(g, where, cfg)
     g.meta["embedding"] = "token+position"  # attrgraph's default
     with pytest.warns(ExportWarning, match="token \\+ position embeddings"):
         save_pt(g, tmp_path / "w.pt", cfg)
