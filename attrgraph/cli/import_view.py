@@ -17,11 +17,9 @@ them and `attrgraph export` writes them again.
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
-from attrgraph.errors import GraphFileError, OptionError, ViewError
+from attrgraph.errors import OptionError, ViewError
 
 
 def add_parser(sub) -> None:
@@ -39,18 +37,12 @@ def _count(n: int, what: str) -> str:
 
 
 def _source(link: str):
+    from attrgraph.graph.neuronpedia import read_json_file
+
     path = Path(link)
     if not (path.name.endswith((".json", ".json.gz")) and path.is_file()):
         return link
-    try:
-        with (
-            gzip.open(path, "rt", encoding="utf-8")
-            if path.suffix == ".gz"
-            else open(path, encoding="utf-8") as f
-        ):
-            data = json.load(f)
-    except (OSError, ValueError, EOFError) as e:
-        raise GraphFileError(f"{path} is not a JSON file ({e}); pass a graph JSON or a link.") from None
+    data = read_json_file(path)
     if not isinstance(data, dict) or not isinstance(data.get("qParams"), dict):
         raise ViewError(f"{path} holds no qParams; pass a graph JSON that holds a view, or the page's link.")
     return data["qParams"]

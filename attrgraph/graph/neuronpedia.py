@@ -502,9 +502,8 @@ def _read_index(path: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------ load
-def load_json(path: str | os.PathLike) -> Graph:
-    """A `Graph` from a circuit-tracer / Neuronpedia graph JSON (`.json` or `.json.gz`), step 6."""
-    path = Path(path)
+def read_json_file(path: Path):
+    """The JSON value of a graph JSON file (`.json`, or `.json.gz`), or `GraphFileError`."""
     if not path.is_file():
         raise GraphFileError(
             f"{path} does not exist or is not a file; pass a graph JSON such as DIR/<slug>.json."
@@ -513,11 +512,17 @@ def load_json(path: str | os.PathLike) -> Graph:
         with (
             gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
         ) as f:
-            data = json.load(f)
+            return json.load(f)
     except (OSError, ValueError, EOFError) as e:
         raise GraphFileError(
             f"{path} is not a JSON file ({e}); pass a graph JSON written by export_json or circuit-tracer."
         ) from None
+
+
+def load_json(path: str | os.PathLike) -> Graph:
+    """A `Graph` from a circuit-tracer / Neuronpedia graph JSON (`.json` or `.json.gz`), step 6."""
+    path = Path(path)
+    data = read_json_file(path)
     missing = [k for k in ("metadata", "nodes", "links") if not isinstance(data, dict) or k not in data]
     if missing:
         raise GraphFileError(f"{path} lacks {missing}; it is not a circuit-tracer / Neuronpedia graph JSON.")
