@@ -149,6 +149,20 @@ def token_headers(server) -> dict:
     return {TOKEN_HEADER: server.access.token} if server.access.token else {}
 
 
+def assert_refused_as_writes_are(server, route: str, body: bytes) -> None:
+    """A POST of `body` to `route` refused with Origin null or another site's (403), as text/plain
+    (400), and without the token beyond loopback (403): the writes' rules (access.py step 3)."""
+    tok = token_headers(server)
+    for headers, status in (
+        ({"Origin": "null", **tok}, 403),
+        ({"Origin": "http://evil.example", **tok}, 403),
+        ({"Content-Type": "text/plain", **tok}, 400),
+    ):
+        assert request(server, "POST", route, body, headers)[0] == status, headers
+    if server.access.token:
+        assert request(server, "POST", route, body)[0] == 403
+
+
 def click_node(browser, node: int, shift: bool = False) -> None:
     """A (shift-)click on node `node` wherever the camera is: the page's own click handler runs, as
     for a person who panned to it first (WebDriver refuses a click on a node outside the window)."""
