@@ -120,6 +120,17 @@ def format_summary(summary: dict, title: str = "graph") -> str:
         lines.append(
             f"  adaptive: {meta['n_explored']} of {meta['n_active_features']} active features explored (rest counted as error)"
         )
+    if meta.get("source") == "circuit-tracer":  # circuit_tracer_pt.py step 5
+        explored = meta.get("circuit_tracer_explored_features")
+        lines.append(
+            f"  built by circuit-tracer (model {meta.get('model') or '?'}, transcoders {meta.get('transcoders') or '?'})"
+            + (
+                f": {explored} of {meta['circuit_tracer_active_features']} active features explored "
+                "(the rest's edges dropped, not counted as error)"
+                if explored
+                else ""
+            )
+        )
     if summary["top_features"]:
         lines.append("  top features by logit influence:")
         for f in summary["top_features"]:

@@ -149,6 +149,17 @@ def test_convert_stores_it_for_the_other_commands(case, tmp_path, capsys):
     assert main(["show", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "NaN" not in shown and "scores: replacement" in shown
+    explored = g.meta.get("circuit_tracer_explored_features")
+    said = (
+        f": {explored} of {g.meta['circuit_tracer_active_features']} active features explored"
+        if explored
+        else ""
+    )
+    assert (
+        f"  built by circuit-tracer (model toy-{'gpt2' if 'gpt2' in str(case) else 'gemma2'}, transcoders "
+        in shown
+    )
+    assert said in shown
     assert (
         main(
             [
