@@ -155,10 +155,8 @@ def test_convert_stores_it_for_the_other_commands(case, tmp_path, capsys):
         if explored
         else ""
     )
-    assert (
-        f"  built by circuit-tracer (model toy-{'gpt2' if 'gpt2' in str(case) else 'gemma2'}, transcoders "
-        in shown
-    )
+    model_name = json.loads((case / "meta.json").read_text())["cfg_kwargs"]["model_name"]
+    assert f"  built by circuit-tracer (model {model_name}, transcoders " in shown
     assert said in shown
     assert (
         main(
