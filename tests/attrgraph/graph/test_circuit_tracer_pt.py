@@ -476,3 +476,22 @@ def _four_layers(g):
     h = g.subgraph(np.arange(g.n_nodes))
     h.nodes.layer[h.nodes.kind == "logit"] = 4
     return h
+
+
+def test_a_custom_target_keeps_its_label_through_circuit_tracers_virtual_index(tmp_path):
+    """A target that is no token (a logit difference's direction: token -1) is written with
+    circuit-tracer's virtual index vocab_size + k, which circuit-tracer itself reads as no token, and
+    read back as token -1 with its label."""
+    g, cfg = small_graph()
+    g.meta["embedding"] = "token"
+    logits = np.flatnonzero(g.nodes.kind == "logit")
+    g.nodes.token[logits[1]] = -1
+    g.logit_tokens[1] = -1
+    g.logit_strings[1] = "logit(a) - logit(b)"
+    path = save_pt(g, tmp_path / "g.pt", cfg)
+    theirs = run_peer(CT_READ, path, tmp_path / "adjacency.npy")
+    assert theirs["targets"][1] == ["logit(a) - logit(b)", cfg.d_vocab + 1]
+    with pytest.warns(PromptWarning):
+        h = load_pt(path)
+    assert h.logit_tokens.tolist() == g.logit_tokens.tolist() and h.logit_strings == g.logit_strings
+    np.testing.assert_array_equal(h.dense(), g.dense())
