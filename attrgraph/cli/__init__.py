@@ -19,7 +19,7 @@ from transcoders.command import TERMINATED, close_progress_bars, interrupt_once,
 
 DESCRIPTION = (
     "Exact attribution graphs for transformers with sparse transcoders: build, show, validate, "
-    "export and serve them."
+    "export and serve them, convert circuit-tracer's, and import views shared as Neuronpedia links."
 )
 """`attrgraph --help`'s description: whole sentences (the docstring's first line is cut mid-sentence)."""
 SUBCOMMANDS = {
