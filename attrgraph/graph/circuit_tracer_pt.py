@@ -12,9 +12,9 @@ features, errors layer-major (`layer * n_pos + pos`), one token node per positio
 1. The file is read with `torch.load(weights_only=True, mmap=True)`: no code in it runs, and
    circuit-tracer need not be installed. Its two classes, `UnifiedConfig` (the model's config, a
    plain record) and `LogitTarget`, are allowed under circuit-tracer's names as stand-ins here
-   (`torch.serialization.safe_globals`), as are TransformerLens's `HookedTransformerConfig` (the
-   config of older files) with the numpy scalars and dtypes it holds. Anything else the pickle
-   names is refused.
+   (`torch.serialization.safe_globals`), as is TransformerLens's `HookedTransformerConfig` (the
+   config of older files, under the names its versions give it) with the numpy scalars and dtypes
+   it holds. Anything else the pickle names is refused.
 2. Nodes are put in `NODE_ORDER` (graph.py step 3: embeddings by position, errors by (layer,
    position), features by (layer, position, feature), logits as stored, most probable first), and
    the adjacency permuted with them, a block of rows at a time from the memory-mapped matrix, so
@@ -92,16 +92,26 @@ class UnifiedConfig:
     """Stand-in for `circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig`: its fields as attributes."""
 
 
-def _safe_globals() -> list:
-    from transformer_lens import HookedTransformerConfig
+class ModelConfig:
+    """Stand-in for TransformerLens's `HookedTransformerConfig` (the config of older files): its
+    fields as attributes, read without importing TransformerLens, whatever its version calls it."""
 
+
+TL_CONFIG_NAMES = (
+    "transformer_lens.config.hooked_transformer_config.HookedTransformerConfig",
+    "transformer_lens.HookedTransformerConfig.HookedTransformerConfig",
+)
+"""Where TransformerLens versions keep `HookedTransformerConfig` (newer first)."""
+
+
+def _safe_globals() -> list:
     core = getattr(np, "_core", None) or np.core  # numpy 2 and numpy 1
     scalar = core.multiarray.scalar  # a HookedTransformerConfig holds numpy floats and dtypes
     dtypes = [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith("DType")]
     return [
         (LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
         (UnifiedConfig, "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig"),
-        HookedTransformerConfig,
+        *((ModelConfig, name) for name in TL_CONFIG_NAMES),
         scalar,
         (scalar, "numpy.core.multiarray.scalar"),  # the name numpy 1 pickles it under
         np.dtype,
