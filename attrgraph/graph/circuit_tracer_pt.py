@@ -262,8 +262,6 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
             tok0 + n_pos + np.arange(n_logits),
         ]
     ).astype(np.int64)
-    inverse = np.empty(n, np.int64)
-    inverse[order] = np.arange(n)
     vocab = int(data.get("vocab_size") or cfg.get("d_vocab") or 0)
     logit_ids = [int(t[1]) if 0 <= int(t[1]) < vocab or not vocab else -1 for t in targets]
     strings = _strings(tokens.tolist(), tokenizer, cfg, path)
@@ -293,17 +291,18 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
         site=np.array([""] * n_pos + ["mlp"] * (n_layers * n_pos + n_feat) + [""] * n_logits),
     )
     indptr, indices, weights = [np.zeros(1, np.int64)], [], []
+    columns = torch.as_tensor(order)
+    index_type = np.int32 if n < 2**31 else np.int64
     for start in range(0, n, ROWS_PER_BLOCK):
-        rows = A[torch.as_tensor(order[start : start + ROWS_PER_BLOCK])].float().numpy()
-        r, c = np.nonzero(rows)
-        cols = inverse[c]
-        sort = np.lexsort((cols, r))
-        indices.append(cols[sort])
-        weights.append(rows[r, c][sort])
+        # the block's rows and columns in our order, so that its nonzeros come out sorted as CSR's are
+        rows = A[torch.as_tensor(order[start : start + ROWS_PER_BLOCK])][:, columns].float().numpy()
+        flat = np.flatnonzero(rows)
+        r = flat // n
+        indices.append((flat - r * n).astype(index_type))
+        weights.append(rows.reshape(-1)[flat])
         indptr.append(indptr[-1][-1] + np.cumsum(np.bincount(r, minlength=len(rows))))
     adjacency = sp.csr_array(
-        (np.concatenate(weights).astype(np.float32), np.concatenate(indices), np.concatenate(indptr)),
-        shape=(n, n),
+        (np.concatenate(weights), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n)
     )
     meta = {
         "source": "circuit-tracer",
