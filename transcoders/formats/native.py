@@ -222,10 +222,11 @@ def unreadable_safetensors(path: Path, e: Exception) -> CorruptTranscoderError:
     )
 
 
-def load_state(tc: SparseCoder, state: Mapping[str, torch.Tensor], source) -> None:
+def load_state(tc: SparseCoder, state: Mapping[str, torch.Tensor], source, layer: int | None = None) -> None:
     """`tc.load_state_dict(state)`, tensor by tensor into `tc`'s own memory (so a `SafetensorsFile`
     is read one tensor at a time, each converted straight to `tc`'s dtype), with missing keys, wrong
-    shapes and non-floating values reported as `CorruptTranscoderError`."""
+    shapes and non-floating values reported as `CorruptTranscoderError`. With `layer`, `state` holds
+    one layer's tensors, each copied into its tensor's `[layer]` slice."""
     want = tc.state_dict()  # views of tc's parameters: copying into them fills tc
     missing = sorted(set(want) - set(state))
     unexpected = sorted(set(state) - set(want))
@@ -235,13 +236,13 @@ def load_state(tc: SparseCoder, state: Mapping[str, torch.Tensor], source) -> No
         )
     with torch.no_grad():
         for k in want:
-            v = state[k]
+            v, into = state[k], want[k] if layer is None else want[k][layer]
             check_floating(k, v, source)
-            if tuple(v.shape) != tuple(want[k].shape):
+            if tuple(v.shape) != tuple(into.shape):
                 raise CorruptTranscoderError(
-                    f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(want[k].shape)}."
+                    f"{source}: {k} has shape {tuple(v.shape)} but the config needs {tuple(into.shape)}."
                 )
-            want[k].copy_(v)
+            into.copy_(v)
 
 
 def check_floating(name: str, value: torch.Tensor, source) -> None:

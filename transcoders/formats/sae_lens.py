@@ -48,12 +48,17 @@ Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save
 8. Whether the model's norms were folded (`TranscoderConfig.folded_norms`, sites.py step 4) is
    read from `metadata.model_from_pretrained_kwargs["fold_ln"]` when it is there (else not
    recorded), and written there when the set records it.
+9. Memory: the set is allocated once the first object is read (a set has one object per layer,
+   so its layer count is the number of objects), and each object's tensors are copied into their
+   layer's slices; a directory is read by sae_lens only when its turn comes and dropped after, so
+   loading holds the set and one layer's object, not every layer's beside stacked copies.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,18 +100,22 @@ def _load_dir(path: Path):
         ) from e
 
 
-def _objects(items) -> list:
+def _objects(items) -> list[Callable[[], object]]:
+    """One maker per layer's object (step 9): a directory is read when its maker is called."""
     if isinstance(items, str | os.PathLike):
         folder = Path(items)
         if (folder / "cfg.json").is_file():
-            return [_load_dir(folder)]
+            return [lambda: _load_dir(folder)]
         subdirs = sorted(p for p in folder.iterdir() if (p / "cfg.json").is_file())
         if not subdirs:
             raise TranscoderNotFoundError(
                 f"{folder} holds no sae_lens directories (cfg.json + sae_weights.safetensors)."
             )
-        return [_load_dir(p) for p in subdirs]
-    return [_load_dir(Path(x)) if isinstance(x, str | os.PathLike) else x for x in items]
+        return [lambda p=p: _load_dir(p) for p in subdirs]
+    return [
+        (lambda x=x: _load_dir(Path(x))) if isinstance(x, str | os.PathLike) else (lambda x=x: x)
+        for x in items
+    ]
 
 
 _NORMALIZATION_ADVICE = {
@@ -149,73 +158,88 @@ def load_sae_lens(
 ):
     """A set from sae_lens objects or directories (one per layer); see the module docstring."""
     from transcoders.build import allocated
-    from transcoders.formats.native import LazyState, load_state
+    from transcoders.formats.native import load_state
 
-    saes = _objects(items)
-    per_layer: dict[int, dict] = {}
-    shared, first = None, 0
-    for sae in saes:
-        cfg = sae.cfg
-        arch = cfg.architecture()
-        if arch not in ARCHITECTURES:
-            raise UnknownFormatError(
-                f"sae_lens architecture {arch!r} is not one we read; supported: {sorted(ARCHITECTURES)}."
-            )
-        norm = getattr(cfg, "normalize_activations", "none")
-        if norm != "none":
-            raise UnknownFormatError(
-                _NORMALIZATION_ADVICE.get(norm, _NORMALIZATION_ADVICE["layer_norm"]).format(norm)
-            )
-        if getattr(cfg, "reshape_activations", "none") != "none":
-            raise UnknownFormatError(
-                "sae_lens hook_z SAEs (per-head inputs) are not supported; use an attn_out SAE."
-            )
-        layer, in_hook = _split_hook(cfg.metadata.hook_name, "hook_name")
-        nl, role = ARCHITECTURES[arch]
-        is_transcoder, skip = role != "sae", role == "skip_transcoder"
-        if is_transcoder:
-            out_name = cfg.metadata.hook_name_out
-            out_hook = _split_hook(out_name, "hook_name_out")[1] if out_name else (output_hook or MLP_OUTPUT)
-        else:
-            out_hook = in_hook
-        state = _encoder_state(
-            sae,
-            nl,
-            fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input,
-            fold_decoder_norm=bool(getattr(cfg, "rescale_acts_by_decoder_norm", False)),
-        )
-        W_enc = state["W_enc"]
-        if skip:
-            state["W_skip"] = _read(sae.W_skip).T
-        before_norm = bool(cfg.metadata.get("output_before_post_norm", False))
-        key = {
-            "transcoder": is_transcoder,
-            "hook_name": in_hook,
-            "hook_name_out": out_hook,
-            "activation": nl.name,
-            "skip": skip,
-            "output_before_post_norm": before_norm,
-            "k": int(getattr(cfg, "k", 0) or 0),
-            "(d_in, d_sae)": tuple(W_enc.shape),
-        }
+    makers = _objects(items)
+    tc, shared, first, layers = None, None, 0, set()
+    for make in makers:
+        sae = make()
+        layer, state, key = _layer_state(sae, output_hook)
         if shared is not None and key != shared:
             differ = "; ".join(f"{k} {key[k]!r} vs {shared[k]!r}" for k in key if key[k] != shared[k])
             raise CorruptTranscoderError(
                 f"sae_lens layer {layer} differs from layer {first} ({differ}); a set needs one kind."
             )
+        if layer in layers:
+            raise CorruptTranscoderError(f"two sae_lens objects are for layer {layer}; pass one per layer.")
+        layers.add(layer)
         if shared is None:
             shared, first = key, layer
-        if layer in per_layer:
-            raise CorruptTranscoderError(f"two sae_lens objects are for layer {layer}; pass one per layer.")
-        per_layer[layer] = state
-    n_layers = max(per_layer) + 1
-    missing = sorted(set(range(n_layers)) - set(per_layer))
+            tc = allocated(
+                _config(key, len(makers), model_name or str(sae.cfg.metadata.model_name or ""), sae), dtype
+            )
+        if layer < len(makers):  # else a layer is missing: said below, once every layer is known
+            load_state(tc, state, f"sae_lens layer {layer}", layer=layer)
+        del sae, state
+    missing = sorted(set(range(max(layers) + 1)) - layers)
     if missing:
         raise CorruptTranscoderError(
             f"no sae_lens object for layers {missing}; a set needs every layer from 0."
         )
-    is_transcoder, in_hook, out_hook, activation, skip, before_norm, k, (d_model, d_sae) = shared.values()
-    cfg = TranscoderConfig(
+    return tc.to(device=device)
+
+
+def _layer_state(sae, output_hook: str | None) -> tuple[int, dict, dict]:
+    """One object's layer, its tensors as the set holds them (steps 1-5), and what every layer of
+    a set must share (`key`)."""
+    cfg = sae.cfg
+    arch = cfg.architecture()
+    if arch not in ARCHITECTURES:
+        raise UnknownFormatError(
+            f"sae_lens architecture {arch!r} is not one we read; supported: {sorted(ARCHITECTURES)}."
+        )
+    norm = getattr(cfg, "normalize_activations", "none")
+    if norm != "none":
+        raise UnknownFormatError(
+            _NORMALIZATION_ADVICE.get(norm, _NORMALIZATION_ADVICE["layer_norm"]).format(norm)
+        )
+    if getattr(cfg, "reshape_activations", "none") != "none":
+        raise UnknownFormatError(
+            "sae_lens hook_z SAEs (per-head inputs) are not supported; use an attn_out SAE."
+        )
+    layer, in_hook = _split_hook(cfg.metadata.hook_name, "hook_name")
+    nl, role = ARCHITECTURES[arch]
+    is_transcoder, skip = role != "sae", role == "skip_transcoder"
+    if is_transcoder:
+        out_name = cfg.metadata.hook_name_out
+        out_hook = _split_hook(out_name, "hook_name_out")[1] if out_name else (output_hook or MLP_OUTPUT)
+    else:
+        out_hook = in_hook
+    state = _encoder_state(
+        sae,
+        nl,
+        fold_b_dec=not is_transcoder and cfg.apply_b_dec_to_input,
+        fold_decoder_norm=bool(getattr(cfg, "rescale_acts_by_decoder_norm", False)),
+    )
+    if skip:
+        state["W_skip"] = _read(sae.W_skip).T
+    key = {
+        "transcoder": is_transcoder,
+        "hook_name": in_hook,
+        "hook_name_out": out_hook,
+        "activation": nl.name,
+        "skip": skip,
+        "output_before_post_norm": bool(cfg.metadata.get("output_before_post_norm", False)),
+        "k": int(getattr(cfg, "k", 0) or 0),
+        "(d_in, d_sae)": tuple(state["W_enc"].shape),
+    }
+    return layer, state, key
+
+
+def _config(key: dict, n_layers: int, model_name: str, sae) -> TranscoderConfig:
+    """The set's config from what its layers share (`_layer_state`'s key) and its first object."""
+    is_transcoder, in_hook, out_hook, activation, skip, before_norm, k, (d_model, d_sae) = key.values()
+    return TranscoderConfig(
         kind="plt" if is_transcoder else "sae",
         n_layers=n_layers,
         d_model=d_model,
@@ -226,18 +250,9 @@ def load_sae_lens(
         skip=skip,
         k=k or 32,
         output_before_post_norm=before_norm,
-        model_name=model_name or str(saes[0].cfg.metadata.model_name or ""),
-        folded_norms=_fold_ln(saes[0]),
+        model_name=model_name,
+        folded_norms=_fold_ln(sae),
     )
-    state = LazyState(  # one stacked tensor at a time beside the set
-        {
-            name: lambda name=name: torch.stack([per_layer[l][name] for l in range(n_layers)])
-            for name in per_layer[0]
-        }
-    )
-    tc = allocated(cfg, dtype)  # in `dtype` before loading, so a float64 SAE keeps its digits (step 5)
-    load_state(tc, state, "sae_lens objects")
-    return tc.to(device=device)
 
 
 @contextmanager

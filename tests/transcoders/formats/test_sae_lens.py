@@ -221,3 +221,31 @@ def test_each_sae_lens_architecture_holds_the_tensors_its_nonlinearity_names():
         keys = {"W_enc", nl.sae_lens.b_enc, "W_dec", "b_dec", *nl.extra_state}
         keys |= {"W_skip"} if role == "skip_transcoder" else set()
         assert set(sae_cls(cfg_cls(**kw)).state_dict()) == keys, arch
+
+
+def test_a_folder_of_layers_is_read_one_object_at_a_time(tmp_path, monkeypatch):
+    """Step 9: each layer's sae_lens object is read when its turn comes and gone before the next
+    is read (weak references to every object sae_lens made), and the set equals sae_lens's own."""
+    import weakref
+
+    from transcoders.formats import sae_lens as reader
+
+    saes = [build("jumprelu_transcoder", l, seed=l) for l in range(4)]
+    for l, sae in enumerate(saes):
+        sae.save_model(tmp_path / f"layer_{l}")
+    made, alive_at_each_read = [], []
+    real = reader._load_dir
+
+    def tracked(path):
+        alive_at_each_read.append(sum(r() is not None for r in made))
+        sae = real(path)
+        made.append(weakref.ref(sae))
+        return sae
+
+    monkeypatch.setattr(reader, "_load_dir", tracked)
+    tc = load_transcoders(tmp_path)
+    assert alive_at_each_read == [0, 0, 0, 0]
+    x = torch.randn(6, 4, D)
+    with torch.no_grad():
+        for l, sae in enumerate(saes):
+            torch.testing.assert_close(tc(x).out[:, l], sae(x[:, l]), rtol=1e-4, atol=1e-4)
