@@ -25,7 +25,7 @@ Public API, re-exported here and imported on first use (`__getattr__`), so that
   save_graph, load_graph, list_graphs            graph/store.py
   to_networkx                                    graph/export.py
   export_json, load_json, graph_to_json          graph/neuronpedia.py
-  read_view, SharedView (a Neuronpedia link's supernodes, pins, labels)   graph/shared_view.py
+  read_view, SharedView, view_link (Neuronpedia links: supernodes, pins, labels)   graph/shared_view.py
   load_pt, save_pt (circuit-tracer's .pt graphs, read and written)   graph/circuit_tracer_pt.py
   compute_graph_scores                           graph/scores.py
   Supernode, supernode, ... save_supernodes      graph/supernodes.py, graph/supernode_store.py
@@ -65,7 +65,7 @@ _EXPORTS = {  # module -> public names it provides (name: same name there, or "n
     "attrgraph.graph.store": ["list_graphs", "load_graph", "save_graph"],
     "attrgraph.graph.export": ["to_networkx"],
     "attrgraph.graph.neuronpedia": ["export_json", "graph_to_json", "load_json"],
-    "attrgraph.graph.shared_view": ["SharedView", "read_view"],
+    "attrgraph.graph.shared_view": ["SharedView", "read_view", "view_link"],
     "attrgraph.graph.circuit_tracer_pt": ["load_pt", "save_pt"],
     "attrgraph.graph.scores": ["GraphScores", "compute_graph_scores"],
     "attrgraph.graph.supernodes": [

@@ -32,6 +32,15 @@ circuit-tracer's `utils/decode_url_features.py` (what its demos take from such a
    schema-0 gemma-2-2b graphs; the reading whose layer agrees is taken. Clerps of embeddings,
    errors and logits (labels the page makes itself) are skipped.
 5. Supernode names repeated in a URL get circuit-tracer's counter: `name`, `name (2)`, ...
+
+Writing (`view_link`), the inverse, so that a grouping made here (by hand, or by
+`suggest_supernodes`) opens on Neuronpedia's page of the same graph:
+6. Members and pins named by step 2's ids: a node of the graph by its export id (errors in
+   attrgraph's form, or circuit-tracer's `0_{layer}_{pos}` with `error_ids="circuit-tracer"` for a
+   graph Neuronpedia built itself), a feature the graph lacks by `{layer}_{feature}_{pos}`; labels
+   `{(layer, feature): text}` become one clerp per node of that feature, keyed by schema 1's
+   `featureId`. The query holds `slug`, `pinnedIds` (the pins, then every supernode member, as our
+   export pins them), `supernodes`, `clerps` and `pruningThreshold` when given.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ import numpy as np
 from attrgraph.errors import SupernodeError, ViewError
 from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.neuronpedia import node_ids
-from attrgraph.graph.neuronpedia_features import ATTN_INDEX_OFFSET
+from attrgraph.graph.neuronpedia_features import ATTN_INDEX_OFFSET, feature_index
 from attrgraph.graph.supernodes import NodeKey, Supernode, node_key
 
 _ID = re.compile(r"(A?)(-?\d+)_(-?\d+)_(\d+)|E_(\d+)_(\d+)")
@@ -324,3 +333,83 @@ def read_view(source: str | Mapping, graph: Graph) -> SharedView:
         node_threshold=node_threshold,
         density_threshold=density_threshold,
     )
+
+
+# ------------------------------------------------------------------------------------ write
+ERROR_IDS = ("attrgraph", "circuit-tracer")
+"""The two ways of naming an error node in a link (step 6)."""
+
+
+def _link_id(graph: Graph, ids: list[str], index: dict, key: NodeKey, error_ids: str) -> str:
+    i = index.get(tuple(key))
+    if key.kind == "error" and key.site != "attn" and error_ids == "circuit-tracer":
+        return f"0_{key.layer}_{key.position}"
+    if i is not None:
+        return ids[i]
+    if key.kind == "feature" and key.position is not None:
+        return f"{'A' if key.site == 'attn' else ''}{key.layer}_{key.feature}_{key.position}"
+    raise ViewError(
+        f"node {tuple(key)} is not in the graph, and only a feature can be named without it; "
+        "drop it or pass the graph that holds it."
+    )
+
+
+def view_link(
+    graph: Graph,
+    supernodes=(),
+    pinned=(),
+    labels: Mapping | None = None,
+    *,
+    model: str,
+    slug: str,
+    error_ids: str = "attrgraph",
+    node_threshold: float | None = None,
+    base: str = "https://www.neuronpedia.org",
+) -> str:
+    """A Neuronpedia graph link showing `supernodes` (a sequence of `Supernode`), `pinned` (node
+    indices of `graph`) and `labels` (`{(layer, feature): text}`) on the page of graph `slug` of
+    `model` there (step 6; `read_view` reads it back)."""
+    from attrgraph.graph.supernodes import _supernode_list
+
+    check_graph(graph, "view_link")
+    if error_ids not in ERROR_IDS:
+        raise ViewError(f"error_ids is {error_ids!r}; pass one of {ERROR_IDS}.")
+    for what, value in (("model", model), ("slug", slug)):
+        if not isinstance(value, str) or not value.strip():
+            raise ViewError(f"{what} is {value!r}; pass the Neuronpedia {what} of the graph the link opens.")
+    supernodes = _supernode_list(supernodes)
+    ids = node_ids(graph)
+    index = {tuple(node_key(graph, i)): i for i in range(graph.n_nodes)}
+    n = graph.nodes
+    pins = []
+    for i in pinned:
+        if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= int(i) < graph.n_nodes:
+            raise ViewError(f"pinned node {i!r} is not a node index of this graph (0..{graph.n_nodes - 1}).")
+        pins.append(_link_id(graph, ids, index, node_key(graph, int(i)), error_ids))
+    groups = [
+        [sn.name, *(_link_id(graph, ids, index, m, error_ids) for m in sn.members)] for sn in supernodes
+    ]
+    clerps = []
+    for where, text in (labels or {}).items():
+        if not (
+            isinstance(where, tuple)
+            and len(where) == 2
+            and all(isinstance(x, int | np.integer) for x in where)
+        ):
+            raise ViewError(f"label key {where!r} is not a (layer, feature) pair.")
+        layer, feature = (int(x) for x in where)
+        at = np.flatnonzero(
+            (n.kind == "feature") & (n.layer == layer) & (n.feature == feature) & (n.site != "attn")
+        )
+        clerps += [[f"{layer}_{feature_index(layer, feature)}_{int(n.position[i])}", str(text)] for i in at]
+    query = {"slug": slug}
+    if pins or groups:
+        query["pinnedIds"] = ",".join(dict.fromkeys(pins + [m for g in groups for m in g[1:]]))
+    if groups:
+        query["supernodes"] = json.dumps(groups, separators=(",", ":"))
+    if clerps:
+        query["clerps"] = json.dumps(clerps, separators=(",", ":"))
+    if node_threshold is not None:
+        query["pruningThreshold"] = repr(float(node_threshold))
+    path = f"{base.rstrip('/')}/{urllib.parse.quote(model, safe='')}/graph"
+    return path + "?" + urllib.parse.urlencode(query, quote_via=urllib.parse.quote)

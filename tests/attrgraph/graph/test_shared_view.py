@@ -12,7 +12,7 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from attrgraph.errors import GraphError, ViewError
+from attrgraph.errors import GraphError, SupernodeError, ViewError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.neuronpedia import graph_to_json, load_json, node_ids
 from attrgraph.graph.neuronpedia_features import cantor
@@ -319,3 +319,71 @@ def test_repeated_names_stay_unique_when_a_counted_name_is_also_given():
     groups = [["a", feats[0]], ["a", feats[1]], ["a (2)", feats[2]], ["a", feats[3]]]
     view = read_view({"supernodes": groups}, g)
     assert [sn.name for sn in view.supernodes] == ["a", "a (2)", "a (2) (2)", "a (3)"]
+
+
+# ------------------------------------------------------------------------------------ view_link
+def test_a_link_written_here_is_read_by_circuit_tracer_and_back_here():
+    """view_link of supernodes (one member the graph lacks), pins (a feature, an embedding, an
+    error) and a label: circuit-tracer's decode_url_features reads the same nodes and names, and
+    read_view gives back the supernodes, every pinned node and the label at each of its nodes."""
+    from attrgraph.graph.shared_view import view_link
+
+    g = layered_graph(7)
+    n = g.nodes
+    feats = np.flatnonzero(n.kind == "feature")
+    err = int(np.flatnonzero(n.kind == "error")[3])
+    gone = NodeKey("feature", 1, 4, 45)  # d_sae is 40 here: no such node
+    groups = [supernode(g, "early", feats[:3]), Supernode("late", (node_key(g, int(feats[-1])), gone))]
+    layer, feature = int(n.layer[feats[5]]), int(n.feature[feats[5]])
+    url = view_link(g, groups, [int(feats[4]), 0, err], {(layer, feature): "my label"}, model="m", slug="s")
+    assert url.startswith("https://www.neuronpedia.org/m/graph?slug=s&pinnedIds=")
+    (ct,) = run_peer(CT_DECODE, json.dumps([url]))
+    assert ct["supernodes"] == {sn.name: [triple(g, m) for m in sn.members] for sn in groups}
+    pins = [node_key(g, int(feats[4])), node_key(g, 0), node_key(g, err)]
+    pins += [m for sn in groups for m in sn.members]
+    assert ct["pinned"] == [triple(g, k) for k in pins]
+    view = read_view(url, g)
+    assert view.supernodes == tuple(groups) and view.pinned == tuple(pins) and view.absent == ("1_45_4",)
+    at = np.flatnonzero((n.kind == "feature") & (n.layer == layer) & (n.feature == feature))
+    assert view.labels == {node_key(g, int(i)): "my label" for i in at} and len(at) >= 1
+
+
+def test_circuit_tracers_error_ids_in_a_link():
+    from attrgraph.graph.shared_view import view_link
+
+    g = layered_graph(8)
+    n = g.nodes
+    n.feature[n.kind == "feature"] += N_LAYERS  # no feature of layer 0 shares an error's id
+    errors = [int(i) for i in np.flatnonzero(n.kind == "error")[:4]]
+    url = view_link(
+        g, [supernode(g, "errs", errors)], model="gemma-2-2b", slug="x", error_ids="circuit-tracer"
+    )
+    keys = [node_key(g, i) for i in errors]
+    assert f"0_{keys[0].layer}_{keys[0].position}" in urllib.parse.unquote(url)
+    assert read_view(url, g).supernodes == (Supernode("errs", tuple(keys)),)
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"error_ids": "mine"}, "error_ids is 'mine'; pass one of"),
+        ({"slug": " "}, "slug is ' '; pass the Neuronpedia slug"),
+        ({"pinned": [10**6]}, "pinned node 1000000 is not a node index"),
+        ({"pinned": [True]}, "pinned node True is not a node index"),
+        (
+            {"supernodes": [Supernode("e", (NodeKey("error", 1, 99, -1),))]},
+            "only a feature can be named without it",
+        ),
+        ({"labels": {"L0/F1": "x"}}, "label key 'L0/F1' is not a (layer, feature) pair"),
+        ({"supernodes": "early"}, "supernodes is a str"),
+    ],
+)
+def test_links_that_cannot_be_written_are_one_line(kwargs, says):
+    from attrgraph.graph.shared_view import view_link
+
+    g = layered_graph(7)
+    args = {"model": "m", "slug": "s"} | kwargs
+    with pytest.raises(Exception) as e:
+        view_link(g, **args)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, (ViewError, SupernodeError))
