@@ -58,7 +58,7 @@ from attrgraph.errors import SupernodeError, ViewError
 from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.neuronpedia import node_ids
 from attrgraph.graph.neuronpedia_features import ATTN_INDEX_OFFSET, feature_index
-from attrgraph.graph.supernodes import NodeKey, Supernode, node_key
+from attrgraph.graph.supernodes import NodeKey, Supernode, node_key, supernode_list
 
 _ID = re.compile(r"(A?)(-?\d+)_(-?\d+)_(\d+)|E_(\d+)_(\d+)")
 _SCHEMA0 = 10**5  # Neuronpedia's schema-0 gemma-2-2b feature number: layer, then a 5-digit index
@@ -369,15 +369,13 @@ def view_link(
     """A Neuronpedia graph link showing `supernodes` (a sequence of `Supernode`), `pinned` (node
     indices of `graph`) and `labels` (`{(layer, feature): text}`) on the page of graph `slug` of
     `model` there (step 6; `read_view` reads it back)."""
-    from attrgraph.graph.supernodes import _supernode_list
-
     check_graph(graph, "view_link")
     if error_ids not in ERROR_IDS:
         raise ViewError(f"error_ids is {error_ids!r}; pass one of {ERROR_IDS}.")
     for what, value in (("model", model), ("slug", slug)):
         if not isinstance(value, str) or not value.strip():
             raise ViewError(f"{what} is {value!r}; pass the Neuronpedia {what} of the graph the link opens.")
-    supernodes = _supernode_list(supernodes)
+    supernodes = supernode_list(supernodes)
     ids = node_ids(graph)
     index = {tuple(node_key(graph, i)): i for i in range(graph.n_nodes)}
     n = graph.nodes

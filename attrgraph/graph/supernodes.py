@@ -123,7 +123,7 @@ def _input_normalized(adjacency) -> sp.csr_array:
     return A
 
 
-def _supernode_list(supernodes) -> list[Supernode]:
+def supernode_list(supernodes) -> list[Supernode]:
     """`supernodes` (any iterable of `Supernode`; None: none) as a list, or `SupernodeError`."""
     if supernodes is None:
         return []
@@ -139,7 +139,7 @@ def _supernode_list(supernodes) -> list[Supernode]:
 
 def supernode_adjacency(graph: Graph, supernodes: Sequence[Supernode]) -> SupernodeGraph:
     """The supernode graph of step 3 over `supernodes` plus every other node as a singleton."""
-    supernodes = _supernode_list(supernodes)
+    supernodes = supernode_list(supernodes)
     n = graph.n_nodes
     group_of = np.full(n, -1, np.int64)
     groups, names = [], []
