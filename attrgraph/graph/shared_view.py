@@ -340,7 +340,7 @@ ERROR_IDS = ("attrgraph", "circuit-tracer")
 """The two ways of naming an error node in a link (step 6)."""
 
 
-def _link_id(graph: Graph, ids: list[str], index: dict, key: NodeKey, error_ids: str) -> str:
+def _link_id(ids: list[str], index: dict, key: NodeKey, error_ids: str) -> str:
     i = index.get(tuple(key))
     if key.kind == "error" and key.site != "attn" and error_ids == "circuit-tracer":
         return f"0_{key.layer}_{key.position}"
@@ -383,10 +383,8 @@ def view_link(
     for i in pinned:
         if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= int(i) < graph.n_nodes:
             raise ViewError(f"pinned node {i!r} is not a node index of this graph (0..{graph.n_nodes - 1}).")
-        pins.append(_link_id(graph, ids, index, node_key(graph, int(i)), error_ids))
-    groups = [
-        [sn.name, *(_link_id(graph, ids, index, m, error_ids) for m in sn.members)] for sn in supernodes
-    ]
+        pins.append(_link_id(ids, index, node_key(graph, int(i)), error_ids))
+    groups = [[sn.name, *(_link_id(ids, index, m, error_ids) for m in sn.members)] for sn in supernodes]
     clerps = []
     for where, text in (labels or {}).items():
         if not (
