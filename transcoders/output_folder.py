@@ -38,12 +38,14 @@ def check_output_folder(path: str | os.PathLike, error: type[Exception]) -> None
 
 
 @contextmanager
-def replaced(path: str | os.PathLike) -> Iterator[Path]:
+def replaced(path: str | os.PathLike, error: type[Exception] | None = None) -> Iterator[Path]:
     """A temporary path beside `path` (its name ends as `path`'s does, for writers that add a
-    suffix) to write the new file into; renamed over `path` when the block ends (step 3)."""
+    suffix) to write the new file into; renamed over `path` when the block ends (step 3). A failed
+    write is `error` (default `WriteError`), one line."""
     from transcoders.errors import WriteError
     from transcoders.h5file import write_error
 
+    error = error or WriteError
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
@@ -52,5 +54,5 @@ def replaced(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":  # safetensors' I/O error
-            raise write_error(path, e, WriteError) from None
+            raise write_error(path, e, error) from None
         raise

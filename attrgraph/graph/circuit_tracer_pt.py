@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -67,6 +66,7 @@ import scipy.sparse as sp
 from attrgraph.errors import ExportError, ExportWarning, GraphError, GraphFileError, PromptWarning
 from attrgraph.graph.graph import Graph, Nodes, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
+from transcoders.output_folder import replaced
 
 KEYS = (
     "adjacency_matrix",
@@ -442,21 +442,12 @@ def save_pt(graph: Graph, path: str | os.PathLike, model, scan: str | None = Non
         raise ExportError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.pt'}.")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise ExportError(
             f"cannot write into {path.parent} ({e.strerror}); pass a folder you can write to."
         ) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f, pickle_module=SimpleNamespace(__name__="pickle", Pickler=_Pickler))
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk: the old file, if any, is unchanged
-        Path(tmp).unlink(missing_ok=True)
-        raise ExportError(
-            f"cannot write {path} ({e.strerror}); free some space or write elsewhere."
-        ) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # a full disk: one line, the old file, if any, unchanged; written through a Python file, whose
+    # OSError torch passes on (to a path, its own writer says only "iostream error")
+    with replaced(path, ExportError) as tmp, open(tmp, "wb") as f:
+        torch.save(data, f, pickle_module=SimpleNamespace(__name__="pickle", Pickler=_Pickler))
     return path

@@ -51,3 +51,24 @@ def test_a_validation_report_on_a_full_disk_keeps_the_old_report(small_tmpfs):
     with pytest.raises(OptionError, match=rf"^cannot write {out}: no space left on its disk"):
         write_report([res, res], ["a", "b"], out)
     assert files(out) == before
+
+
+def test_a_circuit_tracer_graph_on_a_full_disk_is_one_line_and_keeps_the_old_file(small_tmpfs):
+    from transformer_lens import HookedTransformerConfig
+
+    from attrgraph.graph.circuit_tracer_pt import save_pt
+    from tests.attrgraph.graph.test_neuronpedia import D_VOCAB, N_LAYERS
+
+    cfg = HookedTransformerConfig(
+        n_layers=N_LAYERS, d_model=4, n_ctx=8, d_head=2, d_vocab=D_VOCAB, act_fn="relu"
+    )
+    path = small_tmpfs / "g.pt"
+    save_pt(layered_graph(0), path, cfg)
+    before = files(small_tmpfs)
+    fill(small_tmpfs, 2_048)
+    with pytest.raises(ExportError, match=rf"^cannot write {path}: no space left on its disk") as e:
+        save_pt(layered_graph(1, n_pos=9, d_sae=400), path, cfg)
+    assert "\n" not in str(e.value)
+    assert {k: v for k, v in files(small_tmpfs).items() if k != "filler"} == {
+        k: v for k, v in before.items() if k != "filler"
+    }  # the old file whole, no temporary
