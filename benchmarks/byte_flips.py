@@ -1,8 +1,11 @@
 """Byte-flip fuzzing of a stored graph file: flip one byte at many offsets and load each copy.
 
+The file is read as its name says: `.pt` by `load_pt` (circuit-tracer's `to_pt` files), `.json` /
+`.json.gz` by `load_json` (graph JSON), anything else by `load_graph` (our HDF5 files).
+
 1. Offsets: every `--every`th byte of the file (default 40), or `--sample N` offsets drawn with
    `--seed`. The byte at each offset is XORed with 0xFF in a fresh copy of the file.
-2. Each copy is read by `load_graph` in a worker process, so that a crash in the HDF5 library
+2. Each copy is read by that reader in a worker process, so that a crash in the HDF5 library
    cannot take the harness down; a load that gives no answer within `--timeout` seconds is a hang
    (the worker is killed and a new one goes on with the next offset).
 3. Each load ends as one of:
@@ -56,11 +59,31 @@ def graphs_equal(a, b) -> bool:
     )
 
 
-def _worker(reference: str, workdir: str) -> None:
-    """Read offsets (one per line) from stdin; for each, load a flipped copy and print one JSON line."""
-    from attrgraph.errors import GraphFileError
+def reader(path: str | os.PathLike):
+    """The function that reads a graph file of this name (module docstring)."""
+    name = Path(path).name
+    if name.endswith(".pt"):
+        from attrgraph.graph.circuit_tracer_pt import load_pt
+
+        return load_pt
+    if name.endswith((".json", ".json.gz")):
+        from attrgraph.graph.neuronpedia import load_json
+
+        return load_json
     from attrgraph.graph.store import load_graph
 
+    return load_graph
+
+
+def _worker(reference: str, workdir: str) -> None:
+    """Read offsets (one per line) from stdin; for each, load a flipped copy and print one JSON line."""
+    import warnings
+
+    from attrgraph.errors import GraphFileError
+
+    warnings.simplefilter("ignore")  # a .pt without a tokenizer warns once per load
+    load_graph = reader(reference)
+    suffix = "".join(Path(reference).suffixes[-2:]) if reference.endswith(".gz") else Path(reference).suffix
     ref_bytes = Path(reference).read_bytes()
     ref = load_graph(reference)
     print(json.dumps({"ready": True}), flush=True)
@@ -68,7 +91,7 @@ def _worker(reference: str, workdir: str) -> None:
         offset = int(line)
         data = bytearray(ref_bytes)
         data[offset] ^= 0xFF
-        path = Path(workdir) / f"flip_{offset}.h5"
+        path = Path(workdir) / f"flip_{offset}{suffix}"
         path.write_bytes(bytes(data))
         try:
             outcome = "same" if graphs_equal(load_graph(path), ref) else "changed"

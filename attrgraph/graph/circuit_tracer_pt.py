@@ -14,7 +14,9 @@ features, errors layer-major (`layer * n_pos + pos`), one token node per positio
    plain record) and `LogitTarget`, are allowed under circuit-tracer's names as stand-ins here
    (`torch.serialization.safe_globals`), as is TransformerLens's `HookedTransformerConfig` (the
    config of older files, under the names its versions give it) with the numpy scalars and dtypes
-   it holds. Anything else the pickle names is refused.
+   it holds. Anything else the pickle names is refused. Before it is read, every record of the
+   archive is compared with the CRC-32 torch.save wrote for it (torch does not check the records
+   it memory-maps), so that a damaged file is refused rather than read as another graph.
 2. Nodes are put in `NODE_ORDER` (graph.py step 3: embeddings by position, errors by (layer,
    position), features by (layer, position, feature), logits as stored, most probable first), and
    the adjacency permuted with them, a block of rows at a time from the memory-mapped matrix, so
@@ -33,7 +35,8 @@ features, errors layer-major (`layer * n_pos + pos`), one token node per positio
    such a graph lacks the unexplored features' edges (circuit-tracer drops them, where
    `attribute_adaptive` folds them into the errors). Influence is computed from the adjacency, as
    for every graph.
-A file that is not such a dict, or whose arrays disagree in size, raises `GraphFileError` in one line.
+A file that is not such a dict, whose arrays disagree in size, whose records fail their checksums, or
+whose adjacency has an edge from a later node than its target raises `GraphFileError` in one line.
 
 Writing (`save_pt(graph, path, model)`), so that circuit-tracer's own tools (`Graph.from_pt`,
 `prune_graph`, `compute_graph_scores`, `create_graph_files`) read a graph built here:
@@ -79,6 +82,8 @@ KEYS = (
 """The keys of `Graph.to_pt`'s dict a graph cannot be read without."""
 ROWS_PER_BLOCK = 1024
 """Rows of the dense adjacency converted at a time (step 2)."""
+CRC_CHUNK = 1 << 24
+"""Bytes of a record read at a time while its checksum is compared (step 1)."""
 
 
 class LogitTarget(NamedTuple):
@@ -126,10 +131,15 @@ def _read(path: Path) -> dict:
         raise GraphFileError(
             f"{path} does not exist or is not a file; pass a graph circuit-tracer saved with to_pt."
         )
-    if not zipfile.is_zipfile(path):
+    try:
+        archive = zipfile.is_zipfile(path)
+    except zipfile.BadZipFile as e:  # an end record that is there but damaged
+        raise GraphFileError(f"{path} is damaged ({e}); save the graph again.") from None
+    if not archive:
         raise GraphFileError(
             f"{path} is not a torch.save file (no zip archive); pass a graph saved with to_pt."
         )
+    _check_records(path)
     try:
         with torch.serialization.safe_globals(_safe_globals()):
             data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -143,13 +153,30 @@ def _read(path: Path) -> dict:
             f"{path} holds objects other than circuit-tracer's graph ({why[:160]}); only to_pt's dict is read, "
             "and nothing in the file is run."
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a damaged pickle makes torch's reader raise
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise GraphFileError(f"{path} is damaged or truncated ({reason}); save the graph again.") from None
     missing = [k for k in KEYS if not isinstance(data, dict) or k not in data]
     if missing:
         raise GraphFileError(f"{path} lacks {missing}: it is not a graph circuit-tracer saved with to_pt.")
     return data
+
+
+def _check_records(path: Path) -> None:
+    """Every record of the archive against the CRC-32 torch.save wrote for it (torch reads a
+    memory-mapped record without checking it), so that a damaged file is refused rather than read
+    as another graph. A record whose CRC is 0 was written with `set_crc32_options(False)`: unchecked."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size:
+                    continue
+                with archive.open(info) as record:  # zipfile compares the CRC at the record's end
+                    while record.read(CRC_CHUNK):
+                        pass
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise GraphFileError(f"{path} is damaged ({reason}); save the graph again.") from None
 
 
 def _config(cfg) -> dict:
@@ -264,7 +291,6 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
     ).astype(np.int64)
     vocab = int(data.get("vocab_size") or cfg.get("d_vocab") or 0)
     logit_ids = [int(t[1]) if 0 <= int(t[1]) < vocab or not vocab else -1 for t in targets]
-    strings = _strings(tokens.tolist(), tokenizer, cfg, path)
     logit_strings = [str(t[0]) if str(t[0]) else f"[{t[1]}]" for t in targets]
     err_layer, err_pos = np.divmod(np.arange(n_layers * n_pos), n_pos)
     f_sorted = feats[by_feature]
@@ -298,12 +324,21 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
         rows = A[torch.as_tensor(order[start : start + ROWS_PER_BLOCK])][:, columns].float().numpy()
         flat = np.flatnonzero(rows)
         r = flat // n
-        indices.append((flat - r * n).astype(index_type))
+        col = flat - r * n
+        later = np.flatnonzero(col >= r + start)
+        if len(later):  # no graph circuit-tracer builds has an edge from a node after its target
+            row, source = order[start + r[later[0]]], order[col[later[0]]]
+            raise GraphFileError(
+                f"{path}: adjacency_matrix has an edge into node {row} from node {source} (circuit-tracer's order), which "
+                "no graph circuit-tracer saves holds; the file is damaged, save the graph again."
+            )
+        indices.append(col.astype(index_type))
         weights.append(rows.reshape(-1)[flat])
         indptr.append(indptr[-1][-1] + np.cumsum(np.bincount(r, minlength=len(rows))))
     adjacency = sp.csr_array(
         (np.concatenate(weights), np.concatenate(indices), np.concatenate(indptr)), shape=(n, n)
     )
+    strings = _strings(tokens.tolist(), tokenizer, cfg, path)  # after the checks: no warning before a refusal
     meta = {
         "source": "circuit-tracer",
         "model": str(cfg.get("model_name") or ""),

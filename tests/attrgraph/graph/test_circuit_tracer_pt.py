@@ -279,6 +279,77 @@ def test_damaged_and_foreign_files(tmp_path):
     assert not zipfile.is_zipfile(cut)
 
 
+def record_start(path, suffix: str) -> int:
+    """The offset of the first byte of the archive record whose name ends with `suffix` (the local
+    header's fixed 30 bytes, then its name and extra field, as the zip format lays them out)."""
+    import struct
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
+    raw = path.read_bytes()
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def test_a_changed_byte_in_a_record_is_refused_by_its_checksum(tmp_path):
+    """torch reads a memory-mapped record without checking it: one changed byte of the adjacency
+    would be another graph. The CRC-32 torch.save wrote for each record (zip format) refuses it;
+    a file written without checksums (`set_crc32_options(False)`: CRC 0) is read unchecked."""
+    data = good()
+    data["adjacency_matrix"][4, 0] = 0.25  # the logit from the first error node
+    path = saved(tmp_path, data)
+    with pytest.warns(PromptWarning):
+        assert load_pt(path).n_edges == 1
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:  # the adjacency's record: the one holding 0.25
+        name = next(i.filename for i in z.infolist() if np.float32(0.25).tobytes() in z.read(i))
+    start = record_start(path, name)
+    at = start + bytes(raw[start:]).index(np.float32(0.25).tobytes())
+    raw[at + 3] ^= 0x01  # 0.25 becomes another float
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(GraphFileError, match=r"is damaged \(Bad CRC-32 for file") as e:
+        load_pt(bad)
+    assert "\n" not in str(e.value)
+    before = torch.serialization.get_crc32_options()
+    try:
+        torch.serialization.set_crc32_options(False)
+        plain = saved(tmp_path, data, "plain.pt")
+    finally:
+        torch.serialization.set_crc32_options(before)
+    with zipfile.ZipFile(plain) as z:
+        assert {i.CRC for i in z.infolist()} == {0}
+    with pytest.warns(PromptWarning):
+        assert load_pt(plain).dense()[4, 2] == 0.25  # the logit, from the first error node
+
+
+def test_an_edge_from_a_later_node_is_damage(tmp_path):
+    """No graph circuit-tracer builds has an edge into a node from one after it in node order (a
+    token's row is zero in its graphs); such a file is refused as damaged, not left to the influence
+    solve's error about node order."""
+    data = good()
+    data["adjacency_matrix"][2, 4] = 1.0  # into the first token node, from the logit
+    with pytest.raises(GraphFileError, match=r"an edge into node 2 from node 4.*the file is damaged") as e:
+        load_pt(saved(tmp_path, data))
+    assert "\n" not in str(e.value)
+
+
+def test_byte_flips_load_the_same_graph_or_raise_graph_file_error(tmp_path_factory):
+    """Every 5th byte of the graph.pt circuit-tracer's own to_pt wrote (about 2,000 flips), each loaded
+    in a worker process (benchmarks/byte_flips.py): none may load another graph, raise another
+    exception, crash or hang."""
+    from benchmarks.byte_flips import fuzz
+
+    path = harness_run("gemma2-clt-partial", tmp_path_factory) / "graph.pt"
+    results = fuzz(path, list(range(0, path.stat().st_size, 5)), timeout=120)  # a guard against hangs
+    bad = [r for r in results if r["outcome"] not in ("same", "ours")]
+    assert not bad, bad[:5]
+    ours = [r["detail"] for r in results if r["outcome"] == "ours"]
+    assert len(ours) > 0.5 * len(results) and all(
+        "\n" not in d and d.startswith("GraphFileError: ") for d in ours
+    )
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
