@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from jaxtyping import Float
 
 from attrgraph.errors import SupernodeError
-from attrgraph.graph.graph import Graph
+from attrgraph.graph.graph import NODE_ORDER, Graph
 from attrgraph.graph.provenance import provenance_mismatch
 from transcoders.config import is_whole
 
@@ -54,15 +54,45 @@ class Supernode:
     name: str
     """Label shown in the supernode graph."""
     members: tuple[NodeKey, ...]
-    """The grouped nodes."""
+    """The grouped nodes: `NodeKey`s, or (layer, position, feature) tuples of features (as
+    `intervene` takes them), which become `NodeKey`s."""
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
             raise SupernodeError(
                 f"a supernode's name is {self.name!r}; give it a label to show, such as 'Texas'."
             )
+        if isinstance(self.members, str | bytes | NodeKey) or not hasattr(self.members, "__iter__"):
+            raise SupernodeError(
+                f"supernode {self.name!r} has members {self.members!r}; pass a tuple of NodeKey or "
+                "(layer, position, feature) tuples."
+            )
+        object.__setattr__(self, "members", tuple(_member_key(self.name, m) for m in self.members))
         if not self.members:
             raise SupernodeError(f"supernode {self.name!r} has no members; give it at least one node.")
+
+
+def _member_key(name: str, m) -> NodeKey:
+    """A supernode member as a `NodeKey`: one already, its fields (kind, layer, position[, feature[,
+    site]]), or a feature's (layer, position, feature)."""
+    if isinstance(m, tuple | list) and not isinstance(m, NodeKey):
+        if len(m) == 3 and all(is_whole(v) for v in m):
+            m = NodeKey("feature", *(int(v) for v in m))
+        elif 3 <= len(m) <= 5 and isinstance(m[0], str):
+            m = NodeKey(*m)
+    if (
+        isinstance(m, NodeKey)
+        and m.kind in NODE_ORDER
+        and is_whole(m.layer)
+        and (m.position is None or is_whole(m.position))
+        and is_whole(m.feature)
+        and m.site in ("mlp", "attn")
+    ):
+        return m
+    raise SupernodeError(
+        f"supernode {name!r} member {m!r} is not a node key; pass NodeKey(kind, layer, position, feature) "
+        "or a feature's (layer, position, feature) (supernode(graph, name, node_ids) makes them)."
+    )
 
 
 class SupernodeGraph(NamedTuple):

@@ -57,6 +57,31 @@ def test_grouping_errors():
         Supernode("empty", ())
 
 
+def test_members_given_as_intervene_keys_become_node_keys():
+    """A feature's (layer, position, feature), as `intervene` takes it, or a NodeKey's fields (as
+    JSON gives them back): the same supernode as one of NodeKeys, found in the graph by index."""
+    g = hand_graph()
+    by_index = supernode(g, "X", [2, 3])
+    assert Supernode("X", ((0, 1, 2), (0, 1, 3))) == Supernode(
+        "X", (NodeKey("feature", 0, 1, 2), by_index.members[1])
+    )
+    assert by_index.members == (NodeKey("feature", 0, 1, 2), NodeKey("feature", 0, 1, 3))
+    assert Supernode("X", [(0, 1, 2), ["feature", 0, 1, 3, "mlp"]]) == by_index
+    assert Supernode("E", (("error", 1, 2),)).members == (NodeKey("error", 1, 2, -1, "mlp"),)
+    assert node_indices(g, Supernode("X", [(np.int64(0), 1, 3)])).tolist() == [3]
+    for members, says in [
+        ("abc", "has members 'abc'"),
+        (5, "has members 5"),
+        (((0, 1.5, 2),), r"member \(0, 1.5, 2\) is not a node key"),
+        ((NodeKey("neuron", 0, 1, 2),), "member NodeKey\\(kind='neuron'"),
+        ((("feature", 0, 1, 2, "resid"),), "is not a node key"),
+        (((True, 1, 2),), "is not a node key"),
+    ]:
+        with pytest.raises(SupernodeError, match=says) as e:
+            Supernode("bad", members)
+        assert "\n" not in str(e.value)
+
+
 def test_suggestions_by_edges_and_by_decoder():
     kinds = ["embedding"] * 3 + ["feature"] * 4 + ["logit"]
     A = np.zeros((8, 8))
