@@ -96,7 +96,10 @@ def _query(source) -> tuple[dict, str | None]:
             f"read_view takes a graph URL, its query string or a qParams mapping, got a {type(source).__name__}."
         )
     text = source.strip()
-    parts = urllib.parse.urlsplit(text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError as e:  # "Invalid IPv6 URL": a '[' or ']' in the host
+        raise ViewError(f"the link is not a URL ({e}: {text[:80]!r}); copy the whole link again.") from None
     query = parts.query if parts.scheme or parts.netloc or "?" in text else text.lstrip("?")
     if not query and "#" in text:  # a local frontend keeps its state after the '#'
         query = parts.fragment

@@ -309,6 +309,8 @@ def test_what_is_not_a_link_or_a_graph():
         ViewError, match="takes a graph URL, its query string or a qParams mapping, got a int"
     ):
         read_view(3, g)
+    with pytest.raises(ViewError, match=r"the link is not a URL \(Invalid IPv6 URL"):
+        read_view("https://www.neuronpedia.org[/gemma-2-2b/graph?pinnedIds=0_1_1", g)  # a pasting slip
     with pytest.raises(GraphError, match="read_view takes a Graph, got a str"):
         read_view(link({"pinnedIds": "0_1_1"}), "g.h5")
 
@@ -346,6 +348,12 @@ def test_a_link_written_here_is_read_by_circuit_tracer_and_back_here():
     assert view.supernodes == tuple(groups) and view.pinned == tuple(pins) and view.absent == ("1_45_4",)
     at = np.flatnonzero((n.kind == "feature") & (n.layer == layer) & (n.feature == feature))
     assert view.labels == {node_key(g, int(i)): "my label" for i in at} and len(at) >= 1
+    # members given as intervene's (layer, position, feature): the same link
+    plain = [Supernode(sn.name, [(m.layer, m.position, m.feature) for m in sn.members]) for sn in groups]
+    assert (
+        view_link(g, plain, [int(feats[4]), 0, err], {(layer, feature): "my label"}, model="m", slug="s")
+        == url
+    )
 
 
 def test_circuit_tracers_error_ids_in_a_link():
