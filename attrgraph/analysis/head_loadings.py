@@ -37,11 +37,13 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.errors import GraphError, OptionError
 from attrgraph.graph.graph import check_graph
 from attrgraph.graph.provenance import provenance_mismatch
+from transcoders.arguments import shown
 from transcoders.config import is_whole
 from transcoders.model_state import grad_mode
 
@@ -240,6 +242,7 @@ def head_loadings(
     and logit targets. Runs one forward per batch of `batch_size` distinct sources and one backward
     per batch of distinct targets; holds `model_lock(model)` while it does."""
     check_graph(graph, "head_loadings")
+    check_model(model)
     # another thread's sweep swaps `block.mlp` under this lock: read the model (and its fingerprint)
     # only while holding it
     with model_lock(model):
@@ -248,8 +251,8 @@ def head_loadings(
         rm.check_differentiable("head_loadings")
     if not is_whole(batch_size) or batch_size < 1:
         raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
-    if edges is None and top < 0:
-        raise OptionError(f"top is {top}; pass 0 or more edges to explain.")
+    if edges is None and (not is_whole(top) or top < 0):
+        raise OptionError(f"top is {shown(top)}; pass 0 or more edges to explain.")
     if edges is not None:
         given = np.asarray(edges)
         if given.shape == (2,) or given.size == 0:  # one (target, source) pair; none

@@ -52,6 +52,8 @@ from attrgraph.engine.replacement import ReplacementModel, ReplacementState
 from attrgraph.engine.sources import to_tokens
 from attrgraph.errors import InterventionError
 from attrgraph.graph.supernodes import NodeKey, Supernode
+from transcoders.arguments import shown
+from transcoders.config import is_real, is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -81,12 +83,26 @@ class Add(NamedTuple):
 
 def error_node(layer: int, position: int | None, site: str = "mlp") -> NodeKey:
     """The key of the error node at (layer, position) of `site` ("mlp" or "attn"), for `interventions`."""
-    return NodeKey("error", int(layer), position, -1, site)
+    layer, position = _index(layer, "layer"), _index(position, "position", none=True)
+    if site not in ("mlp", "attn"):
+        raise InterventionError(f"site is {shown(site)}; pass 'mlp' or 'attn'.")
+    return NodeKey("error", layer, position, -1, site)
 
 
 def attn_feature(layer: int, position: int | None, feature: int) -> NodeKey:
     """The key of an attention-output SAE feature (step 8), for `interventions`."""
-    return NodeKey("feature", int(layer), None if position is None else int(position), int(feature), "attn")
+    layer, position = _index(layer, "layer"), _index(position, "position", none=True)
+    return NodeKey("feature", layer, position, _index(feature, "feature"), "attn")
+
+
+def _index(value, what: str, none: bool = False) -> int | None:
+    """A node key's field: a whole number (None for a position: every position), else one line."""
+    if none and value is None:
+        return None
+    if not is_whole(value):
+        also = " or None (every position)" if none else ""
+        raise InterventionError(f"{what} is {shown(value)}; pass a whole number{also}.")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -234,6 +250,10 @@ def _layer_range(layers, edits: list[Edit], n_layers: int) -> tuple[int, int]:
     if layers is None:
         start = min((e.layer for e in edits), default=0)
         return start, n_layers - 1
+    if not isinstance(layers, tuple | list) or len(layers) != 2 or not all(is_whole(x) for x in layers):
+        raise InterventionError(
+            f"layers is {shown(layers)}; pass (start, end), two layer indices inside 0..{n_layers - 1}."
+        )
     start, end = int(layers[0]), int(layers[1])
     if not 0 <= start <= end < n_layers:
         raise InterventionError(
@@ -489,12 +509,18 @@ def generate(
     (default all). Temperature 0 is greedy. Attention is not frozen (the sequence grows); positions
     index the full sequence, and position None acts on every position, new ones included.
     Returns the prompt and the new tokens."""
-    if n_tokens < 0:
-        raise InterventionError(f"n_tokens is {n_tokens}; pass 0 or more.")
-    if not temperature >= 0 or temperature == math.inf:  # NaN too
-        raise InterventionError(f"temperature is {temperature}; pass 0 (greedy) or a finite number above it.")
-    if hold is not None and hold < 0:
-        raise InterventionError(f"hold is {hold}; pass 0 or more new tokens to hold the intervention for.")
+    if not is_whole(n_tokens) or n_tokens < 0:
+        raise InterventionError(f"n_tokens is {shown(n_tokens)}; pass 0 or more.")
+    if not is_real(temperature) or not temperature >= 0 or temperature == math.inf:  # NaN too
+        raise InterventionError(
+            f"temperature is {shown(temperature)}; pass 0 (greedy) or a finite number above it."
+        )
+    if hold is not None and (not is_whole(hold) or hold < 0):
+        raise InterventionError(
+            f"hold is {shown(hold)}; pass 0 or more new tokens to hold the intervention for."
+        )
+    if not is_whole(seed):
+        raise InterventionError(f"seed is {shown(seed)}; pass a whole number.")
     if mode not in MODES:  # also without interventions, where no patched forward would check it
         raise InterventionError(f"mode is {mode!r}; pass one of {MODES}.")
     rm = ReplacementModel.of(model, transcoders)

@@ -37,7 +37,9 @@ from attrgraph.engine.autograd_rows import backward_rows
 from attrgraph.engine.replacement import ReplacementModel
 from attrgraph.engine.sources import Injection, build_sources, resolve_exclude_bos, to_tokens
 from attrgraph.errors import QKError
+from transcoders.arguments import shown
 from transcoders.block_layout import BlockLayout
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -114,6 +116,14 @@ def qk_attribution(
 ) -> QKAttribution:
     """Split the attention score of `head` at `layer` from `query_position` to `key_position` over
     pairs of sources (module docstring). Options as in `attribute`."""
+    for what, value in (
+        ("layer", layer),
+        ("head", head),
+        ("query_position", query_position),
+        ("key_position", key_position),
+    ):
+        if not is_whole(value):
+            raise QKError(f"{what} is {shown(value)}; pass a whole number.")
     rm = ReplacementModel.of(model, transcoders)
     tokens = to_tokens(model, prompt)
     cfg, P = model.cfg, len(tokens)

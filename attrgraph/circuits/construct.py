@@ -21,6 +21,8 @@ import torch
 
 from attrgraph.circuits.circuit import Circuit, EdgeLayout, EdgeScores
 from attrgraph.errors import OptionError
+from transcoders.arguments import shown
+from transcoders.config import is_whole
 
 
 def edge_table(layout: EdgeLayout):
@@ -58,8 +60,8 @@ def _check_request(scores: EdgeScores, n: int) -> None:
         raise OptionError(
             f"scores is a {type(scores).__name__}, not EdgeScores; pass what eap or peap returns."
         )
-    if n < 0:
-        raise OptionError(f"a circuit of {n} edges was asked for; pass 0 or more.")
+    if not is_whole(n) or n < 0:
+        raise OptionError(f"a circuit of {shown(n)} edges was asked for; pass 0 or more.")
 
 
 def top_n(scores: EdgeScores, n: int) -> Circuit:

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.circuits.circuit import Circuit, EdgeScores
 from attrgraph.circuits.construct import greedy
 from attrgraph.circuits.eap import eap
@@ -16,6 +17,7 @@ from attrgraph.circuits.pairs import task_pairs
 from attrgraph.circuits.peap import peap
 from attrgraph.circuits.schema import ioi_schema, read_schema
 from attrgraph.errors import CircuitMethodError, OptionError, SchemaError
+from transcoders.arguments import shown
 from transcoders.config import is_whole
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ def check_discovery(
     steps: int,
     keep_frac: float,
     schema_path: str | None = None,
+    seed: int = 0,
 ) -> None:
     """Refuse, before any work, what `discover` cannot run (the CLI calls it before loading the
     model): an unknown task or method (`CircuitMethodError`), fewer than 1 example, edge or step
@@ -64,8 +67,10 @@ def check_discovery(
     _check_task(task, n)
     if method not in METHODS:
         raise CircuitMethodError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}.")
-    if method in ("eap", "eap-ig", "peap") and edges < 1:
-        raise OptionError(f"edges (--edges) is {edges}; pass the circuit's size, at least 1 edge.")
+    if method in ("eap", "eap-ig", "peap") and (not is_whole(edges) or edges < 1):
+        raise OptionError(f"edges (--edges) is {shown(edges)}; pass the circuit's size, at least 1 edge.")
+    if not is_whole(seed):
+        raise OptionError(f"seed is {shown(seed)}; pass a whole number.")
     if method in ("ep", "hap"):
         PruneConfig(sparsity=sparsity, steps=steps)  # refuses a sparsity outside (0, 1) and steps < 1
     if method == "hap":
@@ -110,7 +115,8 @@ def discover(
     seed: int = 0,
 ) -> Discovery:
     """Find a circuit for `task` with `method` (eap, eap-ig, peap, ep, hap) and evaluate it on fresh pairs."""
-    check_discovery(task, method, n, edges, sparsity, steps, keep_frac, schema_path)
+    check_model(model)
+    check_discovery(task, method, n, edges, sparsity, steps, keep_frac, schema_path, seed)
     train_p, test_p, train, test = task_data(model, task, n, seed)
     start = time.perf_counter()
     scores, schema_test = None, None

@@ -30,6 +30,7 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits, metric
 from attrgraph.circuits.patching import input_grads, record_run, run_edges
 from attrgraph.errors import ConstantMetricError, OptionError
+from transcoders.config import is_whole
 from transcoders.model_state import check_differentiable, grad_mode
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def example_scores(
     batch_size: int = 32,
 ) -> ExampleScores:
     """EAP (or EAP-IG) scores of every edge, per example and position (module docstring)."""
-    if ig_steps < 0 or batch_size < 1:
+    if not (is_whole(ig_steps) and is_whole(batch_size)) or ig_steps < 0 or batch_size < 1:
         raise OptionError(
             f"ig_steps is {ig_steps} and batch_size {batch_size}; pass ig_steps >= 0 (0: plain EAP) and "
             "batch_size >= 1."

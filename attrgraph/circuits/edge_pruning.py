@@ -35,6 +35,7 @@ from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits
 from attrgraph.circuits.patching import Activations, record_run, run_edges
 from attrgraph.errors import OptionError, SparsityError
+from transcoders.arguments import shown
 from transcoders.model_state import check_differentiable, grad_mode
 
 if TYPE_CHECKING:
@@ -119,6 +120,15 @@ def _slice(acts: Activations, idx) -> Activations:
     return Activations(*(x[idx] for x in acts))
 
 
+def check_config(config) -> None:
+    """`OptionError` in one line unless `config` is a `PruneConfig`."""
+    if not isinstance(config, PruneConfig):
+        raise OptionError(
+            f"config is a {type(config).__name__} ({shown(config)}), not a PruneConfig; pass "
+            "PruneConfig(sparsity=0.95, steps=200) or another."
+        )
+
+
 @grad_mode()  # inside a caller's torch.no_grad() or torch.inference_mode() too
 def prune_edges(
     model: HookedTransformer,
@@ -129,11 +139,17 @@ def prune_edges(
 ) -> PruneResult:
     """Train edge masks at `config.sparsity` (module docstring). allowed/init: flat over the graph's edges."""
     start = time.perf_counter()
+    check_config(config)
     graph = ComponentGraph.from_model(model)
     layout = EdgeLayout(graph)
     n = graph.n_edges
     check_pairs(pairs)
     check_differentiable({"the model": model}, "edge pruning")
+    for what, mask in (("allowed", allowed), ("init", init)):
+        if mask is not None and (not isinstance(mask, Tensor) or tuple(mask.shape) != (n,)):
+            raise OptionError(
+                f"{what} is {shown(mask)}; pass None or a tensor of one value per edge of the model's graph ({n},)."
+            )
     device = next(model.parameters()).device  # the gates train on the model's device
     pairs = pairs.to(device)
     allowed = torch.ones(n, dtype=torch.bool, device=device) if allowed is None else allowed.bool().to(device)

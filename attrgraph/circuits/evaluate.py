@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.circuits.circuit import Circuit
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs, last_logits, metric
 from attrgraph.circuits.patching import record_run, run_edges
+from attrgraph.circuits.schema import check_schema
 from attrgraph.errors import OptionError
+from transcoders.arguments import shown
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -63,6 +67,19 @@ def check_fits(circuit: Circuit, model: HookedTransformer) -> None:
         )
 
 
+def check_circuit_options(circuit, schema, batch_size) -> None:
+    """`OptionError` in one line for a circuit that is no `Circuit`, a schema that is no `Schema`
+    or a batch size that is no whole number >= 1."""
+    if not isinstance(circuit, Circuit):
+        raise OptionError(
+            f"circuit is a {type(circuit).__name__} ({shown(circuit)}), not a Circuit; pass what greedy, "
+            "prune_edges or hap returns."
+        )
+    check_schema(schema)
+    if not is_whole(batch_size) or batch_size < 1:
+        raise OptionError(f"batch_size is {shown(batch_size)}; pass a whole number, at least 1.")
+
+
 @torch.no_grad()
 def circuit_logits(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, corrupt=None, batch_size: int = 64
@@ -86,7 +103,9 @@ def evaluate(
     model: HookedTransformer, pairs: Pairs, circuit: Circuit, schema=None, batch_size: int = 64
 ) -> Faithfulness:
     """Faithfulness of `circuit` on `pairs` (module docstring). Positional circuits over spans need `schema`."""
+    check_model(model)
     check_pairs(pairs)
+    check_circuit_options(circuit, schema, batch_size)
     pairs = pairs.to(next(model.parameters()).device)
     full, corr_logits = [], []
     for i in range(0, len(pairs), batch_size):

@@ -21,19 +21,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.circuits.circuit import EdgeScores
 from attrgraph.circuits.eap import eap
-from attrgraph.circuits.edge_pruning import PruneConfig, PruneResult, prune_edges
+from attrgraph.circuits.edge_pruning import PruneConfig, PruneResult, check_config, prune_edges
 from attrgraph.circuits.pairs import Pairs
-from attrgraph.errors import SparsityError
+from attrgraph.errors import OptionError, SparsityError
+from transcoders.arguments import check_real, shown
+from transcoders.config import is_real
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
 def _check_fraction(keep_frac: float) -> None:
-    if not 0.0 < keep_frac < 1.0:
-        raise SparsityError(f"the kept fraction must lie strictly between 0 and 1, got {keep_frac}.")
+    if not is_real(keep_frac) or not 0.0 < keep_frac < 1.0:
+        raise SparsityError(f"the kept fraction must lie strictly between 0 and 1, got {shown(keep_frac)}.")
 
 
 def check_keep_frac(sparsity: float, keep_frac: float) -> None:
@@ -67,7 +70,15 @@ def hap(
 ) -> PruneResult:
     """EAP narrows the graph to `keep_frac` of its edges; EP, initialised from the scores, decides."""
     start = time.perf_counter()
+    check_model(model)
+    check_config(config)
     check_keep_frac(config.sparsity, keep_frac)
+    for what, value in (("init_low", init_low), ("init_high", init_high)):
+        check_real(value, what, OptionError)
+    if scores is not None and not isinstance(scores, EdgeScores):
+        raise OptionError(
+            f"scores is a {type(scores).__name__} ({shown(scores)}); pass what eap returns, or None."
+        )
     scores = scores if scores is not None else eap(model, pairs)
     allowed = hap_subgraph(scores, keep_frac)
     mag = scores.flat().abs().to(next(model.parameters()).dtype)

@@ -18,7 +18,7 @@ from attrgraph.circuits.circuit import EdgeLayout, EdgeScores
 from attrgraph.circuits.eap import ExampleScores, example_scores
 from attrgraph.circuits.graph import ComponentGraph
 from attrgraph.circuits.pairs import Pairs, check_pairs
-from attrgraph.circuits.schema import AGGREGATIONS, aggregate
+from attrgraph.circuits.schema import AGGREGATIONS, aggregate, check_schema
 from attrgraph.errors import OptionError, SchemaError
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def peap(
         raise OptionError(f"aggregation {aggregation!r} is unknown; use one of {AGGREGATIONS}.")
     graph = ComponentGraph.from_model(model)
     check_pairs(pairs)
+    check_schema(schema)
     if schema is None and not bool((pairs.last == pairs.last[0]).all()):
         raise SchemaError(
             "the prompts differ in length, so positions do not align across examples; "

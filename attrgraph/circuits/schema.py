@@ -35,6 +35,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from attrgraph.errors import OptionError, SchemaError
+from transcoders.arguments import shown
 
 AGGREGATIONS = ("avg", "sum", "maxabs")
 
@@ -177,6 +178,15 @@ def _combine(x: Tensor, member: Tensor, how: str) -> Tensor:
         return total
     count = m.sum(1).clamp(min=1)
     return total / count.view(*count.shape, *([1] * (x.dim() - 2)))
+
+
+def check_schema(schema) -> None:
+    """`OptionError` in one line unless `schema` is a `Schema` or None."""
+    if schema is not None and not isinstance(schema, Schema):
+        raise OptionError(
+            f"schema is a {type(schema).__name__} ({shown(schema)}), not a Schema; make one with "
+            "ioi_schema(examples) or read_schema(path, lengths), or pass None."
+        )
 
 
 def aggregate(example, schema: Schema, how: str = "avg"):

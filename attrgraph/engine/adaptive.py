@@ -45,6 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from attrgraph.engine.batch_plan import check_batch_size
 from attrgraph.engine.csr_rows import assemble_csr, index_dtype
 from attrgraph.engine.device_rows import DeviceRows, fold_rows, influence_of_sets
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
@@ -95,6 +96,11 @@ def attribute_adaptive(
         raise OptionError(f"max_feature_nodes is {max_feature_nodes}; pass 0 or more.")
     if k < 1:
         raise OptionError(f"k is {k}; pass the features to explore per step, 1 or more.")
+    check_batch_size(batch_size)
+    if trace is not None and not isinstance(trace, list):
+        raise OptionError(
+            f"trace is a {type(trace).__name__}; pass a list to receive one dict per step, or None."
+        )
     run = run_prompt(model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding)  # step 1
     targets = select_logit_targets(run.state.logits[-1], max_n_logits, desired_logit_prob, run.tokenizer)
     explorer = _Explorer(run, targets, backend, batch_size)

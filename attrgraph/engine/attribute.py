@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from torch import Tensor
 
 from attrgraph.engine.adaptive import attribute_adaptive
-from attrgraph.engine.batch_plan import CPU_ROWS
+from attrgraph.engine.batch_plan import CPU_ROWS, check_batch_size
 from attrgraph.engine.device_rows import DeviceRows
 from attrgraph.engine.hierarchical import attribute_hierarchical
 from attrgraph.engine.linear_backward import linear_rows, rows_engine
@@ -57,7 +57,6 @@ from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import layer_blocks, streamed_influence
-from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -170,8 +169,7 @@ def standard_setup(
 ) -> StandardSetup:
     """Steps 1-2 of `attribute` (same options): run the prompt (prompt_run.py), choose the targets,
     make the injections and the node table, and pick the rows engine."""
-    if batch_size is not None and (not is_whole(batch_size) or batch_size < 1):  # True is no batch size
-        raise OptionError(f"batch_size is {batch_size!r}; pass a whole number, at least 1.")
+    check_batch_size(batch_size)
     if precision not in PRECISIONS:
         raise OptionError(f"precision is {precision!r}; pass one of {PRECISIONS}.")
     run = run_prompt(

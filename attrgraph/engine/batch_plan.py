@@ -29,6 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attrgraph.errors import OptionError
+from transcoders.arguments import shown
+from transcoders.config import is_whole
+
 WORK_BYTES = 1 << 22
 """CPU: largest [P, B, d_model] working tensor of one batch (step 2): at 6/256/4096, 4 MiB keeps
 each run of 64 features whole; 1-8 MiB differ by less than the noise of a shared machine."""
@@ -102,6 +106,12 @@ def budget_for(device: torch.device, resident_bytes: int, live_tensors: int) -> 
     free, _ = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return device_budget(free + held, resident_bytes, live_tensors)
+
+
+def check_batch_size(batch_size: int | None) -> None:
+    """`OptionError` in one line unless `batch_size` is None (planned) or a whole number >= 1."""
+    if batch_size is not None and (not is_whole(batch_size) or batch_size < 1):  # True is no batch size
+        raise OptionError(f"batch_size is {shown(batch_size)}; pass a whole number, at least 1, or None.")
 
 
 def plan_batches(

@@ -52,6 +52,7 @@ import scipy.sparse as sp
 import torch
 from jaxtyping import Float
 
+from attrgraph.engine.batch_plan import check_batch_size
 from attrgraph.engine.linear_backward import rows_engine
 from attrgraph.engine.prompt_run import PromptRun, run_prompt
 from attrgraph.engine.replacement import ReplacementModel
@@ -64,11 +65,12 @@ from attrgraph.engine.sources import (
 )
 from attrgraph.engine.targets import Target, select_logit_targets
 from attrgraph.errors import GraphError, OptionError, TargetError
-from attrgraph.graph.graph import Graph, Nodes
+from attrgraph.graph.graph import Graph, Nodes, check_graph
 from attrgraph.graph.provenance import provenance_mismatch
 from attrgraph.graph.streamed_influence import logit_influence
 from attrgraph.graph.supernodes import NodeKey
-from transcoders.config import is_whole
+from transcoders.arguments import is_numbers, shown
+from transcoders.config import is_real, is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -233,6 +235,9 @@ def hierarchical_attribution(
     set chosen by a plain `attribution >= tau` after one pass, it is standard attribution.
     `bias` (one constant term per node, e.g. `node_biases`) gives the bias leaves; without it they
     are inferred as `value_u - sum_s A[u, s]`, so that `theorem_residual` is 0 by construction."""
+    check_graph(graph, "hierarchical_attribution")
+    if not is_real(tau) or math.isnan(tau):
+        raise GraphError(f"tau is {shown(tau)}; pass a number (the attribution a node needs to be kept).")
     n = graph.nodes
     kinds = n.kind
     if root is None:
@@ -250,9 +255,12 @@ def hierarchical_attribution(
     N = graph.n_nodes
     value = n.activation.astype(np.float64)
     if bias is not None:
-        bias = np.asarray(bias, np.float64)
-        if bias.shape != (N,):
-            raise GraphError(f"bias has shape {bias.shape}; pass one constant term per node, shape ({N},).")
+        bias = np.asarray(bias, np.float64) if is_numbers(bias) else None
+        if bias is None or bias.shape != (N,):
+            raise GraphError(
+                f"bias is {'not numbers' if bias is None else f'of shape {bias.shape}'}; pass one constant "
+                f"term per node, shape ({N},)."
+            )
     if keep is not None:
         keep = np.asarray(keep)
         if keep.shape != (N,) or keep.dtype != bool:
@@ -313,6 +321,7 @@ def attribute_hierarchical(
             f"tau is {tau!r}; pass a number (0 detaches what pushes the root down, -inf nothing)."
         )
     _check_root(root)
+    check_batch_size(batch_size)
     checked = [root] if isinstance(root, Target) else None
     run = run_prompt(
         model, transcoders, prompt, exclude_bos=exclude_bos, embedding=embedding, targets=checked

@@ -44,10 +44,12 @@ from tqdm import tqdm
 from attrgraph.engine.attribute import StandardSetup, standard_setup
 from attrgraph.engine.device_prune import prune_device_edges
 from attrgraph.engine.targets import DESIRED_LOGIT_PROB, MAX_N_LOGITS, Target
+from attrgraph.errors import OptionError
 from attrgraph.graph.graph import Graph, Nodes
 from attrgraph.graph.prune import (
     DEFAULT_RULE,
     check_rule,
+    check_thresholds,
     influence_shares,
     prune_graph_edges,
     pruned_meta,
@@ -55,6 +57,8 @@ from attrgraph.graph.prune import (
 )
 from attrgraph.graph.scores import scores_from_shares
 from attrgraph.graph.streamed_influence import InfluenceSolve, StreamedInfluence, layer_blocks
+from transcoders.arguments import shown
+from transcoders.config import is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -90,6 +94,9 @@ def attribute_pruned(
     (module docstring, steps 1-4), with `attribute`'s options; the full graph is never held.
     A `node_threshold` of 1 keeps every node, so step 3 computes every row a second time."""
     check_rule(rule)
+    check_thresholds(node_threshold, edge_threshold)
+    if not is_whole(chunk_edges) or chunk_edges < 1:
+        raise OptionError(f"chunk_edges is {shown(chunk_edges)}; pass a whole number of edges, at least 1.")
     setup = standard_setup(
         model,
         transcoders,

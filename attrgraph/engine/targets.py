@@ -23,10 +23,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.engine.precision import compute_dtype
 from attrgraph.errors import TargetError
+from transcoders.arguments import is_numbers, shown
 from transcoders.block_layout import hook_layer
-from transcoders.config import is_whole
+from transcoders.config import is_real, is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -68,8 +70,8 @@ def select_logit_targets(
     """Demeaned-logit targets for the smallest top-K past `desired_logit_prob`, K <= `max_n_logits`."""
     if not is_whole(max_n_logits) or max_n_logits < 1:
         raise TargetError(f"max_n_logits is {max_n_logits!r}; pass a whole number, at least 1.")
-    if not 0.0 < desired_logit_prob <= 1.0:
-        raise TargetError(f"desired_logit_prob is {desired_logit_prob}; pass a probability in (0, 1].")
+    if not is_real(desired_logit_prob) or not 0.0 < desired_logit_prob <= 1.0:
+        raise TargetError(f"desired_logit_prob is {shown(desired_logit_prob)}; pass a probability in (0, 1].")
     probs = torch.softmax(logits.double(), dim=-1)
     top_p, top_i = probs.topk(min(max_n_logits, probs.numel()))
     k = min(
@@ -125,6 +127,10 @@ def direction(
     hook: str, position: int, vector: Tensor, name: str | None = None, weight: float = math.nan
 ) -> Target:
     """Target `vector . value_of(hook)[position]` for any TransformerLens hook of the residual width."""
+    if not isinstance(vector, Tensor) and not is_numbers(vector):
+        raise TargetError(
+            f"vector is a {type(vector).__name__} ({shown(vector)}); pass a tensor (or array) of the hook's width."
+        )
     return Target(
         name=name or f"{hook}@{position}",
         vector=vector
@@ -139,6 +145,11 @@ def direction(
 def check_targets(targets: list[Target], model: HookedTransformer, n_pos: int) -> None:
     """Raise `TargetError` for an entry that is not a Target (a bare word or id), an unknown hook, a
     logit token outside the vocabulary, a wrong vector size or a position outside the prompt."""
+    if isinstance(targets, Target) or not isinstance(targets, list | tuple):
+        raise TargetError(
+            f"targets is a {type(targets).__name__} ({shown(targets)}); pass a list of Target "
+            "(logit_target(model, ' Mary'), logit_difference(...), direction(...)), or None for the logits."
+        )
     if not targets:
         raise TargetError("no targets were given; pass at least one Target or leave targets=None for logits.")
     for t in targets:
@@ -180,6 +191,7 @@ def _token_id(model, token: str | int) -> int:
     """The vocabulary id of `token`: an int id inside the output vocabulary, or a string that is one
     known token. A bool, an id outside [0, d_vocab_out) and a word the tokenizer maps to its unknown
     token (which would otherwise become a graph of the `<unk>` logit) are `TargetError`s."""
+    check_model(model)
     d_vocab = int(model.cfg.d_vocab_out)
     if isinstance(token, bool) or not isinstance(token, str | numbers.Integral):
         raise TargetError(

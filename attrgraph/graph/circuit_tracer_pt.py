@@ -69,6 +69,7 @@ import scipy.sparse as sp
 from attrgraph.errors import ExportError, ExportWarning, GraphError, GraphFileError, PromptWarning
 from attrgraph.graph.graph import Graph, Nodes, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
+from transcoders.arguments import as_path
 from transcoders.output_folder import replaced
 
 KEYS = (
@@ -232,7 +233,7 @@ def load_pt(path: str | os.PathLike, tokenizer=None) -> Graph:
     `tokenizer`: a HookedTransformer or tokenizer for the prompt's token strings (step 4)."""
     import torch
 
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     data = _read(path)
     cfg = _config(data["cfg"])
     if not isinstance(cfg.get("n_layers"), int) or cfg["n_layers"] < 1:
@@ -472,7 +473,7 @@ def save_pt(graph: Graph, path: str | os.PathLike, model, scan: str | None = Non
         "activation_values": torch.as_tensor(n.activation[feats], dtype=torch.float32),
         "scan": scan if scan is not None else (graph.meta.get("transcoders") or None),
     }
-    path = Path(path)
+    path = as_path(path, "path", ExportError)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; pass a file name to write, such as {path / 'graph.pt'}.")
     try:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from attrgraph.errors import GraphFileError
+from transcoders.arguments import shown
 
 if TYPE_CHECKING:
     from transcoders.dashboard_file import Dashboards
@@ -62,6 +63,11 @@ def resolve_path(spec: str | os.PathLike) -> Path:
     from transcoders.dashboard_file import FILE_NAME
     from transcoders.paths import BUNDLED
 
+    if not isinstance(spec, str | os.PathLike) or isinstance(spec, bytes):
+        raise GraphFileError(
+            f"dashboards is a {type(spec).__name__} ({shown(spec)}); pass a dashboards.h5, a transcoder folder "
+            "holding one, a bundled set's name or a loaded transcoders.Dashboards."
+        )
     path = BUNDLED.get(str(spec), Path(spec))
     return path / FILE_NAME if path.is_dir() else path
 

@@ -165,6 +165,16 @@ class Graph:
         self.logit_strings = [str(t) for t in self.logit_strings] or [str(t) for t in self.logit_tokens]
         self.validate()
 
+    def __repr__(self) -> str:
+        """One line (the arrays would run over many, also in every error message quoting a graph)."""
+        counts = {k: int((self.nodes.kind == k).sum()) for k in NODE_ORDER}
+        shown = " ".join(repr(t) for t in self.prompt_tokens[:6])  # repr: a newline in a token stays \\n
+        more = f" ... ({self.n_pos} tokens)" if self.n_pos > 6 else ""
+        return (
+            f"Graph({self.n_nodes} nodes: {', '.join(f'{v} {k}' for k, v in counts.items())}; "
+            f"{self.n_edges} edges; prompt {shown}{more})"
+        )
+
     # ------------------------------------------------------------------ sizes
     @property
     def n_nodes(self) -> int:

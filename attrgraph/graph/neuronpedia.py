@@ -89,8 +89,9 @@ from attrgraph.graph.neuronpedia_features import (
 )
 from attrgraph.graph.prune import DEFAULT_RULE, check_rule, influence_shares, prune_graph
 from attrgraph.graph.streamed_influence import logit_influence
-from attrgraph.graph.supernodes import Supernode, node_key
+from attrgraph.graph.supernodes import Supernode, node_key, supernode_list
 from transcoders import h5file
+from transcoders.arguments import as_path, check_real, is_numbers, shown
 from transcoders.output_folder import check_output_folder
 
 if TYPE_CHECKING:
@@ -218,7 +219,15 @@ def graph_to_json(
     (metadata.feature_details, step 4)."""
     check_graph(graph, "graph_to_json")
     _check_slug(slug)
-    share = cumulative_influence(graph) if influence is None else np.asarray(influence, np.float64)
+    supernodes = _check_options(scan, supernodes, labels, feature_url, node_threshold, auto_labels)
+    if influence is not None:
+        influence = np.asarray(influence, np.float64) if is_numbers(influence) else None
+        if influence is None or influence.shape != (graph.n_nodes,):
+            raise ExportError(
+                f"influence must be {graph.n_nodes} numbers, one per node (cumulative_influence(graph)); pass "
+                "those of this graph or None."
+            )
+    share = cumulative_influence(graph) if influence is None else influence
     graph, share = linked(graph, share)
     n = graph.nodes
     ids = node_ids(graph)
@@ -402,9 +411,10 @@ def export_json(
     attention features'; `feature_url` is the URL the folder will be served from, for Neuronpedia
     (metadata.feature_details)."""
     check_graph(graph, "export_json")
-    out = Path(out_dir)
+    out = as_path(out_dir, "out_dir", ExportError)
     check_output_folder(out, ExportError)
     _check_slug(slug)
+    supernodes = _check_options(scan, supernodes, labels, feature_url, None, None)
     graph, share, node_threshold = _pruned_for_export(graph, node_threshold, edge_threshold, prune_rule)
     graph, share = linked(graph, share)
     found = export_dashboards(graph, dashboards, attn_dashboards)
@@ -432,6 +442,23 @@ def export_json(
         dropped,
         *(None if found[site] is None else found[site].path for site in ("mlp", "attn")),
     )
+
+
+def _check_options(scan, supernodes, labels, feature_url, node_threshold, auto_labels) -> list[Supernode]:
+    """`ExportError` (or `SupernodeError`) in one line for an option of graph_to_json / export_json
+    of the wrong type; the supernodes as a list."""
+    for what, value in (("scan", scan), ("feature_url", feature_url)):
+        if value is not None and not isinstance(value, str):
+            raise ExportError(f"{what} is a {type(value).__name__} ({shown(value)}); pass a str or None.")
+    for what, value in (("labels", labels), ("auto_labels", auto_labels)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ExportError(
+                f"{what} is a {type(value).__name__} ({shown(value)}); pass a dict from (layer, feature) to "
+                "a label, or None."
+            )
+    if node_threshold is not None:
+        check_real(node_threshold, "node_threshold", ExportError, 0.0, 1.0)
+    return supernode_list(supernodes)
 
 
 def check_export_options(
@@ -521,7 +548,7 @@ def read_json_file(path: Path):
 
 def load_json(path: str | os.PathLike) -> Graph:
     """A `Graph` from a circuit-tracer / Neuronpedia graph JSON (`.json` or `.json.gz`), step 6."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     data = read_json_file(path)
     missing = [k for k in ("metadata", "nodes", "links") if not isinstance(data, dict) or k not in data]
     if missing:

@@ -50,6 +50,8 @@ from scipy.sparse.linalg import spsolve_triangular
 from attrgraph.errors import GraphError
 from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.streamed_influence import logit_influence
+from transcoders.arguments import is_numbers, shown
+from transcoders.config import is_real
 
 RULES: tuple[str, ...] = ("circuit-tracer", "appendix")
 """The pruning rules of step 5, each named after its source."""
@@ -100,6 +102,12 @@ def compute_influence(
     `A` must be strictly lower-triangular (every edge from a lower to a higher node index), which the
     graph node order guarantees; pass `normalize_matrix(graph.adjacency)` for the seed's influence.
     """
+    if not (sp.issparse(A) or (is_numbers(A) and np.ndim(A) == 2)) or not is_numbers(logit_weights):
+        raise GraphError(
+            f"compute_influence takes a square matrix (sparse or ndarray) and one number per node, got a "
+            f"{type(A).__name__} and a {type(logit_weights).__name__}; pass normalize_matrix(graph.adjacency) "
+            "and graph.logit_weights()."
+        )
     A = sp.csr_array(A)
     if A.dtype != np.float64:
         A = A.astype(np.float64)
@@ -133,8 +141,10 @@ def find_threshold(scores: Float[np.ndarray, " n"], threshold: float) -> float:
     reaches `threshold` (an exact tie counts as reached: [4, 3, 2, 1] at 0.7 gives 3, as
     circuit-tracer's `find_threshold`). `threshold >= 1` returns -inf (keep everything).
     """
-    if not 0.0 <= threshold <= 1.0:
-        raise GraphError(f"threshold {threshold} is outside [0, 1]; pass a fraction such as 0.8.")
+    if not is_real(threshold) or not 0.0 <= threshold <= 1.0:
+        raise GraphError(f"threshold {shown(threshold)} is outside [0, 1]; pass a fraction such as 0.8.")
+    if not is_numbers(scores) or np.ndim(scores) != 1:
+        raise GraphError(f"scores is {shown(scores)}; pass a 1-d array of numbers (one score per node).")
     scores = np.asarray(scores, np.float64)
     if threshold >= 1.0 or scores.size == 0:
         return -np.inf
@@ -163,7 +173,7 @@ def prune_graph(
     over the full graph; by default that pass computes it. A graph already pruned is refused."""
     check_graph(graph, "prune_graph")
     check_rule(rule)
-    _check_thresholds(node_threshold, edge_threshold)
+    check_thresholds(node_threshold, edge_threshold)
     check_unpruned(graph)
     if influence is None:
         influence = logit_influence(graph.adjacency, graph.logit_weights(), progress=progress).influence
@@ -216,10 +226,11 @@ def check_unpruned(graph: Graph) -> None:
         )
 
 
-def _check_thresholds(node_threshold: float, edge_threshold: float) -> None:
+def check_thresholds(node_threshold: float, edge_threshold: float) -> None:
+    """`GraphError` in one line unless both thresholds are fractions in [0, 1]."""
     for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if not 0.0 <= t <= 1.0:
-            raise GraphError(f"{name} is {t}; pass a fraction in [0, 1] such as 0.8.")
+        if not is_real(t) or not 0.0 <= t <= 1.0:
+            raise GraphError(f"{name} is {shown(t)}; pass a fraction in [0, 1] such as 0.8.")
 
 
 def select_nodes(
@@ -248,7 +259,7 @@ def prune_graph_edges(
     `node_threshold` recorded in the result's meta); influence on its nodes is filled in, the
     `unpruned_*` node fields are those of `pruned`."""
     check_rule(rule)
-    _check_thresholds(node_threshold, edge_threshold)
+    check_thresholds(node_threshold, edge_threshold)
     keep, adjacency, kept_influence = _prune_edges(
         pruned.nodes.kind, pruned.logit_weights(), pruned.adjacency, edge_threshold, progress, rule
     )

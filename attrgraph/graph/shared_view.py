@@ -59,6 +59,7 @@ from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.neuronpedia import node_ids
 from attrgraph.graph.neuronpedia_features import ATTN_INDEX_OFFSET, feature_index
 from attrgraph.graph.supernodes import NodeKey, Supernode, node_key, supernode_list
+from transcoders.arguments import check_real, shown
 
 _ID = re.compile(r"(A?)(-?\d+)_(-?\d+)_(\d+)|E_(\d+)_(\d+)")
 _SCHEMA0 = 10**5  # Neuronpedia's schema-0 gemma-2-2b feature number: layer, then a 5-digit index
@@ -377,11 +378,28 @@ def view_link(
         raise ViewError(f"error_ids is {error_ids!r}; pass one of {ERROR_IDS}.")
     for what, value in (("model", model), ("slug", slug)):
         if not isinstance(value, str) or not value.strip():
-            raise ViewError(f"{what} is {value!r}; pass the Neuronpedia {what} of the graph the link opens.")
+            raise ViewError(
+                f"{what} is {shown(value)}; pass the Neuronpedia {what} of the graph the link opens."
+            )
     supernodes = supernode_list(supernodes)
     ids = node_ids(graph)
     index = {tuple(node_key(graph, i)): i for i in range(graph.n_nodes)}
     n = graph.nodes
+    pinned = () if pinned is None else pinned
+    if isinstance(pinned, str | bytes | Mapping) or not hasattr(pinned, "__iter__"):
+        raise ViewError(
+            f"pinned is a {type(pinned).__name__} ({shown(pinned)}); pass a list of node indices."
+        )
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        raise ViewError(
+            f"base is {shown(base)}; pass Neuronpedia's address, such as 'https://www.neuronpedia.org'."
+        )
+    if node_threshold is not None:
+        check_real(node_threshold, "node_threshold", ViewError, 0.0, 1.0)
+    if labels is not None and not isinstance(labels, Mapping):
+        raise ViewError(
+            f"labels is a {type(labels).__name__} ({shown(labels)}); pass a dict from (layer, feature) to a label."
+        )
     pins = []
     for i in pinned:
         if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= int(i) < graph.n_nodes:

@@ -62,6 +62,7 @@ from attrgraph.errors import GraphError, GraphFileError, SchemaVersionError
 from attrgraph.graph.graph import NODE_FIELDS, NODE_ORDER, Graph, Nodes, check_graph
 from attrgraph.graph.scores import GraphScores, compute_graph_scores
 from transcoders import h5file
+from transcoders.arguments import as_path, shown
 from transcoders.h5file import remove_stale_temporaries as remove_stale_temporaries
 from transcoders.h5file import stop_if_interrupted
 
@@ -260,6 +261,10 @@ def save_graph(
     by default). `progress=True` shows a bar for the edges. `scores`: the graph's scores when
     already computed (as `attribute` does); by default one streamed pass over its edges."""
     check_graph(graph, "save_graph")
+    if scores is not None and not isinstance(scores, GraphScores):
+        raise GraphError(
+            f"scores is a {type(scores).__name__} ({shown(scores)}); pass compute_graph_scores(graph) or None."
+        )
     name = DEFAULT_NAME if name is None else str(name)
     save_graphs({name: graph}, path, progress, {name: scores})
     return name
@@ -283,7 +288,7 @@ def save_graphs(
     for graph in graphs.values():
         check_graph(graph, "save_graphs")
         graph.validate()
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     check_output(path)
     reserve = sum(_size_bound(g) - h5file.RESERVE for g in graphs.values()) + h5file.RESERVE
     with edit_h5(path, reserve=reserve) as f:
@@ -311,7 +316,7 @@ def _size_bound(graph: Graph) -> int:
 
 def remove_graphs(path: str | os.PathLike, names) -> None:
     """Delete the graphs `names` (those present) from `path`, atomically as `save_graph` writes."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     _check_hdf5(path)
     with edit_h5(path) as f:
         graphs = f.require_group("graphs")
@@ -369,7 +374,7 @@ def _names(f: h5py.File) -> list[str]:
 
 def list_graphs(path: str | os.PathLike) -> list[str]:
     """Names of the graphs stored in `path`."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     with _open(path) as f:
         try:
             return _names(f)
@@ -379,7 +384,7 @@ def list_graphs(path: str | os.PathLike) -> list[str]:
 
 def load_metas(path: str | os.PathLike) -> dict[str, dict]:
     """`{name: meta}` of every graph in `path`, without reading nodes or edges."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     with _open(path) as f:
         try:
             return {n: _read_meta(f["graphs"][n], f"{path}:/graphs/{n}") for n in _names(f)}
@@ -447,7 +452,7 @@ def load_graph(path: str | os.PathLike, name: str | None = None, progress: bool 
     """Read one graph; `name` may be omitted when the file holds exactly one. Raises
     `GraphFileError` (or `SchemaVersionError`) for a missing, foreign, damaged or incomplete file.
     `progress=True` shows a bar for the edges."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     with _open(path) as f:
         try:
             return _load(f, path, name, progress)
@@ -549,7 +554,7 @@ def _load(f: h5py.File, path: Path, name: str | None, progress: bool = False) ->
 def load_meta(path: str | os.PathLike, name: str) -> dict:
     """The plain `meta` of graph `name` in `path` (thresholds, rule, identity) without its arrays;
     a file `load_graph` would refuse may still answer here, so load the graph to check it."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     with _open(path) as f:
         try:
             if name not in _names(f):

@@ -26,6 +26,7 @@ from attrgraph.errors import GraphFileError, SupernodeError
 from attrgraph.graph.graph import NODE_ORDER
 from attrgraph.graph.store import edit_h5
 from attrgraph.graph.supernodes import NodeKey, Supernode
+from transcoders.arguments import as_path
 
 SCHEMA_VERSION = 1
 """Version of the `/supernodes` layout."""
@@ -65,7 +66,7 @@ def save_supernodes(
     path: str | os.PathLike, supernodes: Sequence[Supernode], graph_name: str = "graph"
 ) -> None:
     """Store `supernodes` as `/supernodes/<graph_name>` in the graph file `path` (atomic)."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     _check_file(path, "write the graph with save_graph first")
     try:
         with h5py.File(path, "r") as f:
@@ -98,7 +99,7 @@ def save_supernodes(
 
 def load_supernodes(path: str | os.PathLike, graph_name: str = "graph") -> list[Supernode]:
     """The supernodes stored beside graph `graph_name` in `path` (empty list when none)."""
-    path = Path(path)
+    path = as_path(path, "path", GraphFileError)
     _check_file(path, "pass a file written by save_graph")
     where = f"{path}:/supernodes/{graph_name}"
     try:

@@ -27,9 +27,10 @@ import scipy.sparse as sp
 from jaxtyping import Float
 
 from attrgraph.errors import SupernodeError
-from attrgraph.graph.graph import NODE_ORDER, Graph
+from attrgraph.graph.graph import NODE_ORDER, Graph, check_graph
 from attrgraph.graph.provenance import provenance_mismatch
-from transcoders.config import is_whole
+from transcoders.arguments import shown
+from transcoders.config import is_real, is_whole
 
 if TYPE_CHECKING:
     from transcoders.base import SparseCoder
@@ -116,6 +117,7 @@ def node_key(graph: Graph, i: int) -> NodeKey:
 
 def supernode(graph: Graph, name: str, node_ids: Sequence[int]) -> Supernode:
     """A supernode of the given node indices of `graph` (by hand)."""
+    check_graph(graph, "supernode")
     if isinstance(node_ids, str | bytes) or not hasattr(node_ids, "__iter__"):
         raise SupernodeError(f"node_ids is {node_ids!r}; pass a list of node indices.")
     ids = list(node_ids)
@@ -169,6 +171,7 @@ def supernode_list(supernodes) -> list[Supernode]:
 
 def supernode_adjacency(graph: Graph, supernodes: Sequence[Supernode]) -> SupernodeGraph:
     """The supernode graph of step 3 over `supernodes` plus every other node as a singleton."""
+    check_graph(graph, "supernode_adjacency")
     supernodes = supernode_list(supernodes)
     n = graph.n_nodes
     group_of = np.full(n, -1, np.int64)
@@ -230,10 +233,11 @@ def suggest_supernodes(
     `by="decoder"` compares decoder directions and needs `transcoders` (`[mlp_set, attn_set]` or
     `TranscoderSets` for a graph with attention features, whose directions are compared among
     themselves: they sit in a block of their own)."""
-    if not 0.0 < threshold <= 1.0:
-        raise SupernodeError(f"threshold is {threshold}; pass a cosine similarity in (0, 1].")
-    if min_size < 1:
-        raise SupernodeError(f"min_size is {min_size}; pass the fewest members of a group, 1 or more.")
+    check_graph(graph, "suggest_supernodes")
+    if not is_real(threshold) or not 0.0 < threshold <= 1.0:
+        raise SupernodeError(f"threshold is {shown(threshold)}; pass a cosine similarity in (0, 1].")
+    if not is_whole(min_size) or min_size < 1:
+        raise SupernodeError(f"min_size is {shown(min_size)}; pass the fewest members of a group, 1 or more.")
     feats = np.flatnonzero(graph.nodes.mask("feature"))
     if by == "edges":
         An = _input_normalized(graph.adjacency)
