@@ -7,8 +7,9 @@ written once with `save_pt`; then, in fresh processes, each side reads it (circu
 peer venv, `--peer-python`; skipped where absent) and reports its wall time (imports not counted:
 circuit-tracer's loads transformer-lens and more) and its peak resident
 set (VmHWM) over a process that read a tiny graph the same way (imports, torch). circuit-tracer's
-`from_pt` loads the whole dense matrix; `load_pt` maps the file and converts a block of rows at a
-time into CSR, so its peak is about the sparse graph plus one block.
+`from_pt` loads the whole dense matrix; `load_pt` compares every record with its CRC-32, maps the
+file and converts a block of rows at a time into CSR, so its peak is about the sparse graph plus one
+block.
 
     python benchmarks/pt_graphs.py [--features 12000 --density 0.3] [--peer-python /tmp/peer/venv/bin/python]
 

@@ -6,9 +6,9 @@ wrong type is one sentence of the package's own error rather than a TypeError fr
 2. `as_path(value, what, error)`: a file argument as a `Path`; anything but a str or an
    `os.PathLike` (None, a number, a loaded graph) raises `error`, naming `what`.
 3. `is_numbers(values)`: whether an array argument (a list, an ndarray) holds numbers.
-4. `check_real(value, what, error, low, high)` / `check_whole(...)`: a number of the right kind
-   (`is_real` / `is_whole`: never a bool, a string or NaN) inside the closed range given, returned
-   as a float / int.
+4. `check_real(value, what, error, low, high)`: a real number (`is_real`: never a bool, a string
+   or NaN) inside the closed range given, returned as a float. (Counts and indices are tested with
+   `transcoders.config.is_whole` where they are checked, each with its own sentence.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-from transcoders.config import is_real, is_whole
+from transcoders.config import is_real
 
 
 def shown(value, limit: int = 60) -> str:
@@ -56,15 +56,6 @@ def check_real(
     if not is_real(value) or math.isnan(value) or not low <= value <= high:
         raise error(f"{what} is {shown(value)}; pass a number{_range(low, high)}.")
     return float(value)
-
-
-def check_whole(
-    value, what: str, error: type[Exception], low: float = -math.inf, high: float = math.inf
-) -> int:
-    """`value` as an int in [low, high], or `error` (step 4)."""
-    if not is_whole(value) or not low <= value <= high:
-        raise error(f"{what} is {shown(value)}; pass an integer{_range(low, high)}.")
-    return int(value)
 
 
 def _range(low: float, high: float) -> str:

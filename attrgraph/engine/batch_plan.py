@@ -111,7 +111,7 @@ def budget_for(device: torch.device, resident_bytes: int, live_tensors: int) -> 
 def check_batch_size(batch_size: int | None) -> None:
     """`OptionError` in one line unless `batch_size` is None (planned) or a whole number >= 1."""
     if batch_size is not None and (not is_whole(batch_size) or batch_size < 1):  # True is no batch size
-        raise OptionError(f"batch_size is {shown(batch_size)}; pass a whole number, at least 1, or None.")
+        raise OptionError(f"batch_size is {shown(batch_size)}; pass a whole number, at least 1.")
 
 
 def plan_batches(
