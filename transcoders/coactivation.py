@@ -31,17 +31,27 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from transcoders.arguments import shown
 from transcoders.config import is_whole
 from transcoders.errors import ConfigError
+from transcoders.sites import check_hooked_model
 
 DENSE_LIMIT = 1 << 24
 """Above this many (source, target) cells a chunk's products stay sparse while the pairs are gathered."""
 
 
 def _check_coders(coders) -> list:
-    if hasattr(coders, "cfg") or not isinstance(coders, Sequence):
+    from transcoders.base import SparseCoder
+
+    if (
+        hasattr(coders, "cfg")
+        or isinstance(coders, str)
+        or not isinstance(coders, Sequence)
+        or not coders
+        or not all(isinstance(c, SparseCoder) for c in coders)
+    ):
         raise ConfigError(
-            f"coders is a {type(coders).__name__}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set]."
+            f"coders is {shown(coders)}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set]."
         )
     return list(coders)
 
@@ -200,7 +210,12 @@ def compute_coactivation(
     `pairs` may be a list of pair arrays (e.g. one sampled feature set's outputs and its inputs):
     each gets its own accumulator, so that a chunk's products cover only that block; a list of
     results comes back."""
+    check_hooked_model(model, ConfigError)
     coders = _check_coders(coders)
+    if isinstance(sequences, str) or not isinstance(sequences, Tensor | np.ndarray | Iterable):
+        raise ConfigError(
+            f"sequences is {shown(sequences)}; pass token ids [n_seq, n_ctx] or an iterable of such batches."
+        )
     for name, value, least in (("chunk_seqs", chunk_seqs, 1), ("skip_first", skip_first, 0)):
         if not is_whole(value) or value < least:
             raise ConfigError(f"{name} is {value!r}; pass an integer of at least {least}.")

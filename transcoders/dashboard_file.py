@@ -42,10 +42,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from transcoders.arguments import as_path, shown
 from transcoders.config import is_whole
 from transcoders.errors import DashboardFileError
 from transcoders.h5file import edit_h5
@@ -88,7 +90,7 @@ def atomic_h5(path: str | os.PathLike, copy_existing: bool = False):
 
 
 def _open_checked(path: Path):
-    path = Path(path)
+    path = as_path(path, "path", DashboardFileError)
     if not path.exists():
         raise DashboardFileError(
             f"{path} does not exist; compute it with `python -m transcoders.dashboards --transcoders NAME`."
@@ -97,7 +99,8 @@ def _open_checked(path: Path):
         f = _h5py().File(path, "r")
     except OSError as e:
         raise DashboardFileError(
-            f"{path} is not a readable HDF5 file ({e}); recompute the dashboards."
+            f"{path} is not a readable HDF5 file ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "recompute the dashboards."
         ) from e
     if f.attrs.get("format") != FORMAT:
         f.close()
@@ -327,6 +330,10 @@ def set_labels(path: str | os.PathLike, labels: dict) -> None:
     """Set user labels {feature: label} in the dashboards file `path` (feature: (layer, feature) or
     "L1/F254"; a label of None or "" removes the user label, so the automatic one shows again).
     User labels are stored apart from the automatic ones and survive recomputing the dashboards."""
+    if not isinstance(labels, Mapping):
+        raise DashboardFileError(
+            f"labels is a {type(labels).__name__} ({shown(labels)}); pass a dict such as {{(1, 254): 'Texas'}}."
+        )
     with _open_checked(path) as f:
         n_layers, d_sae = int(f.attrs["n_layers"]), int(f.attrs["d_sae"])
     current = read_user_labels(path)
@@ -420,7 +427,7 @@ class Dashboards:
     """A dashboards file read into memory (numpy arrays); `feature(layer, i)` gives one dashboard."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        self.path = as_path(path, "path", DashboardFileError)
         with _open_checked(self.path) as f:
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
             self.data = {}
@@ -542,6 +549,11 @@ def dashboard_text(d: dict, n_examples: int = 4, n_logits: int = 4, name: str | 
             f"dashboard_text takes one feature's dashboard, got a {type(d).__name__}; "
             "pass load_dashboards(path).feature(layer, feature)."
         )
+    for what, value in (("n_examples", n_examples), ("n_logits", n_logits)):
+        if not is_whole(value) or value < 0:
+            raise DashboardFileError(f"{what} is {shown(value)}; pass a whole number, 0 or more.")
+    if name is not None and not isinstance(name, str):
+        raise DashboardFileError(f"name is a {type(name).__name__} ({shown(name)}); pass a str or None.")
     head = name or f"L{d['layer']}/F{d['feature']}"
     lines = [f"{head}  {d['label']!r}  active on {100 * d['frequency']:.2f}% of tokens, max {d['max']:.3g}"]
     for e in d["top"][:n_examples]:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transcoders.config import is_whole
+from transcoders.config import is_real, is_whole
 from transcoders.config_cli import add_fields
 from transcoders.dashboard_file import check_output, default_path, write_dashboards
 from transcoders.errors import ConfigError
@@ -106,7 +106,10 @@ class DashboardConfig:
             )
         if self.before < 0 or self.after < 0:
             raise ConfigError("before and after must be >= 0; pass context lengths.")
-        if not 0 < self.hist_min < self.hist_max < math.inf:  # NaN too
+        if (
+            not (is_real(self.hist_min) and is_real(self.hist_max))
+            or not 0 < self.hist_min < self.hist_max < math.inf
+        ):
             raise ConfigError(
                 f"histogram range [{self.hist_min}, {self.hist_max}] is empty or not finite; pass finite 0 < min < max."
             )

@@ -36,12 +36,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from transcoders.arguments import shown
 from transcoders.block_layout import ATTN_OUTPUT as ATTN_OUTPUT  # defined there, re-exported
 from transcoders.block_layout import MLP_INPUT as MLP_INPUT
 from transcoders.block_layout import MLP_OUTPUT as MLP_OUTPUT
 from transcoders.block_layout import BlockLayout
-from transcoders.config import TranscoderConfig
-from transcoders.errors import ModelNameWarning, TranscoderMismatchError
+from transcoders.config import TranscoderConfig, is_whole
+from transcoders.errors import ConfigError, ModelNameWarning, TranscoderMismatchError
 from transcoders.model_state import check_dtype, check_no_hooks
 
 if TYPE_CHECKING:
@@ -90,6 +91,14 @@ def read_value(
 
 def mlp_input(model: HookedTransformer, cache, layer: int) -> Float[Tensor, "... d_model"]:
     """What `blocks.{layer}.mlp` receives, from a cache holding `blocks.{layer}.ln2.hook_normalized`."""
+    check_hooked_model(model, ConfigError)
+    if not is_whole(layer) or not 0 <= layer < model.cfg.n_layers:
+        raise ConfigError(f"layer is {shown(layer)}; pass a layer of the model, 0..{model.cfg.n_layers - 1}.")
+    name = MLP_INPUT.format(layer=layer)
+    if not hasattr(cache, "__getitem__") or not hasattr(cache, "keys") or name not in cache.keys():
+        raise ConfigError(
+            f"cache is {shown(cache)}, which holds no {name}; pass the cache of model.run_with_cache(tokens)."
+        )
     return read_value(model, cache, layer, MLP_INPUT)
 
 
@@ -130,6 +139,15 @@ def collect(
     model: HookedTransformer, tokens: Int[Tensor, "batch n_pos"], cfg: TranscoderConfig
 ) -> tuple[Float[Tensor, "batch n_pos n_layers d_model"], Float[Tensor, "batch n_pos n_layers d_model"]]:
     """Read values and write targets of every layer from one forward pass (step 3)."""
+    check_hooked_model(model, ConfigError)
+    if not isinstance(cfg, TranscoderConfig):
+        raise ConfigError(
+            f"cfg is a {type(cfg).__name__} ({shown(cfg)}); pass a set's TranscoderConfig (tc.cfg)."
+        )
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+        raise ConfigError(
+            f"tokens is {shown(tokens)}; pass token ids [batch, n_pos] (model.to_tokens(text))."
+        )
     check_no_hooks(model, "enter the activations read: a set trained on, or dashboards of, the hooked model")
     check_dtype(model)
     names = set(cache_hooks(model, cfg))
@@ -181,14 +199,19 @@ def trained_for_another_model(model: HookedTransformer, cfg: TranscoderConfig) -
     )
 
 
+def check_hooked_model(model, error: type[Exception] = TranscoderMismatchError) -> None:
+    """`error` in one line unless `model` is a TransformerLens `HookedTransformer` (`is_hooked_model`)."""
+    if not is_hooked_model(model):
+        raise error(
+            f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; pass the loaded model."
+        )
+
+
 def check_fits(model: HookedTransformer, tc: SparseCoder) -> None:
     """Raise `TranscoderMismatchError` unless the set `tc` fits `model` (d_model, n_layers, hooks)."""
     from transcoders.base import SparseCoder
 
-    if not is_hooked_model(model):
-        raise TranscoderMismatchError(
-            f"the model is a {type(model).__name__}, not a TransformerLens HookedTransformer; pass the loaded model."
-        )
+    check_hooked_model(model)
     if not isinstance(tc, SparseCoder):
         raise TranscoderMismatchError(
             f"the transcoders are a {type(tc).__name__}, not a set; pass load_transcoders(...)'s result."

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from transcoders.arguments import as_path
 from transcoders.config import check_device, check_dtype
 from transcoders.errors import (
     ConfigError,
@@ -234,6 +235,7 @@ def save_transcoders(tc: SparseCoder, path: str | os.PathLike, format: str = "na
         )
     if format not in WRITE_FORMATS:
         raise UnknownFormatError(f"format {format!r} is not one of {WRITE_FORMATS}; pick one of them.")
+    path = as_path(path, "path", ConfigError)
     check_output_folder(path, ConfigError)  # a file there, or no write permission: before writing
     _check_no_stale_layers(Path(path), tc.cfg.n_layers)
     if format == "native":

@@ -2,27 +2,32 @@
 None, a number, a string, an empty list or dict, a bare object, NaN, True, a loaded graph. The rule
 of ../shared/BAD_INPUTS.md is the spec: the call either works (the value means something there,
 such as None for "the default") or raises the package's own error (`AttrgraphError`) in one line.
-Before round 13, 448 of 1,934 such calls raised TypeError, AttributeError, IndexError or ValueError
-from inside (`prune_graph(g, "0.8", 0.98)`: `'<=' not supported between instances of 'float' and
+Before round 13, 448 of 1,934 such calls to attrgraph's functions (and 126 of 589 to transcoders')
+raised TypeError, AttributeError, IndexError or ValueError from inside (`prune_graph(g, "0.8", 0.98)`: `'<=' not supported between instances of 'float' and
 'str'`), and a loaded graph quoted in a message ran over many lines (its dataclass repr)."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import attrgraph
+import transcoders
 from attrgraph.circuits.discovery import task_data
 from attrgraph.circuits.edge_pruning import PruneConfig
 from attrgraph.errors import AttrgraphError
 from transcoders import load_transcoders
 
 PROMPT = "Mary and John went to"
+ROOT = Path(__file__).resolve().parent.parent
 NOT_SWEPT = {
+    "compute_dashboards": "runs over a corpus (tests/transcoders/test_dashboards.py checks its config)",
     "show": "draws in Jupyter (its arguments are checked by the viewer's tests)",
     "validate_graph": "runs interventions for every accepted value (tests/attrgraph/analysis)",
     "mean_norm_scales": "takes a model and token batches (tests/attrgraph/analysis/test_global_weights.py)",
@@ -32,8 +37,19 @@ NOT_SWEPT = {
 
 
 def public_functions() -> list[str]:
-    names = sorted({n.split("=")[0] for names in attrgraph._EXPORTS.values() for n in names})
-    return [n for n in names if inspect.isfunction(getattr(attrgraph, n)) and n not in NOT_SWEPT]
+    """Both packages' public functions (and transcoders' two config classes), as `package.name`."""
+    out = []
+    for package in (attrgraph, transcoders):
+        names = sorted({n.split("=")[0] for names in package._EXPORTS.values() for n in names})
+        out += [
+            f"{package.__name__}.{n}"
+            for n in names
+            if (inspect.isfunction(getattr(package, n)) or n in CONFIGS) and n not in NOT_SWEPT
+        ]
+    return out
+
+
+CONFIGS = ("TranscoderConfig", "DashboardConfig")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +75,10 @@ def good(tmp_path_factory):
         "logit_weights": graph.logit_weights(), "pairs": pairs, "task": "ioi", "method": "eap",
         "scores": scores, "n": 4, "edges": 3, "steps": 2, "circuit": attrgraph.greedy(scores, 5),
         "threshold": 0.8, "hook": "blocks.1.hook_resid_post", "vector": torch.ones(model.cfg.d_model),
+        "cfg": tc.cfg, "tc": tc, "coders": [tc], "sequences": model.to_tokens(PROMPT), "tokens": model.to_tokens(PROMPT),
+        "which": 0, "cache": model.run_with_cache(model.to_tokens(PROMPT))[1], "name_or_path": "default-plt",
+        "d": transcoders.load_dashboards(ROOT / "data/default-plt/dashboards.h5").feature(0, 0), "labels": {(0, 0): "x"},
+        "kind": "plt", "n_layers": 2, "d_model": 8, "d_sae": 16,
     }  # fmt: skip
 
 
@@ -70,8 +90,9 @@ def wrong_values(graph) -> dict:
 
 
 @pytest.mark.parametrize("name", public_functions())
-def test_a_wrong_value_is_accepted_or_one_line_of_ours(name, good, tmp_path):
-    fn = getattr(attrgraph, name)
+def test_a_wrong_value_is_accepted_or_one_line_of_ours(name, good, tmp_path, monkeypatch):
+    package, name = name.split(".")
+    fn = getattr(attrgraph if package == "attrgraph" else transcoders, name)
     params = [
         p
         for p in inspect.signature(fn).parameters.values()
@@ -85,7 +106,13 @@ def test_a_wrong_value_is_accepted_or_one_line_of_ours(name, good, tmp_path):
     if name in ("hap", "prune_edges"):
         base["config"] = PruneConfig(steps=2)
     if name.startswith("save_"):
-        base["path"] = str(tmp_path / ("w.pt" if name == "save_pt" else "w.h5"))
+        base["path"] = str(tmp_path / {"save_pt": "w.pt", "save_transcoders": "set"}.get(name, "w.h5"))
+    if name in ("set_labels", "load_dashboards"):
+        base["path"] = str(tmp_path / "dashboards.h5")
+        shutil.copy(ROOT / "data/default-plt/dashboards.h5", base["path"])
+    if name == "compute_coactivation":
+        base["pairs"] = np.array([[0, 1]])
+    monkeypatch.chdir(tmp_path)  # "nonsense" is a fine file name: save_graph writes it here
     foreign, calls = [], 0
     for p in params:
         for shown, value in wrong_values(good["graph"]).items():
