@@ -13,7 +13,7 @@ beside them; errors.py below everything):
 
 Public API, re-exported here and imported on first use (`__getattr__`), so that
 `import attrgraph` does not load torch, h5py, networkx or the circuits code up front:
-  load_model                                     bundled/loading.py
+  load_model, load_model_config (its config alone)   bundled/loading.py
   attribute, attribute_hierarchical, attribute_adaptive, node_biases   engine/
   attribute_pruned (attribute + prune_graph, the full graph never held)   engine/pruned_build.py
   to_tokens (prompt -> checked ids: strict=, truncate=)   engine/sources.py
@@ -51,7 +51,7 @@ warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 __version__ = "0.1.0"
 
 _EXPORTS = {  # module -> public names it provides (name: same name there, or "name=there")
-    "attrgraph.bundled.loading": ["load_model"],
+    "attrgraph.bundled.loading": ["load_model", "load_model_config"],
     "attrgraph.engine.attribute": ["attribute"],
     "attrgraph.engine.sources": ["to_tokens"],
     "attrgraph.engine.hierarchical": ["attribute_hierarchical", "hierarchical_attribution", "node_biases"],

@@ -79,24 +79,12 @@ def load_model(
 
     if not isinstance(processing, bool):
         raise OptionError(f"processing is {processing!r}; pass True (TransformerLens's processing) or False.")
-    key = str(name_or_path)
-    folder = BUNDLED.get(key, Path(key))
-    if folder.is_dir():
-        model = load_model_folder(folder, device=device, dtype=dtype)
+    key = _resolve(name_or_path)
+    if isinstance(key, Path):
+        model = load_model_folder(key, device=device, dtype=dtype)
         if processing:
             model.process_weights_()  # TransformerLens's from_pretrained defaults
         return model
-    if key in BUNDLED or os.sep in key or key.startswith("."):
-        raise ModelNotFoundError(
-            f"no model folder at {folder}; pass 'default', a folder holding config.json and "
-            "model.safetensors, or a TransformerLens model name."
-        )
-    close = _unknown_tl_name(key)
-    if close is not None:
-        hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see " + TL_NAMES + "."
-        raise ModelNotFoundError(
-            f"{key!r} is not 'default', a model folder, or a TransformerLens model name; {hint}"
-        )
     load = (
         HookedTransformer.from_pretrained if processing else HookedTransformer.from_pretrained_no_processing
     )
@@ -111,6 +99,31 @@ def load_model(
 
 
 TL_NAMES = "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"
+
+
+def _resolve(name_or_path) -> Path | str:
+    """The model folder `name_or_path` names (a Path), or the TransformerLens name it is (a str);
+    `ModelNotFoundError` for a folder that is not there and a name TransformerLens does not know."""
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise ModelNotFoundError(
+            f"the model is named by a {type(name_or_path).__name__}; pass 'default', a folder or a TransformerLens name."
+        )
+    key = str(name_or_path)
+    folder = BUNDLED.get(key, Path(key))
+    if folder.is_dir():
+        return folder
+    if key in BUNDLED or os.sep in key or key.startswith("."):
+        raise ModelNotFoundError(
+            f"no model folder at {folder}; pass 'default', a folder holding config.json and "
+            "model.safetensors, or a TransformerLens model name."
+        )
+    close = _unknown_tl_name(key)
+    if close is not None:
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see " + TL_NAMES + "."
+        raise ModelNotFoundError(
+            f"{key!r} is not 'default', a model folder, or a TransformerLens model name; {hint}"
+        )
+    return key
 
 
 def _unknown_tl_name(name: str) -> list[str] | None:
@@ -135,7 +148,7 @@ def _unknown_tl_name(name: str) -> list[str] | None:
 def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import HookedTransformer
 
     for required in ("config.json", "model.safetensors"):
         if not (folder / required).exists():
@@ -143,24 +156,15 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
                 f"{folder} has no {required}; a model folder needs config.json and model.safetensors."
             )
     verify_manifest(folder, ModelNotFoundError, ChecksumError)
-    kwargs = _read_config(folder / "config.json")
-    kwargs.update(device=str(device), dtype=dtype, init_weights=False)
     tokenizer = _tokenizer(folder / "tokenizer") if (folder / "tokenizer").is_dir() else None
+    cfg = _folder_config(folder, device, dtype)
     try:
-        cfg = HookedTransformerConfig(**kwargs)
-        if cfg.positional_embedding_type not in POSITIONAL:  # HookedTransformer meets it only in a forward
-            raise ValueError(
-                f"positional_embedding_type {cfg.positional_embedding_type!r} is not one of {POSITIONAL}"
-            )
         with warnings.catch_warnings():
             # TransformerLens 3 steers new users to TransformerBridge; HookedTransformer is our backend.
             warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
             model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
     except (TypeError, ValueError, AssertionError) as e:  # an unknown key, a mistyped or unknown value
-        reason = re.sub(r"<(?:built-in )?function (\w+)[^>]*>", r"\1", " ".join(str(e).split()))[:200]
-        raise CorruptWeightsError(
-            f"{folder / 'config.json'} does not make a HookedTransformer ({reason}); fix the key or value it names."
-        ) from e
+        raise _config_error(folder, e) from e
     try:
         state = load_file(folder / "model.safetensors")
     except (SafetensorError, OSError, ValueError) as e:
@@ -181,6 +185,54 @@ def load_model_folder(folder: Path, device="cpu", dtype=torch.float32):
     _check_weights(state, model, folder / "model.safetensors")
     model.eval()
     return model
+
+
+def _folder_config(folder: Path, device="cpu", dtype=torch.float32):
+    """The `HookedTransformerConfig` of a model folder's config.json, or `CorruptWeightsError`."""
+    from transformer_lens import HookedTransformerConfig
+
+    kwargs = _read_config(folder / "config.json")
+    kwargs.update(device=str(device), dtype=dtype, init_weights=False)
+    try:
+        cfg = HookedTransformerConfig(**kwargs)
+        if cfg.positional_embedding_type not in POSITIONAL:  # HookedTransformer meets it only in a forward
+            raise ValueError(
+                f"positional_embedding_type {cfg.positional_embedding_type!r} is not one of {POSITIONAL}"
+            )
+    except (TypeError, ValueError, AssertionError) as e:  # an unknown key, a mistyped or unknown value
+        raise _config_error(folder, e) from e
+    return cfg
+
+
+def _config_error(folder: Path, e: Exception) -> CorruptWeightsError:
+    reason = re.sub(r"<(?:built-in )?function (\w+)[^>]*>", r"\1", " ".join(str(e).split()))[:200]
+    return CorruptWeightsError(
+        f"{folder / 'config.json'} does not make a HookedTransformer ({reason}); fix the key or value it names."
+    )
+
+
+def load_model_config(name_or_path: str | os.PathLike = "default"):
+    """The `HookedTransformerConfig` of the model `load_model(name_or_path)` loads, without reading
+    its weights: a folder's config.json, or the config TransformerLens makes for a model name (from
+    the Hugging Face config, cached or online). For what needs the shape of a model only, such as
+    `save_pt`'s `cfg`."""
+    key = _resolve(name_or_path)
+    if isinstance(key, Path):
+        if not (key / "config.json").exists():
+            raise ModelNotFoundError(
+                f"{key} has no config.json; a model folder needs config.json and model.safetensors."
+            )
+        return _folder_config(key)
+    from transformer_lens.loading_from_pretrained import get_pretrained_model_config
+
+    try:
+        return get_pretrained_model_config(key)
+    except Exception as e:  # offline failures and the like land here
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ModelNotFoundError(
+            f"could not read the config of TransformerLens model {key!r} ({type(e).__name__}: {reason}); "
+            "check that it is in the Hugging Face cache or that you are online."
+        ) from e
 
 
 POSITIONAL = ("standard", "rotary", "shortformer", "alibi")

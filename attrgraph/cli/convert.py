@@ -11,7 +11,8 @@ one of ours written as circuit-tracer's `to_pt` writes a graph (step 4).
    strings, which the file does not hold; without it the one its config names is used when cached.
 4. OUT ending in `.pt`: IN is an attrgraph graph file (FILE[:NAME]: NAME, else its only graph,
    else 'graph'), written by `circuit_tracer_pt.save_pt` with the config of `--model` (default:
-   the model the graph records); circuit-tracer's own `Graph.from_pt` reads it.
+   the model the graph records; `load_model_config`: its config alone, no weights read);
+   circuit-tracer's own `Graph.from_pt` reads it.
 A graph read is stored as circuit-tracer computed it (unpruned): `attrgraph export OUT
 --node-threshold 0.8 --edge-threshold 0.98` prunes it by circuit-tracer's rule, as its
 `create_graph_files` does.
@@ -118,7 +119,7 @@ def _tokenizer(spec: str | None):
 
 def _to_pt(args, out: Path) -> int:
     """Step 4."""
-    from attrgraph.bundled.loading import load_model
+    from attrgraph.bundled.loading import load_model_config
     from attrgraph.cli.export import pick_graph, split_spec
     from attrgraph.graph.circuit_tracer_pt import save_pt
     from attrgraph.graph.store import list_graphs, load_graph
@@ -130,9 +131,9 @@ def _to_pt(args, out: Path) -> int:
     path, name = split_spec(args.input)
     name = pick_graph(path, name, list_graphs(path))
     graph = load_graph(path, name)
-    model = load_model(args.model or graph.meta.get("model", "default"))
-    save_pt(graph, out, model)
-    size = len(graph.prompt_ids) * (int(model.cfg.n_layers) + 1) + graph.n_features + len(graph.logit_tokens)
+    cfg = load_model_config(args.model or graph.meta.get("model", "default"))  # its weights are not read
+    save_pt(graph, out, cfg)
+    size = len(graph.prompt_ids) * (int(cfg.n_layers) + 1) + graph.n_features + len(graph.logit_tokens)
     print(
         f"wrote {out}: {path}:{name} in circuit-tracer's layout ({size} nodes, {graph.n_edges} edges, "
         f"{graph.n_features} features); circuit-tracer reads it with Graph.from_pt"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from attrgraph import ChecksumError, CorruptWeightsError, ModelNotFoundError, load_model
+from attrgraph import ChecksumError, CorruptWeightsError, ModelNotFoundError, load_model, load_model_config
 from attrgraph.bundled.paths import BUNDLED
 from transcoders.manifest import sha256
 
@@ -94,6 +94,85 @@ def test_truncated_weights(tiny_folder):
     (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptWeightsError, match="truncated"):
         load_model(folder)
+
+
+FIELDS = (
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "d_head",
+    "d_mlp",
+    "d_vocab",
+    "n_ctx",
+    "act_fn",
+    "normalization_type",
+)
+
+
+def test_the_config_alone_of_a_folder_whose_weights_are_not_read(tiny_folder):
+    """load_model_config reads config.json only: with the weights cut in half (load_model refuses
+    them) it still gives the config the model was built with."""
+    folder, model = tiny_folder
+    (folder / "manifest.json").unlink()
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptWeightsError, match="truncated"):
+        load_model(folder)
+    cfg = load_model_config(folder)
+    assert {f: getattr(cfg, f) for f in FIELDS} == {f: getattr(model.cfg, f) for f in FIELDS}
+
+
+GPT2_CONFIG = {  # huggingface.co/gpt2/config.json, as published
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "vocab_size": 50257,
+}  # fmt: skip
+
+
+def test_the_config_of_a_transformer_lens_name_from_the_cache_alone(tmp_path, monkeypatch):
+    """A TransformerLens name: its config from the Hugging Face config in the cache (offline), no
+    weights there at all. Expected: GPT-2 small's published shape (12 layers of 12 heads of 64,
+    d_model 768, d_mlp 4 x 768, 50,257 tokens, 1,024 positions)."""
+    import huggingface_hub.constants as hf
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--gpt2" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(GPT2_CONFIG))
+    (cache / "models--gpt2" / "refs").mkdir()
+    (cache / "models--gpt2" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = load_model_config("gpt2")
+    assert {f: getattr(cfg, f) for f in FIELDS} == dict(
+        n_layers=12, d_model=768, n_heads=12, d_head=64, d_mlp=3072, d_vocab=50257, n_ctx=1024,
+        act_fn="gelu_new", normalization_type="LN",
+    )  # fmt: skip
+    with pytest.raises(
+        ModelNotFoundError, match=r"could not read the config of TransformerLens model 'gpt2-medium'"
+    ) as e:
+        load_model_config("gpt2-medium")  # not in the cache
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        (3, "the model is named by a int"),
+        ("gtp2", "'gtp2' is not 'default', a model folder, or a TransformerLens model name; did you mean"),
+        ("./no/such/folder", "no model folder at no/such/folder"),
+    ],
+)
+def test_a_config_that_cannot_be_read_is_one_line(spec, says, tmp_path):
+    with pytest.raises(ModelNotFoundError) as e:
+        load_model_config(spec)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        load_model_config(tmp_path)
 
 
 def test_weights_of_the_wrong_shape(tiny_folder):

@@ -8,12 +8,14 @@ same file (peer venv). The refusals are checked on files made here by torch.save
 
 import json
 import pickle
+import shutil
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 
+from attrgraph.bundled.paths import BUNDLED
 from attrgraph.cli import main
 from attrgraph.errors import ExportError, ExportWarning, GraphFileError, PromptWarning
 from attrgraph.graph.circuit_tracer_pt import load_pt, save_pt
@@ -540,6 +542,16 @@ def test_convert_writes_ours_for_circuit_tracer(tmp_path):
     scores = compute_graph_scores(h)
     assert theirs["replacement"] == pytest.approx(scores.replacement, abs=1e-6)
     assert theirs["completeness"] == pytest.approx(scores.completeness, abs=1e-6)
+    # --model: a folder whose weights cannot be read (only its config.json is)
+    folder = tmp_path / "model"
+    shutil.copytree(BUNDLED["default"], folder)
+    (folder / "model.safetensors").write_bytes(b"not weights")
+    out = tmp_path / "again.pt"
+    assert main(["convert", f"{tmp_path / 'g.h5'}:mine", "-o", str(out), "--model", str(folder)]) == 0
+    with pytest.warns(PromptWarning):
+        again, first = load_pt(out), load_pt(tmp_path / "g.pt")
+    np.testing.assert_array_equal(again.dense(), first.dense())
+    assert again.meta == first.meta
 
 
 def _four_layers(g):
