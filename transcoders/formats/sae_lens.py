@@ -41,7 +41,8 @@ Writing (`save_sae_lens`), the inverse, through sae_lens's own classes and `save
    `h * (h > threshold)` is written as JumpReLU with its per-layer threshold). A CLT, a role
    sae_lens lacks (a TopK or gated transcoder) and negative thresholds (where step 1's ReLU would
    change the output) are refused before anything is written.
-7. Weights as they are, except `W_skip_sl = W_skip[l].T`; float32; `apply_b_dec_to_input=False`
+7. Weights as they are, except `W_skip_sl = W_skip[l].T`, in the set's precision (its `dtype` in
+   cfg.json: sae_lens reads them so; a bfloat16 set is not doubled); `apply_b_dec_to_input=False`
    (our `b_enc` is the whole encoder bias, under sae_lens's name for it); `hook_name` /
    `hook_name_out` are our hook templates with the layer filled in; `k` when the stored
    nonlinearity `uses_k` (TopK); its `extra_state` as it is.
@@ -334,7 +335,7 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
 
     1. Pick the architecture and check hooks and thresholds, before writing anything.
     2. Per layer, build the sae_lens object of that architecture on the meta device, assign our
-       layer's weights (float32, CPU), and let its own `save_model` write `layer_{l}/`.
+       layer's weights (in their precision, CPU), and let its own `save_model` write `layer_{l}/`.
     Returns the directory; `load_transcoders(path)` and `sae_lens.SAE.load_from_disk(path /
     "layer_{l}")` read it back.
     """
@@ -361,8 +362,8 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
             f"the installed sae_lens has no {arch!r} architecture; upgrade sae_lens or save in the native format."
         ) from None
 
-    def t(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().float().cpu().contiguous().clone()
+    def t(x: torch.Tensor) -> torch.Tensor:  # in the set's own precision
+        return x.detach().cpu().contiguous().clone()
 
     folder = Path(path)
     for l, (hook_in, hook_out) in enumerate(hooks):
@@ -376,7 +377,7 @@ def save_sae_lens(tc: SparseCoder, path: str | os.PathLike) -> Path:
         kw = {
             "d_in": cfg.d_model,
             "d_sae": cfg.d_sae,
-            "dtype": "float32",
+            "dtype": str(tc.W_enc.dtype).removeprefix("torch."),  # float32, float64, bfloat16, float16
             "device": "meta",
             "apply_b_dec_to_input": False,
             "metadata": SAEMetadata(**meta),

@@ -31,7 +31,8 @@ Writing (`save_sparsify`, TopK transcoder sets: the one kind sparsify holds):
 
 5. One folder per layer named by `hookpoint` (default `layers.{layer}.mlp`; GPT-2's is
    `h.{layer}.mlp`), written as `SparseCoder.save_to_disk` writes it: `cfg.json` (its fields, with
-   `d_in`) and `sae.safetensors` (float32); step 3's tensors inverted. A set sparsify cannot hold
+   `d_in`) and `sae.safetensors` (in the set's precision: a bfloat16 set is not doubled); step 3's
+   tensors inverted. A set sparsify cannot hold
    (another nonlinearity, an SAE or CLT, other sites than the MLP's, a set on a model with folded
    norms) is refused before anything is written.
 """
@@ -263,8 +264,8 @@ def save_sparsify(tc: SparseCoder, path: str | os.PathLike, hookpoint: str = "la
         "d_in": cfg.d_model,
     }
 
-    def t(x: torch.Tensor) -> torch.Tensor:
-        return x.detach().float().cpu().contiguous().clone()
+    def t(x: torch.Tensor) -> torch.Tensor:  # in the set's own precision
+        return x.detach().cpu().contiguous().clone()
 
     folder = Path(path)
     for l, name in enumerate(names):

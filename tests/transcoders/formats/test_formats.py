@@ -270,7 +270,7 @@ def test_saving_a_smaller_set_over_a_larger_one_is_refused(tmp_path, fmt):
     assert load_transcoders(tmp_path / "set").n_layers == 3
 
 
-@pytest.mark.parametrize("fmt", ["native", "circuit-tracer", "gemmascope"])
+@pytest.mark.parametrize("fmt", ["native", "circuit-tracer", "gemmascope", "sae-lens", "sparsify"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_a_set_is_written_and_read_in_its_own_precision(tmp_path, fmt, dtype):
     """float64 comes back bit for bit (it was rounded through float32: 1e-8 off); bfloat16 too, and
@@ -278,7 +278,8 @@ def test_a_set_is_written_and_read_in_its_own_precision(tmp_path, fmt, dtype):
     (npz has no bfloat16: float32 there, which holds every bfloat16 value exactly)."""
     from safetensors import safe_open
 
-    tc = random_set("plt", "jumprelu", n_layers=2, folded_norms=False).to(dtype)
+    kind = "topk" if fmt == "sparsify" else "jumprelu"  # the one nonlinearity sparsify holds
+    tc = random_set("plt", kind, n_layers=2, folded_norms=False).to(dtype)
     save_transcoders(tc, tmp_path, format=fmt)
     back = load_transcoders(tmp_path, dtype=dtype)
     assert back.dtype == dtype
@@ -289,3 +290,13 @@ def test_a_set_is_written_and_read_in_its_own_precision(tmp_path, fmt, dtype):
     if fmt == "gemmascope":
         stored = np.load(tmp_path / "layer_0" / "params.npz")["W_enc"].dtype
         assert stored == (np.float64 if dtype == torch.float64 else np.float32)
+    if fmt in ("sae-lens", "sparsify"):
+        weights = next(tmp_path.rglob("sae_weights.safetensors" if fmt == "sae-lens" else "sae.safetensors"))
+        with safe_open(weights, "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {dtype}
+    if fmt == "sae-lens":  # sae_lens's own reader: the same weights, in the same precision
+        from sae_lens import SAE
+
+        theirs = SAE.load_from_disk(tmp_path / "layer_1", device="cpu")
+        assert theirs.W_enc.dtype == dtype and torch.equal(theirs.W_enc, tc.W_enc[1])
+        assert torch.equal(theirs.W_dec, tc.W_dec[1])
