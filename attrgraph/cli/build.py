@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 from attrgraph.cli import add_prompt_options
@@ -153,8 +154,16 @@ def check_build_options(options: dict) -> None:
     for key in ("max_logits", "batch_size", "max_feature_nodes", "threads"):
         if options[key] is not None and options[key] < 1:
             raise OptionError(f"--{key.replace('_', '-')} is {options[key]}; pass at least 1.")
+    if options["threads"] is not None and options["threads"] > MAX_THREADS:  # torch's own: an OverflowError
+        raise OptionError(
+            f"--threads is {options['threads']}; pass at most {MAX_THREADS} (this machine has {os.cpu_count()} cores)."
+        )
     method, kwargs = attribute_options(options, progress=False)
     check_method(method, kwargs, cli=True)  # e.g. --tau without --method hierarchical
+
+
+MAX_THREADS = 1024
+"""The most torch CPU threads `--threads` asks for."""
 
 
 def load_sets(options: dict):

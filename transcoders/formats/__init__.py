@@ -209,6 +209,8 @@ def _load(name_or_path, format, device, dtype, **kwargs):
             _check_options("gemmascope", kwargs)
             return load_gemmascope([folder], device=device, dtype=dtype, **kwargs)
         raise UnknownFormatError(f"{folder} is a file; pass the directory that holds it (and its config).")
+    if not folder.is_dir():  # a device, a FIFO, a socket
+        raise UnknownFormatError(f"{folder} is neither a directory nor a file; pass the directory of a set.")
     fmt = format or (detect_format(folder) if ref is None else _hub_format(folder, ref))
     _check_options(fmt, kwargs)
     if fmt == "native":

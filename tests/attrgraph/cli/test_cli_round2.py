@@ -30,6 +30,7 @@ NO_MODEL = ["--model", "/nonexistent/model", "--transcoders", "/nonexistent/tc"]
     "args, expected",
     [
         (["--threads", "0"], "--threads is 0; pass at least 1."),
+        (["--threads", "99999999999999999999"], "--threads is 99999999999999999999; pass at most 1024"),
         (["--method", "hierarchical", "--tau", "-1"], "--tau is -1.0; pass an attribution of 0 or more"),
         (["--max-feature-nodes", "0"], "--max-feature-nodes is 0; pass at least 1."),
         (["--node-threshold", "2"], "--node-threshold is 2.0; pass a fraction in [0, 1]"),

@@ -2,6 +2,7 @@
 GemmaScope npz; bad input gets a specific error."""
 
 import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -86,6 +87,10 @@ def test_unknown_and_missing(tmp_path):
         load_transcoders(tmp_path, format="pickle")
     with pytest.raises(UnknownFormatError):
         save_transcoders(random_set("plt"), tmp_path / "x", format="pickle")
+    os.mkfifo(tmp_path / "fifo")  # neither a folder nor a file (as /dev/null is): was NotADirectoryError
+    for odd in (tmp_path / "fifo", "/dev/null"):
+        with pytest.raises(UnknownFormatError, match="is neither a directory nor a file; pass the directory"):
+            load_transcoders(odd)
 
 
 # ------------------------------------------------------------------ circuit-tracer
