@@ -37,7 +37,7 @@ NOT_SWEPT = {
 
 
 def public_functions() -> list[str]:
-    """Both packages' public functions (and transcoders' two config classes), as `package.name`."""
+    """Both packages' public functions and the classes of `CONFIGS`, as `package.name`."""
     out = []
     for package in (attrgraph, transcoders):
         names = sorted({n.split("=")[0] for names in package._EXPORTS.values() for n in names})
@@ -49,7 +49,11 @@ def public_functions() -> list[str]:
     return out
 
 
-CONFIGS = ("TranscoderConfig", "DashboardConfig")
+CONFIGS = (
+    "TranscoderConfig", "DashboardConfig", "ValidateConfig", "ReplacementModel", "TranscoderSets", "GlobalWeights",
+    "Supernode",
+)  # fmt: skip
+"""The classes a user builds with arguments (the rest are results)."""
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def good(tmp_path_factory):
         "cfg": tc.cfg, "tc": tc, "coders": [tc], "sequences": model.to_tokens(PROMPT), "tokens": model.to_tokens(PROMPT),
         "which": 0, "cache": model.run_with_cache(model.to_tokens(PROMPT))[1], "name_or_path": "default-plt",
         "d": transcoders.load_dashboards(ROOT / "data/default-plt/dashboards.h5").feature(0, 0), "labels": {(0, 0): "x"},
-        "kind": "plt", "n_layers": 2, "d_model": 8, "d_sae": 16,
+        "kind": "plt", "n_layers": 2, "d_model": 8, "d_sae": 16, "mlp": tc, "members": [key],
     }  # fmt: skip
 
 

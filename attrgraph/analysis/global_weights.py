@@ -36,7 +36,7 @@ every read is linear, so the weight of the residual path from a source feature s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,9 +45,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attrgraph.bundled.loading import check_model
 from attrgraph.engine.sets import TranscoderSets, transcoder_sets
 from attrgraph.errors import OptionError
 from transcoders import sites
+from transcoders.arguments import shown
 from transcoders.block_layout import RESID_MID, BlockLayout, is_residual_norm_scale
 from transcoders.config import is_whole
 from transcoders.model_state import check_no_hooks
@@ -157,6 +159,12 @@ class GlobalWeights:
     `*.hook_scale` names to a fixed denominator (missing names: 1; step 4)."""
 
     def __init__(self, model: HookedTransformer, transcoders, scales: dict[str, float] | None = None):
+        check_model(model)
+        if scales is not None and not isinstance(scales, Mapping):
+            raise OptionError(
+                f"scales is a {type(scales).__name__} ({shown(scales)}); pass a dict from hook_scale names to "
+                "denominators (mean_norm_scales), or None."
+            )
         sets = transcoders if isinstance(transcoders, TranscoderSets) else transcoder_sets(model, transcoders)
         self.model, self.sets, self.scales = model, sets, dict(scales or {})
         self.mlp, self.attn = sets.mlp, sets.attn

@@ -51,7 +51,9 @@ from attrgraph.errors import ValidationError
 from attrgraph.graph.graph import Graph, check_graph
 from attrgraph.graph.provenance import provenance_mismatch
 from attrgraph.graph.prune import normalize_matrix
+from transcoders.arguments import shown
 from transcoders.block_layout import BlockLayout
+from transcoders.config import is_real, is_whole
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -80,6 +82,17 @@ class ValidateConfig:
 
     def __post_init__(self):
         low = {"max_features": 1, "batch_size": 1, "n_perturbations": 0}
+        for name in (*low, "ff_window", "seed"):
+            if not is_whole(getattr(self, name)):
+                raise ValidationError(f"{name} is {shown(getattr(self, name))}; pass a whole number.")
+        if not isinstance(self.windows, tuple | list) or not all(is_whole(w) for w in self.windows):
+            raise ValidationError(
+                f"windows is {shown(self.windows)}; pass a tuple of layer counts such as (0, 1, 2, 99)."
+            )
+        if not is_real(self.delta):
+            raise ValidationError(
+                f"delta is {shown(self.delta)}; pass a number above 0 (the appendix uses 0.1)."
+            )
         for name, least in low.items():
             if getattr(self, name) < least:
                 raise ValidationError(
