@@ -91,11 +91,7 @@ def load_model(
     try:
         return load(key, device=device, dtype=dtype)
     except Exception as e:  # offline failures and the like land here
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ModelNotFoundError(
-            f"could not load TransformerLens model {key!r} ({type(e).__name__}: {reason}); check that "
-            "it is in the Hugging Face cache or that you are online."
-        ) from e
+        raise _not_loaded(f"could not load TransformerLens model {key!r}", e) from e
 
 
 TL_NAMES = "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES"
@@ -228,11 +224,14 @@ def load_model_config(name_or_path: str | os.PathLike = "default"):
     try:
         return get_pretrained_model_config(key)
     except Exception as e:  # offline failures and the like land here
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ModelNotFoundError(
-            f"could not read the config of TransformerLens model {key!r} ({type(e).__name__}: {reason}); "
-            "check that it is in the Hugging Face cache or that you are online."
-        ) from e
+        raise _not_loaded(f"could not read the config of TransformerLens model {key!r}", e) from e
+
+
+def _not_loaded(what: str, e: Exception) -> ModelNotFoundError:
+    reason = (str(e).strip().splitlines() or [""])[0][:200]
+    return ModelNotFoundError(
+        f"{what} ({type(e).__name__}: {reason}); check that it is in the Hugging Face cache or that you are online."
+    )
 
 
 POSITIONAL = ("standard", "rotary", "shortformer", "alibi")
