@@ -30,6 +30,8 @@
                               graph (graph/shared_view.py; supernode_request.storable), for the
                               page to show; nothing is written (a POST, under the writes' rules,
                               because a link can be longer than a request line may be)
+     POST /api/link           link_request.py: the page's supernodes and pins as a Neuronpedia
+                              link (`view_link`), the inverse of /api/view; nothing is written
      /api/global?graph=NAME&node=ID[&k=K]
                               global_request.py: a feature's strongest global connections
      /api/heads?graph=NAME&source=ID&target=ID
@@ -100,7 +102,7 @@ MAX_CONNECTIONS = 256
 """Connections served at once; the next is answered 503 and closed before a byte of it is read.
 Each holds at most `connection.MAX_HEAD` bytes of head and a thread, for `HEAD_TIMEOUT` seconds."""
 WRITES = ("/api/supernodes", "/api/labels")
-POST_READS = ("/api/view",)
+POST_READS = ("/api/view", "/api/link")
 """POSTs that write nothing (step 3), checked as the writes are."""
 MODEL_READS = ("/api/global", "/api/heads")
 """The reads that need the graph's model (step 3)."""
@@ -370,6 +372,14 @@ class Viewer:
             "absent": list(view.absent),
         }
 
+    def make_link(self, body: bytes) -> dict:
+        """POST /api/link: the page's supernodes and pins as a Neuronpedia link (link_request.py)."""
+        from attrgraph.graph.store import load_graph
+        from attrgraph.viewer.link_request import make_link, parse_link_request
+
+        name, supernodes, pins, model, slug = parse_link_request(body, self.graphs())
+        return {"graph": name, "link": make_link(load_graph(self.path, name), supernodes, pins, model, slug)}
+
     def save_labels(self, body: bytes) -> dict:
         from attrgraph.graph.store import load_graph
         from attrgraph.viewer.label_request import check_features, parse_labels
@@ -595,8 +605,12 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         viewer = self.server.viewer
-        write = {"/api/supernodes": viewer.save_supernodes, "/api/labels": viewer.save_labels}
-        answer = write.get(route, viewer.read_link)
+        answer = {
+            "/api/supernodes": viewer.save_supernodes,
+            "/api/labels": viewer.save_labels,
+            "/api/view": viewer.read_link,
+            "/api/link": viewer.make_link,
+        }[route]
         self._guarded(lambda: self._json(200, answer(body)))
 
     def _guarded(self, route) -> None:

@@ -67,6 +67,11 @@ def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supern
     name, items = data["graph"], data["supernodes"]
     if not isinstance(name, str) or name not in graph_names:
         raise SupernodeError(f"graph {name!r} is not in this file; it holds {graph_names}.")
+    return name, parse_supernodes(items)
+
+
+def parse_supernodes(items) -> list[Supernode]:
+    """Step 3 (but for membership in the graph): the request's `supernodes` list."""
     if not isinstance(items, list) or len(items) > MAX_SUPERNODES:
         raise SupernodeError(f"'supernodes' must be a list of at most {MAX_SUPERNODES} objects.")
     out, seen = [], set()
@@ -85,11 +90,13 @@ def parse_request(body: bytes, graph_names: list[str]) -> tuple[str, list[Supern
         seen.add(sn_name)
         if not isinstance(members, list) or not members:
             raise SupernodeError(f"supernode {sn_name!r} needs a non-empty list of members.")
-        out.append(Supernode(sn_name, tuple(_member(sn_name, m) for m in members)))
-    return name, out
+        out.append(Supernode(sn_name, tuple(member_key(f"supernode {sn_name!r}", m) for m in members)))
+    return out
 
 
-def _member(sn_name: str, m) -> NodeKey:
+def member_key(owner: str, m) -> NodeKey:
+    """A node key as the page sends it, `[kind, layer, position, feature(, site)]`, or
+    `SupernodeError` naming `owner` ("supernode 'x'", "pin 3")."""
     ok = (
         isinstance(m, list)
         and len(m) in (4, 5)
@@ -99,7 +106,7 @@ def _member(sn_name: str, m) -> NodeKey:
     )
     if not ok:
         raise SupernodeError(
-            f"supernode {sn_name!r} has member {m!r}; a member is [kind, layer, position, feature(, site)] "
+            f"{owner} has member {m!r}; a member is [kind, layer, position, feature(, site)] "
             f"with kind one of {list(NODE_ORDER)}, three integers and site 'mlp' or 'attn'."
         )
     return NodeKey(*m)

@@ -1161,6 +1161,36 @@
     }
   }
 
+  // the shown supernodes and pins as a Neuronpedia link (POST api/link: graph/shared_view.py view_link)
+  async function makeLink() {
+    const d = state.data, model = $("np-model").value.trim(), slug = $("np-slug").value.trim();
+    if (!model || !slug) return say("fill in Neuronpedia's model id and the graph's slug there first.", true);
+    const pinned = [...state.pinned].filter((id) => typeof id === "number").map((id) => d.nodes[id].key);
+    $("make-link").disabled = true;
+    try {
+      const r = await getJSON("api/link", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({
+          graph: d.name, supernodes: state.supernodes.map((sn) => ({ name: sn.name, members: sn.members })),
+          pinned, model, slug,
+        }),
+      });
+      $("np-link").value = r.link;
+      $("np-link").select();
+      let copied = false;
+      try {
+        await navigator.clipboard.writeText(r.link);
+        copied = true;
+      } catch (e) { /* no clipboard here (a page not on localhost, or no permission): the field holds it */ }
+      say(`a link with ${state.supernodes.length} supernode${state.supernodes.length === 1 ? "" : "s"} and `
+        + `${pinned.length} pin${pinned.length === 1 ? "" : "s"}${copied ? ", copied" : ""}: it opens on Neuronpedia's page of ${slug}.`);
+    } catch (e) {
+      say(e.message, true);
+    } finally {
+      $("make-link").disabled = false;
+    }
+  }
+
   async function save() {
     const d = state.data;
     const body = JSON.stringify({
@@ -1209,6 +1239,7 @@
     $("group").addEventListener("click", group);
     $("save").addEventListener("click", save);
     $("import-view").addEventListener("click", importView);
+    $("make-link").addEventListener("click", makeLink);
     const centre = () => [($("canvas").clientWidth || 800) / 2, ($("canvas").clientHeight || 600) / 2];
     $("zoom-in").addEventListener("click", () => zoomAt(1.25, ...centre()));
     $("zoom-out").addEventListener("click", () => zoomAt(1 / 1.25, ...centre()));

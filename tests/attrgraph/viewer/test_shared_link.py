@@ -118,3 +118,77 @@ def test_the_link_endpoint_follows_the_writes_rules_and_writes_nothing(small_fil
             assert status == 400 and says in json.loads(reply)["error"], reply
         assert request(server, "GET", "/api/view", None, tok)[0] == 404
     assert sha(small_file) == before
+
+
+# ------------------------------------------------------------------------------------ POST /api/link
+@pytest.mark.bundled("default", "default-plt")
+def test_the_page_makes_a_link_of_what_it_shows(browser, ioi, ioi_file):
+    """A link pasted (its supernodes and pins shown), then "link for Neuronpedia": the link made
+    reads back (read_view, whose reading test_shared_view.py checks against circuit-tracer's
+    decoder) as the supernodes and pins the page shows, on Neuronpedia's page of the slug given."""
+    from attrgraph.graph.shared_view import read_view
+
+    ids = node_ids(ioi)
+    index = {x: i for i, x in enumerate(ids)}
+    feats = [ids[i] for i in np.flatnonzero(ioi.nodes.kind == "feature")]
+    groups = [["names", feats[0], feats[1]], ["to", feats[-1]]]
+    pinned = [feats[2], ids[0]]
+    with served(ioi_file) as server:
+        open_page(browser, server, "graph:ioi", ioi.n_nodes)
+        browser.find_element(By.ID, "view-link").send_keys(page_link(pinned, groups))
+        browser.find_element(By.ID, "import-view").click()
+        status = browser.find_element(By.ID, "save-status")
+        WebDriverWait(browser, 20).until(lambda b: "imported" in status.text)
+        browser.find_element(By.ID, "make-link").click()
+        WebDriverWait(browser, 20).until(lambda b: "fill in" in status.text)  # no model id nor slug yet
+        browser.find_element(By.ID, "np-model").send_keys("attrgraph-default")
+        browser.find_element(By.ID, "np-slug").send_keys("ioi-mine")
+        browser.find_element(By.ID, "make-link").click()
+        WebDriverWait(browser, 20).until(lambda b: "a link with" in status.text)
+        link = browser.find_element(By.ID, "np-link").get_attribute("value")
+    assert link.startswith("https://www.neuronpedia.org/attrgraph-default/graph?slug=ioi-mine&")
+    view = read_view(link, ioi)
+    assert view.supernodes == (
+        Supernode("names", (node_key(ioi, index[feats[0]]), node_key(ioi, index[feats[1]]))),
+        Supernode("to", (node_key(ioi, index[feats[-1]]),)),
+    )
+    assert set(view.pinned) >= {node_key(ioi, index[x]) for x in pinned} and not view.absent
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_the_link_maker_follows_the_writes_rules_and_writes_nothing(small_file, host):
+    from attrgraph.graph.shared_view import read_view
+    from attrgraph.graph.store import load_graph
+
+    graph = load_graph(small_file, "g")
+    feats = [list(node_key(graph, int(i))) for i in np.flatnonzero(graph.nodes.kind == "feature")]
+    request_of = lambda **kw: json.dumps(  # noqa: E731
+        {"graph": "g", "supernodes": [{"name": "pair", "members": feats[1:3]}], "pinned": [feats[0]],
+         "model": "m", "slug": "s"} | kw
+    ).encode()  # fmt: skip
+    before = sha(small_file)
+    with served(small_file, host=host) as server:
+        tok = token_headers(server)
+        assert_refused_as_writes_are(server, "/api/link", request_of())
+        status, reply = request(server, "POST", "/api/link", request_of(), tok)
+        assert status == 200, reply
+        view = read_view(json.loads(reply)["link"], graph)
+        assert view.supernodes == (Supernode("pair", tuple(tuple(m) for m in feats[1:3])),)
+        assert view.pinned[0] == tuple(feats[0])
+        gone = ["feature", 0, 0, 10**6]
+        for body, says in (
+            (b"[", "is not JSON"),
+            (json.dumps({"graph": "g"}).encode(), "must be a JSON object with exactly the keys"),
+            (request_of(graph="nope"), "graph 'nope' is not in this file"),
+            (request_of(model=" "), "model must be Neuronpedia's model id"),
+            (request_of(slug=3), "slug must be Neuronpedia's slug of the graph"),
+            (request_of(pinned=[["neuron", 0, 0, 1]]), "pin 0 has member ['neuron', 0, 0, 1]"),
+            (request_of(pinned=[gone]), f"pinned node {gone + ['mlp']} is not a node of this graph"),
+            (
+                request_of(supernodes=[{"name": "a", "members": [gone]}]),
+                f"supernode 'a' member {gone + ['mlp']} is not a node of this graph",
+            ),
+        ):
+            status, reply = request(server, "POST", "/api/link", body, tok)
+            assert status == 400 and says in json.loads(reply)["error"], reply
+    assert sha(small_file) == before
