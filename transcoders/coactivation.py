@@ -43,16 +43,14 @@ DENSE_LIMIT = 1 << 24
 def _check_coders(coders) -> list:
     from transcoders.base import SparseCoder
 
-    if (
-        hasattr(coders, "cfg")
-        or isinstance(coders, str)
-        or not isinstance(coders, Sequence)
-        or not coders
-        or not all(isinstance(c, SparseCoder) for c in coders)
-    ):
+    if hasattr(coders, "cfg") or isinstance(coders, str) or not isinstance(coders, Sequence):
         raise ConfigError(
-            f"coders is {shown(coders)}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set]."
+            f"coders is a {type(coders).__name__}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set]."
         )
+    odd = [c for c in coders if not isinstance(c, SparseCoder)]
+    if odd or not coders:
+        what = f"holds {shown(odd[0])}" if odd else "is empty"
+        raise ConfigError(f"coders {what}; pass a list of sets, e.g. [mlp_set] or [mlp_set, attn_set].")
     return list(coders)
 
 
