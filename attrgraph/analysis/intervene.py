@@ -250,7 +250,12 @@ def _layer_range(layers, edits: list[Edit], n_layers: int) -> tuple[int, int]:
     if layers is None:
         start = min((e.layer for e in edits), default=0)
         return start, n_layers - 1
-    if not isinstance(layers, tuple | list) or len(layers) != 2 or not all(is_whole(x) for x in layers):
+    if (
+        isinstance(layers, str | bytes)
+        or not hasattr(layers, "__len__")
+        or len(layers) != 2
+        or not all(is_whole(x) for x in layers)
+    ):  # a tuple, list or array of two layer indices
         raise InterventionError(
             f"layers is {shown(layers)}; pass (start, end), two layer indices inside 0..{n_layers - 1}."
         )
