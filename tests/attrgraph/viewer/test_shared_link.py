@@ -49,6 +49,16 @@ def absent_feature(graph, layer: int, pos: int) -> str:
     return f"{layer}_{min(set(range(len(have) + 1)) - have)}_{pos}"
 
 
+def import_link(browser, server, ioi, link: str):
+    """The IOI graph's page with `link` pasted and imported; its status line."""
+    open_page(browser, server, "graph:ioi", ioi.n_nodes)
+    browser.find_element(By.ID, "view-link").send_keys(link)
+    browser.find_element(By.ID, "import-view").click()
+    status = browser.find_element(By.ID, "save-status")
+    WebDriverWait(browser, 20).until(lambda b: "imported" in status.text)
+    return status
+
+
 @pytest.mark.bundled("default", "default-plt")
 def test_a_pasted_link_shows_its_supernodes_and_pins_and_save_stores_them(browser, ioi, ioi_file):
     ids = node_ids(ioi)
@@ -58,11 +68,7 @@ def test_a_pasted_link_shows_its_supernodes_and_pins_and_save_stores_them(browse
     groups = [["names", feats[0], feats[1], gone], ["to", feats[-1]]]
     pinned = [feats[2], ids[0]]
     with served(ioi_file) as server:
-        open_page(browser, server, "graph:ioi", ioi.n_nodes)
-        browser.find_element(By.ID, "view-link").send_keys(page_link(pinned, groups))
-        browser.find_element(By.ID, "import-view").click()
-        status = browser.find_element(By.ID, "save-status")
-        WebDriverWait(browser, 20).until(lambda b: "imported" in status.text)
+        status = import_link(browser, server, ioi, page_link(pinned, groups))
         assert status.text == (
             "imported 2 supernodes and 2 pins; 1 member not in this graph left out; not saved yet."
         )
@@ -134,11 +140,7 @@ def test_the_page_makes_a_link_of_what_it_shows(browser, ioi, ioi_file):
     groups = [["names", feats[0], feats[1]], ["to", feats[-1]]]
     pinned = [feats[2], ids[0]]
     with served(ioi_file) as server:
-        open_page(browser, server, "graph:ioi", ioi.n_nodes)
-        browser.find_element(By.ID, "view-link").send_keys(page_link(pinned, groups))
-        browser.find_element(By.ID, "import-view").click()
-        status = browser.find_element(By.ID, "save-status")
-        WebDriverWait(browser, 20).until(lambda b: "imported" in status.text)
+        status = import_link(browser, server, ioi, page_link(pinned, groups))
         browser.find_element(By.ID, "make-link").click()
         WebDriverWait(browser, 20).until(lambda b: "fill in" in status.text)  # no model id nor slug yet
         browser.find_element(By.ID, "np-model").send_keys("attrgraph-default")
